@@ -1,0 +1,18 @@
+//! # guard: the abuse-control core shared by `etrelay` and `blindrelay`
+//!
+//! Only what both relays really share lives here, and none of it does I/O on the network or
+//! reads the clock: every decision takes `now` from the caller, so tests drive time by hand.
+//!
+//! # Layout
+//! - [`limiter`]: a keyed store of rate-limit state with a hard key cap, idle eviction and a
+//!   stated policy at the cap; [`limiter::TokenBucket`] is one rule for it.
+//! - [`expiring`]: a table of entries with deadlines (bans, quarantines).
+//! - [`admission`]: a non-blocking counting gate whose permits release themselves on drop.
+//! - [`statefile`]: JSON state files written atomically (temp file, fsync, rename, fsync dir).
+//! - [`counters`]: atomic counters and the Prometheus text format.
+
+pub mod admission;
+pub mod counters;
+pub mod expiring;
+pub mod limiter;
+pub mod statefile;

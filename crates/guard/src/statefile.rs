@@ -1,0 +1,157 @@
+//! JSON state files written atomically.
+//!
+//! [`save_json`] writes the new version to a temporary file in the same directory, fsyncs it,
+//! renames it over the old one and fsyncs the directory. A crash (kill -9, power loss) at any
+//! moment leaves either the previous version or the new one under the final name, never a
+//! truncated file. [`load_json`] reads it back; a missing file is `Ok(None)`.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+/// Why a state file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StateFileError {
+    /// The file system refused.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file concerned.
+        path: PathBuf,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The file is not the JSON we wrote.
+    #[error("{path}: not a valid state file: {source}")]
+    Parse {
+        /// The file concerned.
+        path: PathBuf,
+        /// The parser's complaint.
+        source: serde_json::Error,
+    },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StateFileError + '_ {
+    move |source| StateFileError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Writes `bytes` to `path` atomically (see the module docs).
+///
+/// # Errors
+/// Any I/O error, with the path it concerns. On error the previous file is untouched and the
+/// temporary file is removed when possible.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateFileError> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
+    let result = (|| {
+        let mut f = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(io_err(&tmp))?;
+        f.write_all(bytes).map_err(io_err(&tmp))?;
+        f.sync_all().map_err(io_err(&tmp))?;
+        drop(f);
+        fs::rename(&tmp, path).map_err(io_err(path))?;
+        File::open(dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(dir))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+/// Serializes `value` as pretty JSON and writes it with [`write_atomic`].
+///
+/// # Errors
+/// As [`write_atomic`].
+pub fn save_json<T: Serialize>(path: &Path, value: &T) -> Result<(), StateFileError> {
+    let mut bytes = serde_json::to_vec_pretty(value).map_err(|source| StateFileError::Parse {
+        path: path.to_owned(),
+        source,
+    })?;
+    bytes.push(b'\n');
+    write_atomic(path, &bytes)
+}
+
+/// Reads `path` as JSON; `Ok(None)` when it does not exist.
+///
+/// # Errors
+/// An I/O error other than "not found", or a file that does not parse.
+pub fn load_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>, StateFileError> {
+    let bytes = match fs::read(path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io_err(path)(e)),
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|source| StateFileError::Parse {
+            path: path.to_owned(),
+            source,
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn round_trip_and_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.json");
+        assert!(load_json::<BTreeMap<String, u32>>(&path).unwrap().is_none());
+        let mut m = BTreeMap::new();
+        m.insert("a".to_string(), 1u32);
+        save_json(&path, &m).unwrap();
+        m.insert("b".to_string(), 2);
+        save_json(&path, &m).unwrap();
+        assert_eq!(load_json::<BTreeMap<String, u32>>(&path).unwrap(), Some(m));
+        // No temporary file is left behind.
+        let names: Vec<_> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn garbage_is_a_parse_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.json");
+        fs::write(&path, b"{\"a\":").unwrap();
+        assert!(matches!(
+            load_json::<BTreeMap<String, u32>>(&path),
+            Err(StateFileError::Parse { .. })
+        ));
+    }
+
+    #[test]
+    fn failed_write_keeps_old_version() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.json");
+        save_json(&path, &1u32).unwrap();
+        // Renaming onto a directory fails: the old file must stay as it was.
+        let bad = dir.path().join("sub");
+        fs::create_dir(&bad).unwrap();
+        fs::write(bad.join("x"), b"x").unwrap();
+        assert!(write_atomic(&bad, b"2").is_err());
+        assert_eq!(load_json::<u32>(&path).unwrap(), Some(1));
+    }
+}
