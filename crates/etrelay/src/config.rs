@@ -1,0 +1,180 @@
+//! What one relayed server needs to run, with the design's defaults.
+//!
+//! The command line ([`crate::cli`]) builds these; tests build them directly. Every duration is
+//! a [`Duration`] from here on.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Idle time after which a session closes (no packet either way).
+pub const SESSION_TIMEOUT: Duration = Duration::from_secs(120);
+/// Packets a session holds for the game server before it drops more.
+pub const SESSION_QUEUE: usize = 64;
+/// Largest datagram relayed.
+pub const MAX_PACKET: usize = 65_535;
+/// Sessions open at once, all servers together (one socket each).
+pub const MAX_SESSIONS: usize = 2048;
+/// `getstatus`/`getinfo` a source IP may send at once…
+pub const QUERY_BURST: u32 = 5;
+/// …then one per this interval.
+pub const QUERY_INTERVAL: Duration = Duration::from_secs(1);
+/// Source IPs the query limiter remembers at most.
+pub const MAX_QUERY_SOURCES: usize = 65_536;
+/// A source idle this long (and whose bucket refilled) is forgotten.
+pub const QUERY_FORGET: Duration = Duration::from_secs(60);
+/// Age of a cached `infoResponse`/`statusResponse` past which the relay asks the server again.
+pub const CACHE_MAX_AGE: Duration = Duration::from_secs(1);
+/// Time between two heartbeats.
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(300);
+/// Probes of the game server before it is declared down…
+pub const PROBE_ATTEMPTS: u32 = 3;
+/// …each waiting this long for the answer.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// The masters ET 2.60b and ET: Legacy clients browse.
+pub const DEFAULT_MASTERS: &str = "etmaster.idsoftware.com:27950,etmaster.net:27950";
+
+/// Which game's master protocol the relay speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Game {
+    /// Enemy Territory: `heartbeat EnemyTerritory-1`, `heartbeat ETFlatline-1` when it stops.
+    Et,
+    /// Quake 3 engines such as OpenArena: `heartbeat QuakeArena-1`, no flatline.
+    Q3,
+}
+
+impl Game {
+    /// The heartbeat packet (marker included).
+    pub fn heartbeat(self) -> &'static [u8] {
+        match self {
+            Game::Et => b"\xff\xff\xff\xffheartbeat EnemyTerritory-1\n",
+            Game::Q3 => b"\xff\xff\xff\xffheartbeat QuakeArena-1\n",
+        }
+    }
+
+    /// The flatline packet, if the game has one.
+    pub fn flatline(self) -> Option<&'static [u8]> {
+        match self {
+            Game::Et => Some(b"\xff\xff\xff\xffheartbeat ETFlatline-1\n"),
+            Game::Q3 => None,
+        }
+    }
+}
+
+/// One relayed server.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// The game server: `ip:port`.
+    pub upstream: SocketAddr,
+    /// Master protocol flavour.
+    pub game: Game,
+    /// Masters as `host:port`, resolved on every heartbeat. Empty: no heartbeats.
+    pub masters: Vec<String>,
+    /// Time between heartbeats.
+    pub heartbeat_interval: Duration,
+    /// Wait for each probe answer.
+    pub probe_timeout: Duration,
+    /// Session limits.
+    pub session: SessionLimits,
+    /// Query limiter bounds.
+    pub query: QueryLimits,
+    /// Age past which the cache asks the server again. Zero: no cache, queries go through.
+    pub cache_max_age: Duration,
+}
+
+/// Session limits of one server.
+#[derive(Debug, Clone, Copy)]
+pub struct SessionLimits {
+    /// Idle time before a session closes.
+    pub timeout: Duration,
+    /// Packets queued towards the game server per session.
+    pub queue: usize,
+    /// Largest datagram relayed; larger ones are dropped.
+    pub max_packet: usize,
+}
+
+/// Query limiter bounds of one server.
+#[derive(Debug, Clone, Copy)]
+pub struct QueryLimits {
+    /// Queries a source IP may send at once.
+    pub burst: u32,
+    /// One more query per this interval.
+    pub interval: Duration,
+    /// Most source IPs remembered.
+    pub max_sources: usize,
+    /// Idle time after which a source is forgotten.
+    pub forget: Duration,
+}
+
+impl Default for SessionLimits {
+    fn default() -> Self {
+        SessionLimits {
+            timeout: SESSION_TIMEOUT,
+            queue: SESSION_QUEUE,
+            max_packet: MAX_PACKET,
+        }
+    }
+}
+
+impl Default for QueryLimits {
+    fn default() -> Self {
+        QueryLimits {
+            burst: QUERY_BURST,
+            interval: QUERY_INTERVAL,
+            max_sources: MAX_QUERY_SOURCES,
+            forget: QUERY_FORGET,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The design's defaults for `upstream`, with the default masters.
+    pub fn new(upstream: SocketAddr) -> Self {
+        ServerConfig {
+            upstream,
+            game: Game::Et,
+            masters: parse_masters(DEFAULT_MASTERS),
+            heartbeat_interval: HEARTBEAT_INTERVAL,
+            probe_timeout: PROBE_TIMEOUT,
+            session: SessionLimits::default(),
+            query: QueryLimits::default(),
+            cache_max_age: CACHE_MAX_AGE,
+        }
+    }
+}
+
+/// Splits a `--masters` value: comma-separated `host:port`, blanks ignored, empty = none.
+pub fn parse_masters(s: &str) -> Vec<String> {
+    s.split(',')
+        .map(str::trim)
+        .filter(|m| !m.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Checks one master is `host:port` with a numeric port.
+///
+/// # Errors
+/// A message naming the bad entry.
+pub fn check_master(m: &str) -> Result<(), String> {
+    match m.rsplit_once(':') {
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0) => Ok(()),
+        _ => Err(format!("master {m:?} is not host:port")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masters_list() {
+        assert!(parse_masters("").is_empty());
+        assert!(parse_masters(" , ").is_empty());
+        assert_eq!(parse_masters("a:1, b:2"), vec!["a:1", "b:2"]);
+        assert!(check_master("etmaster.net:27950").is_ok());
+        assert!(check_master("[::1]:27950").is_ok());
+        assert!(check_master("etmaster.net").is_err());
+        assert!(check_master(":27950").is_err());
+        assert!(check_master("a:0").is_err());
+    }
+}

@@ -1,0 +1,71 @@
+//! Batched datagram receive for the public socket.
+//!
+//! One `recvmmsg` (through `quinn-udp`, which also turns on UDP GRO where the kernel has it)
+//! takes up to [`BATCH`] datagrams per system call instead of one. Coalesced GRO buffers are
+//! split back into datagrams by their stride. The buffers are allocated once.
+
+use std::io::{self, IoSliceMut};
+use std::net::SocketAddr;
+
+use quinn_udp::{RecvMeta, UdpSocketState};
+use tokio::io::Interest;
+use tokio::net::UdpSocket;
+
+/// Datagrams (or GRO buffers) taken per system call.
+pub const BATCH: usize = quinn_udp::BATCH_SIZE;
+/// Room for one receive slot: the largest UDP datagram.
+const SLOT: usize = 65_536;
+
+/// Receive buffers and metadata for one socket.
+#[derive(Debug)]
+pub struct BatchRecv {
+    state: UdpSocketState,
+    bufs: Vec<u8>,
+    metas: [RecvMeta; BATCH],
+    filled: usize,
+}
+
+impl BatchRecv {
+    /// Prepares `socket` (GRO, packet info) and the buffers.
+    ///
+    /// # Errors
+    /// The socket options could not be read or set.
+    pub fn new(socket: &UdpSocket) -> io::Result<Self> {
+        Ok(BatchRecv {
+            state: UdpSocketState::new(socket.into())?,
+            bufs: vec![0; BATCH * SLOT],
+            metas: [RecvMeta::default(); BATCH],
+            filled: 0,
+        })
+    }
+
+    /// Takes what is queued on `socket` (up to [`BATCH`] slots) without waiting.
+    ///
+    /// # Errors
+    /// `WouldBlock` when nothing is queued (readiness is cleared, so `readable()` waits again);
+    /// other errors from the socket.
+    pub fn try_recv(&mut self, socket: &UdpSocket) -> io::Result<usize> {
+        let BatchRecv {
+            state, bufs, metas, ..
+        } = self;
+        let mut chunks = bufs.chunks_mut(SLOT);
+        let mut iovs: [IoSliceMut<'_>; BATCH] = std::array::from_fn(|_| {
+            IoSliceMut::new(chunks.next().expect("invariant: bufs holds BATCH slots"))
+        });
+        let n = socket.try_io(Interest::READABLE, || state.recv(socket.into(), &mut iovs, metas))?;
+        self.filled = n;
+        Ok(n)
+    }
+
+    /// The datagrams of the last [`BatchRecv::try_recv`], GRO buffers split by stride.
+    pub fn datagrams(&self) -> impl Iterator<Item = (SocketAddr, &[u8])> {
+        self.metas[..self.filled]
+            .iter()
+            .zip(self.bufs.chunks(SLOT))
+            .flat_map(|(meta, slot)| {
+                let data = &slot[..meta.len.min(SLOT)];
+                let stride = if meta.stride == 0 { data.len().max(1) } else { meta.stride };
+                data.chunks(stride).map(move |d| (meta.addr, d))
+            })
+    }
+}

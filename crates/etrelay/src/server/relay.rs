@@ -1,0 +1,286 @@
+//! The relay loop of one server: everything that arrives on the public socket.
+//!
+//! Each wake-up drains the socket in batches ([`BatchRecv`], one system call per batch) and
+//! runs every datagram through the same straight line: size, ban, [`classify`], query limiter,
+//! then the query cache or the client's session. Nothing in it waits: opening a session is a
+//! non-blocking bind and connect, a full queue drops the packet, and answers from the cache
+//! leave with a non-blocking send. The per-packet path does not allocate.
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use guard::limiter::{KeyedLimiter, Limits, TokenBucket};
+use tracing::{debug, trace, warn};
+
+use super::cache::{Outcome, QueryCache};
+use super::metrics::Drop;
+use super::{Shared, session};
+use crate::et::classify::{Packet, Reject, classify};
+use crate::et::{self, command_word};
+use crate::net::BatchRecv;
+
+/// Batches read per wake-up before other tasks get a turn.
+const ROUNDS_PER_WAKE: usize = 8;
+/// How often idle limiter entries and late cache refreshes are looked at.
+const TICK: Duration = Duration::from_millis(250);
+/// Shortest gap between two full limiter sweeps forced by a full table.
+const SWEEP_GAP: Duration = Duration::from_millis(200);
+
+/// The relay loop: the receive buffers and the packet handler.
+#[derive(Debug)]
+pub(super) struct RelayLoop {
+    batch: BatchRecv,
+    handler: Handler,
+}
+
+/// The relay loop's own state: nothing here is shared.
+#[derive(Debug)]
+struct Handler {
+    shared: Arc<Shared>,
+    limiter: KeyedLimiter<IpAddr, TokenBucket>,
+    cache: Option<QueryCache>,
+    /// Where cached answers are rendered.
+    scratch: Vec<u8>,
+}
+
+impl RelayLoop {
+    /// Prepares the loop.
+    ///
+    /// # Errors
+    /// The public socket's options or the cache's socket.
+    pub(super) fn new(shared: Arc<Shared>) -> io::Result<Self> {
+        let cfg = &shared.config;
+        let limiter = KeyedLimiter::new(
+            TokenBucket::new(cfg.query.burst, cfg.query.interval),
+            Limits {
+                max_keys: cfg.query.max_sources,
+                forget: cfg.query.forget,
+                sweep_gap: SWEEP_GAP,
+            },
+        );
+        shared.metrics.query_capacity.set(limiter.capacity() as u64);
+        let cache = if cfg.cache_max_age.is_zero() {
+            None
+        } else {
+            Some(QueryCache::new(cfg.upstream, cfg.cache_max_age, cfg.session.max_packet)?)
+        };
+        Ok(RelayLoop {
+            batch: BatchRecv::new(&shared.public)?,
+            handler: Handler {
+                limiter,
+                cache,
+                scratch: Vec::with_capacity(64 * 1024),
+                shared,
+            },
+        })
+    }
+
+    /// Runs until the server is stopped.
+    pub(super) async fn run(mut self) {
+        let shared = Arc::clone(&self.handler.shared);
+        let mut tick = tokio::time::interval(TICK);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                biased;
+                () = shared.cancel.cancelled() => break,
+                r = shared.public.readable() => {
+                    if let Err(e) = r {
+                        warn!("public socket: {e}");
+                        break;
+                    }
+                    self.drain();
+                }
+                r = readable(self.handler.cache.as_ref()) => {
+                    if r.is_ok() {
+                        self.handler.cache_answers();
+                    }
+                }
+                _ = tick.tick() => self.handler.tick(Instant::now()),
+            }
+        }
+    }
+
+    /// Reads what is queued on the public socket, a few batches at most.
+    fn drain(&mut self) {
+        for _ in 0..ROUNDS_PER_WAKE {
+            match self.batch.try_recv(&self.handler.shared.public) {
+                Ok(_) => {
+                    let now = Instant::now();
+                    for (src, data) in self.batch.datagrams() {
+                        self.handler.client_packet(src, data, now);
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    // ICMP errors reported on the socket: nothing to do with the queue.
+                    trace!(error = %e, "public receive");
+                }
+            }
+        }
+    }
+
+}
+
+impl Handler {
+    /// One datagram from a client.
+    fn client_packet(&mut self, src: SocketAddr, data: &[u8], now: Instant) {
+        let m = &self.shared.metrics;
+        m.client_packets.inc();
+        m.client_bytes.add(data.len() as u64);
+        if data.len() > self.shared.config.session.max_packet {
+            m.drop(Drop::Oversize);
+            return;
+        }
+        if self.banned(src.ip(), now) {
+            m.drop(Drop::Ban);
+            return;
+        }
+        let packet = classify(data);
+        if !matches!(packet, Packet::Game) {
+            debug!("{src} -> ET {} ({} B)", command_word(data), data.len());
+        }
+        match packet {
+            Packet::Game | Packet::Pass(_) => self.to_session(src, data),
+            Packet::Query(q, challenge) => {
+                match self.limiter.check(&src.ip(), now) {
+                    Ok(true) => {}
+                    Ok(false) | Err(_) => {
+                        m.query_sources.set(self.limiter.len() as u64);
+                        m.drop(Drop::Limiter);
+                        debug!("{src} query limited");
+                        return;
+                    }
+                }
+                m.query_sources.set(self.limiter.len() as u64);
+                let Some(cache) = self.cache.as_mut() else {
+                    self.to_session(src, data);
+                    return;
+                };
+                let challenge = challenge.map(|r| &data[r]);
+                match cache.query(q, challenge, src, now, &mut self.scratch, &m.cache_refreshes) {
+                    Outcome::Answer => {
+                        m.cache_hits.inc();
+                        send_now(&self.shared, &self.scratch, src);
+                    }
+                    Outcome::Waiting => {}
+                    Outcome::Busy => m.drop(Drop::CacheBusy),
+                }
+            }
+            Packet::Drop(reason) => {
+                let reason = match reason {
+                    Reject::Rcon => Drop::Rcon,
+                    Reject::NotAllowed => Drop::Filter,
+                    Reject::BadChallenge => Drop::BadChallenge,
+                };
+                debug!("{src} dropped ({})", reason.name());
+                m.drop(reason);
+            }
+        }
+    }
+
+    fn banned(&self, ip: IpAddr, now: Instant) -> bool {
+        let st = self.shared.lock();
+        !st.bans.is_empty() && st.bans.contains(&ip, now)
+    }
+
+    /// Queues a packet on the client's session, opening one if needed.
+    fn to_session(&mut self, src: SocketAddr, data: &[u8]) {
+        let shared = &self.shared;
+        let cfg = &shared.config.session;
+        let now_ms = shared.now_ms();
+        let mut st = shared.lock();
+        if let Some(s) = st.sessions.get(&src)
+            && !s.is_closed()
+        {
+            if s.push(data, cfg.queue, now_ms).is_err() {
+                shared.metrics.drop(Drop::QueueFull);
+            }
+            return;
+        }
+        // A new session: first forget the ones that expired.
+        let timeout_ms = cfg.timeout.as_millis() as u64;
+        st.sessions.retain(|_, s| {
+            let expired = s.is_closed() || now_ms.saturating_sub(s.last_active_ms()) >= timeout_ms;
+            if expired {
+                s.cut();
+            }
+            !expired
+        });
+        let Some(permit) = shared.sessions_gate.try_acquire() else {
+            shared.metrics.drop(Drop::SessionCap);
+            debug!("{src}: no session (MAX_SESSIONS reached)");
+            return;
+        };
+        let id = shared.next_session.fetch_add(1, Ordering::Relaxed);
+        match session::open(shared, src, id, now_ms, permit) {
+            Ok(s) => {
+                if s.push(data, cfg.queue, now_ms).is_err() {
+                    shared.metrics.drop(Drop::QueueFull);
+                }
+                st.sessions.insert(src, s);
+                let n = st.sessions.len();
+                shared.metrics.sessions_opened.inc();
+                shared.metrics.sessions_open.set(n as u64);
+                debug!("session + {src} ({n} active)");
+            }
+            Err(e) => {
+                shared.metrics.drop(Drop::Upstream);
+                warn!("cannot open a session for {src}: {e}");
+            }
+        }
+    }
+
+    /// Answers that arrived on the cache socket.
+    fn cache_answers(&mut self) {
+        let Some(cache) = self.cache.as_mut() else {
+            return;
+        };
+        let shared = &self.shared;
+        let n = cache.on_readable(Instant::now(), &mut self.scratch, |pkt, to| {
+            shared.metrics.cache_hits.inc();
+            send_now(shared, pkt, to);
+        });
+        shared.metrics.server_packets.add(n as u64);
+    }
+
+    fn tick(&mut self, now: Instant) {
+        self.limiter.sweep(now);
+        self.shared.metrics.query_sources.set(self.limiter.len() as u64);
+        if let Some(cache) = self.cache.as_mut() {
+            let dropped = cache.expire(now);
+            if dropped > 0 {
+                debug!("cache: the game server did not answer; {dropped} queries dropped");
+            }
+        }
+    }
+}
+
+/// Sends an answer from the public socket without waiting; a full socket buffer drops it, as
+/// any congested UDP hop would.
+fn send_now(shared: &Shared, pkt: &[u8], to: SocketAddr) {
+    match shared.public.try_send_to(pkt, to) {
+        Ok(n) => {
+            shared.metrics.reply_packets.inc();
+            shared.metrics.reply_bytes.add(n as u64);
+            if et::is_oob(pkt) {
+                debug!("{to} <- ET {} ({} B, cache)", command_word(pkt), pkt.len());
+            }
+        }
+        Err(e) => {
+            shared.metrics.reply_errors.inc();
+            trace!(error = %e, "cached answer");
+        }
+    }
+}
+
+/// Waits until the cache socket is readable; forever when there is no cache.
+async fn readable(cache: Option<&QueryCache>) -> io::Result<()> {
+    match cache {
+        Some(c) => c.socket().readable().await,
+        None => std::future::pending().await,
+    }
+}
