@@ -322,6 +322,7 @@ fn reply(text: &str) -> Option<Vec<u8>> {
 
 fn handle(st: &mut State, from: SocketAddr, packet: &[u8]) -> Option<Vec<u8>> {
     let dispatch = q3model::dispatch(Engine::Et260, packet);
+    tracing::debug!(%from, ?dispatch, len = packet.len(), "fake ET server received");
     st.received.push(Received {
         from,
         packet: packet.to_vec(),
@@ -484,8 +485,12 @@ fn execute(st: &mut State, command: &[u8]) -> String {
         }
         "status" => {
             let mut out = format!("map: {}\n", st.cvar_or("mapname", ""));
-            out.push_str("num score ping name            lastmsg address               qport rate\n");
-            out.push_str("--- ----- ---- --------------- ------- --------------------- ----- -----\n");
+            out.push_str(
+                "num score ping name            lastmsg address               qport rate\n",
+            );
+            out.push_str(
+                "--- ----- ---- --------------- ------- --------------------- ----- -----\n",
+            );
             for (num, (score, ping, pname)) in st.players.iter().enumerate() {
                 out.push_str(&format!(
                     "{num:>3} {score:>5} {ping:>4} {pname:<15} {:>7} {:<21} {:>5} {:>5}\n",
@@ -516,7 +521,16 @@ mod tests {
         assert!(challenge_ok(b"*=Q^6}azH"));
         assert!(challenge_ok(&[b'a'; 64]));
         assert!(!challenge_ok(&[b'a'; 65]));
-        for bad in [&b"a\\b"[..], b"a/b", b"a%b", b"a;b", b"a\"b", b"a\x1fb", b"a\x7fb", b"\xe9"] {
+        for bad in [
+            &b"a\\b"[..],
+            b"a/b",
+            b"a%b",
+            b"a;b",
+            b"a\"b",
+            b"a\x1fb",
+            b"a\x7fb",
+            b"\xe9",
+        ] {
             assert!(!challenge_ok(bad), "{bad:?}");
         }
     }

@@ -105,8 +105,9 @@ mod tests {
 
     #[test]
     fn status() {
-        let st = status_response(b"\xff\xff\xff\xffstatusResponse\n\\a\\1\n3 50 \"Bob\"\n0 0 \"x y\"\n")
-            .unwrap();
+        let st =
+            status_response(b"\xff\xff\xff\xffstatusResponse\n\\a\\1\n3 50 \"Bob\"\n0 0 \"x y\"\n")
+                .unwrap();
         assert_eq!(get(&st.info, "a"), Some("1"));
         assert_eq!(
             st.players,

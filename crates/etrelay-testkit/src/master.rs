@@ -134,12 +134,7 @@ impl FakeMaster {
         let state = Arc::new(Mutex::new(State::default()));
         let (changes, _) = watch::channel(0u64);
         let changes = Arc::new(changes);
-        let task = tokio::spawn(run(
-            socket,
-            style,
-            Arc::clone(&state),
-            Arc::clone(&changes),
-        ));
+        let task = tokio::spawn(run(socket, style, Arc::clone(&state), Arc::clone(&changes)));
         Ok(FakeMaster {
             addr,
             style,
@@ -271,8 +266,10 @@ fn expire(st: &mut State) {
                 Stage::AwaitChallengeResponse => "no challengeResponse",
                 Stage::AwaitInfo { .. } => "no valid infoResponse",
             };
-            st.rejections
-                .push((addr, format!("{what} within {CHALLENGE_WINDOW:?} of the heartbeat")));
+            st.rejections.push((
+                addr,
+                format!("{what} within {CHALLENGE_WINDOW:?} of the heartbeat"),
+            ));
         }
     }
 }
@@ -390,6 +387,7 @@ fn heartbeat(
             .push((from, "heartbeat without a tag".to_string()));
         return Vec::new();
     }
+    tracing::debug!(%from, %tag, "fake master received heartbeat");
     st.heartbeats.push((from, tag.clone()));
     if tag == "ETFlatline-1" || tag == "WolfFlatline-1" {
         return Vec::new(); // ignored: could be spoofed
@@ -478,6 +476,7 @@ fn info_response(st: &mut State, from: SocketAddr, body: &[u8]) {
     }
     match validate(&info::parse(body), challenge, pending.game) {
         Ok(protocol) => {
+            tracing::debug!(%from, protocol, "fake master lists server");
             st.pending.remove(&from);
             st.listed.retain(|l| l.addr != from);
             st.listed.push(Listed {
@@ -597,7 +596,10 @@ mod tests {
         for _ in 0..200 {
             let c = classic_challenge();
             assert!((8..=11).contains(&c.len()));
-            assert!(c.bytes().all(|b| (33..=126).contains(&b) && !b"\\;\"%/".contains(&b)));
+            assert!(
+                c.bytes()
+                    .all(|b| (33..=126).contains(&b) && !b"\\;\"%/".contains(&b))
+            );
         }
         assert_eq!(digits(10).len(), 10);
         assert_eq!(alnum(10).len(), 10);
@@ -610,19 +612,53 @@ mod tests {
         assert_eq!(validate(&p(good), "abc", "et"), Ok(84));
         assert!(validate(&p(good), "abd", "et").is_err());
         assert!(validate(&p(good), "abc", "Quake3Arena").is_err());
-        assert!(validate(&p("\\challenge\\abc\\sv_maxclients\\20\\clients\\0"), "abc", "et").is_err());
-        assert!(validate(&p("\\challenge\\abc\\protocol\\x\\sv_maxclients\\20\\clients\\0"), "abc", "et").is_err());
-        assert!(validate(&p("\\challenge\\abc\\protocol\\84\\sv_maxclients\\0\\clients\\0"), "abc", "et").is_err());
-        assert!(validate(&p("\\challenge\\abc\\protocol\\84\\sv_maxclients\\8"), "abc", "et").is_err());
-        assert!(validate(
-            &p("\\challenge\\abc\\protocol\\84\\sv_maxclients\\8\\clients\\0\\gametype\\a b"),
-            "abc",
-            "et"
-        )
-        .is_err());
+        assert!(
+            validate(
+                &p("\\challenge\\abc\\sv_maxclients\\20\\clients\\0"),
+                "abc",
+                "et"
+            )
+            .is_err()
+        );
+        assert!(
+            validate(
+                &p("\\challenge\\abc\\protocol\\x\\sv_maxclients\\20\\clients\\0"),
+                "abc",
+                "et"
+            )
+            .is_err()
+        );
+        assert!(
+            validate(
+                &p("\\challenge\\abc\\protocol\\84\\sv_maxclients\\0\\clients\\0"),
+                "abc",
+                "et"
+            )
+            .is_err()
+        );
+        assert!(
+            validate(
+                &p("\\challenge\\abc\\protocol\\84\\sv_maxclients\\8"),
+                "abc",
+                "et"
+            )
+            .is_err()
+        );
+        assert!(
+            validate(
+                &p("\\challenge\\abc\\protocol\\84\\sv_maxclients\\8\\clients\\0\\gametype\\a b"),
+                "abc",
+                "et"
+            )
+            .is_err()
+        );
         // gamename is optional for the known tags.
         assert_eq!(
-            validate(&p("\\challenge\\abc\\protocol\\71\\sv_maxclients\\8\\clients\\0"), "abc", "et"),
+            validate(
+                &p("\\challenge\\abc\\protocol\\71\\sv_maxclients\\8\\clients\\0"),
+                "abc",
+                "et"
+            ),
             Ok(71)
         );
     }
@@ -650,7 +686,10 @@ mod tests {
             all.extend(parse_getservers_response(p));
         }
         assert_eq!(all.len(), 300);
-        assert_eq!(all[0], SocketAddr::from((Ipv4Addr::new(127, 0, 0, 10), 27960)));
+        assert_eq!(
+            all[0],
+            SocketAddr::from((Ipv4Addr::new(127, 0, 0, 10), 27960))
+        );
         let none = getservers(&mut st, from, "getserversResponse", Some(85));
         assert_eq!(none.len(), 1);
         assert_eq!(none[0].1, b"\xff\xff\xff\xffgetserversResponse\\EOT\0\0\0");

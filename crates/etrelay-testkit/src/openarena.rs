@@ -6,7 +6,7 @@
 //! ([`OpenArena::console`]) and its output in a log file ([`OpenArena::log`]).
 //!
 //! Readiness is detected without sleeping: `getinfo` is sent from a socket on
-//! its own [`unique_ip`](crate::addr::unique_ip) (so it does not use the
+//! its own [`unique_ip`](crate::addr::unique_ip()) (so it does not use the
 //! per-IP rate-limit bucket of the code under test), with a short receive
 //! timeout per attempt, for at most ~15 s.
 //!
@@ -187,8 +187,18 @@ impl OpenArena {
         let ip_text = ip.to_string();
         let port_text = PORT.to_string();
         let mut args: Vec<&str> = vec![
-            "+set", "dedicated", "1", "+set", "net_enabled", "1", "+set", "net_ip", &ip_text,
-            "+set", "net_port", &port_text,
+            "+set",
+            "dedicated",
+            "1",
+            "+set",
+            "net_enabled",
+            "1",
+            "+set",
+            "net_ip",
+            &ip_text,
+            "+set",
+            "net_port",
+            &port_text,
         ];
         // The engine joins its argv with spaces before parsing, so an empty
         // argument would vanish; a literal `""` is an empty quoted token.
@@ -263,7 +273,6 @@ impl OpenArena {
                 &crate::udp::oob(format!("getinfo {challenge}").as_bytes()),
                 self.addr,
             )?;
-            probe.set_read_timeout(Some(wait))?;
             let attempt_end = Instant::now() + wait;
             // Drain what arrives within this attempt's window.
             while Instant::now() < attempt_end {

@@ -125,9 +125,14 @@ fn at(text: &[u8], i: usize) -> u8 {
 ///
 /// On the ET engines `char` is signed, so a byte `>= 0x80` is negative and
 /// therefore "whitespace". On ioquake3 such bytes never reach the tokenizer
-/// (they became `.` in [`read_string_line`]); if one is passed in directly it
-/// is compared the same signed way, since ioq3 is also built with signed
-/// `char` on x86.
+/// through [`dispatch`] / [`argv`] (they became `.` in [`read_string_line`]).
+///
+/// Reading where the research note is silent: when [`tokenize`] is called
+/// directly with high bytes for [`Engine::Ioq3`], they are compared the same
+/// signed way as on ET 2.60b (ioq3's loop is the same `*text <= ' '` /
+/// `*text > ' '` on a signed `char` on x86): whitespace before a token, end
+/// of an unquoted token. Treating them as non-whitespace before a token but
+/// as a token terminator would make the C loop emit empty tokens forever.
 fn is_space_before_token(_engine: Engine, c: u8) -> bool {
     c <= b' ' || c >= 0x80
 }
@@ -171,9 +176,13 @@ fn is_block_comment_start(text: &[u8], i: usize) -> bool {
 /// Models `Cmd_TokenizeString` on one line (as returned by
 /// [`read_string_line`]).
 ///
-/// The line is first truncated to 1023 bytes (the `cmd_cmd` copy). Like the C
-/// code, the line is a C string: an embedded `\0` ends it (this cannot happen
-/// for a line produced by [`read_string_line`]).
+/// The line is first truncated to 1023 bytes, as the research note describes
+/// (the `cmd_cmd` copy). Reading where the note is silent: the C loop walks
+/// the caller's text rather than that copy, but every line that reaches it
+/// through `MSG_ReadStringLine` is at most 1023 bytes long, so the truncation
+/// only matters for direct calls with longer input. Like the C code, the line
+/// is a C string: an embedded `\0` ends it (this cannot happen for a line
+/// produced by [`read_string_line`]).
 ///
 /// Rules, from `et-protocol.md` §2:
 ///
@@ -363,7 +372,9 @@ mod tests {
     #[test]
     fn openarena_table_ioq3() {
         use Dispatch::*;
-        let rows: &[(&[u8], Dispatch, Option<&[u8]>)] = &[
+        /// (payload after the marker, dispatch, argv 1)
+        type Row = (&'static [u8], Dispatch, Option<&'static [u8]>);
+        let rows: &[Row] = &[
             (b"GETINFO a1", GetInfo, Some(b"a1")),
             (b"GetStatus a2", GetStatus, Some(b"a2")),
             (b"  getinfo a3", GetInfo, Some(b"a3")),
@@ -373,7 +384,7 @@ mod tests {
             (b"\x01getinfo cc", GetInfo, Some(b"cc")),
             (b"//getinfo a6", Ignored, None),
             (b"\x80getinfo", Ignored, None),
-            (b"get\"info\" q", Ignored, None),
+            (b"get\"info\" q", Ignored, Some(b"info")),
             (b"getinfo%s", Ignored, None),
             (b"getinfo\n a7", GetInfo, None),
             (b"getinfo\x00junk", GetInfo, None),
@@ -427,9 +438,21 @@ mod tests {
             [b"rc\xe9on".to_vec(), b"x".to_vec()]
         );
         // A trailing high byte ends the token on 2.60b, stays on Legacy.
-        assert_eq!(dispatch(Engine::Et260, &oob(b"rcon\x80 pw")), Dispatch::Rcon);
-        assert_eq!(dispatch(Engine::EtLegacy, &oob(b"rcon\x80 pw")), Dispatch::Ignored);
-        assert_eq!(dispatch(Engine::Ioq3, &oob(b"rcon\x80 pw")), Dispatch::Ignored);
+        assert_eq!(
+            dispatch(Engine::Et260, &oob(b"rcon\x80 pw")),
+            Dispatch::Rcon
+        );
+        assert_eq!(
+            dispatch(Engine::EtLegacy, &oob(b"rcon\x80 pw")),
+            Dispatch::Ignored
+        );
+        assert_eq!(
+            dispatch(Engine::Ioq3, &oob(b"rcon\x80 pw")),
+            Dispatch::Ignored
+        );
+        // Called directly, ioq3 compares high bytes as signed chars too.
+        assert_eq!(toks(Engine::Ioq3, b"\x80rcon x"), ["rcon", "x"]);
+        assert_eq!(toks(Engine::Ioq3, b"rc\x80on"), ["rc", "on"]);
         // High bytes inside quotes are kept by the ET engines.
         assert_eq!(tokenize(Engine::Et260, b"\"a\xffb\""), [b"a\xffb".to_vec()]);
     }
@@ -490,7 +513,10 @@ mod tests {
                 Dispatch::HuffmanConnect
             );
             // Byte 11 is not checked.
-            assert_eq!(dispatch(engine, &oob(b"connectX")), Dispatch::HuffmanConnect);
+            assert_eq!(
+                dispatch(engine, &oob(b"connectX")),
+                Dispatch::HuffmanConnect
+            );
             assert_eq!(dispatch(engine, &oob(b"connect")), Dispatch::HuffmanConnect);
             // Other casings are plaintext connects.
             assert_eq!(
@@ -529,7 +555,10 @@ mod tests {
         for engine in ENGINES {
             assert_eq!(dispatch(engine, b""), NotConnectionless);
             assert_eq!(dispatch(engine, b"\xff\xff\xff"), NotConnectionless);
-            assert_eq!(dispatch(engine, b"\xff\xff\xff\xfe getinfo"), NotConnectionless);
+            assert_eq!(
+                dispatch(engine, b"\xff\xff\xff\xfe getinfo"),
+                NotConnectionless
+            );
             assert_eq!(dispatch(engine, b"\xff\xff\xff\xff"), Ignored);
             assert!(argv(engine, b"\x01\x00\x00\x00rcon").is_empty());
         }

@@ -165,9 +165,16 @@ impl QueryCache {
     }
 
     /// Reads what the game server sent to the cache socket and answers the waiters through
-    /// `send` (destination, packet). Returns how many datagrams were read.
-    pub fn on_readable(&mut self, now: Instant, out: &mut Vec<u8>, mut send: impl FnMut(&[u8], SocketAddr)) -> usize {
+    /// `send` (packet, destination). Returns how many datagrams were read and how many of them
+    /// answered a refresh.
+    pub fn on_readable(
+        &mut self,
+        now: Instant,
+        out: &mut Vec<u8>,
+        mut send: impl FnMut(&[u8], SocketAddr),
+    ) -> (usize, usize) {
         let mut read = 0;
+        let mut answers = 0;
         while read < 64 {
             let n = match self.socket.try_recv(&mut self.recv_buf) {
                 Ok(n) => n,
@@ -194,6 +201,7 @@ impl QueryCache {
                 continue;
             }
             kind.pending = None;
+            answers += 1;
             debug!("cache: {} refreshed ({} B)", if q == Query::Info { "infoResponse" } else { "statusResponse" }, data.len());
             for w in kind.waiters.drain(..) {
                 template.render(w.len.map(|l| &w.challenge[..l as usize]), out);
@@ -201,7 +209,7 @@ impl QueryCache {
             }
             kind.answer = Some((template, now));
         }
-        read
+        (read, answers)
     }
 
     /// Gives up refreshes the server did not answer in time. Returns the askers dropped.

@@ -95,6 +95,8 @@ pub struct ServerMetrics {
     pub cache_hits: Counter,
     /// Queries the cache sent to the game server.
     pub cache_refreshes: Counter,
+    /// Of those, the ones the game server answered.
+    pub cache_refresh_answers: Counter,
     /// Sessions opened since start.
     pub sessions_opened: Counter,
     /// Sessions open now.
@@ -142,6 +144,7 @@ impl ServerMetrics {
         one("etrelay_reply_bytes_total", C, "Bytes sent to clients.", self.reply_bytes.get());
         one("etrelay_cache_hits_total", C, "Queries answered from the cache.", self.cache_hits.get());
         one("etrelay_cache_refreshes_total", C, "Queries the cache sent to the game server.", self.cache_refreshes.get());
+        one("etrelay_cache_refresh_answers_total", C, "Cache queries the game server answered.", self.cache_refresh_answers.get());
         one("etrelay_sessions_opened_total", C, "Sessions opened.", self.sessions_opened.get());
         one("etrelay_sessions_open", G, "Sessions open now.", self.sessions_open.get());
         one("etrelay_heartbeats_total", C, "Heartbeats sent to masters.", self.heartbeats.get());

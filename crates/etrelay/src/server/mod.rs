@@ -42,6 +42,9 @@ pub use heartbeat::ProbeStatus;
 pub use metrics::{Drop, ProbeState, ServerMetrics};
 use session::Session;
 
+/// Receive and send buffer asked for the public socket.
+const SOCKET_BUFFER: usize = 4 << 20;
+
 /// Most bans one server keeps.
 pub const MAX_BANS: usize = 65_536;
 
@@ -169,6 +172,10 @@ impl ServerHandle {
         parent: &CancellationToken,
     ) -> io::Result<ServerHandle> {
         let public_addr = public.local_addr()?;
+        // Room for bursts (best effort: the kernel caps it at net.core.rmem_max/wmem_max).
+        let sock = socket2::SockRef::from(&public);
+        let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
+        let _ = sock.set_send_buffer_size(SOCKET_BUFFER);
         let shared = Arc::new(Shared {
             public,
             public_addr,

@@ -240,11 +240,12 @@ impl Handler {
             return;
         };
         let shared = &self.shared;
-        let n = cache.on_readable(Instant::now(), &mut self.scratch, |pkt, to| {
+        let (read, answers) = cache.on_readable(Instant::now(), &mut self.scratch, |pkt, to| {
             shared.metrics.cache_hits.inc();
             send_now(shared, pkt, to);
         });
-        shared.metrics.server_packets.add(n as u64);
+        shared.metrics.server_packets.add(read as u64);
+        shared.metrics.cache_refresh_answers.add(answers as u64);
     }
 
     fn tick(&mut self, now: Instant) {

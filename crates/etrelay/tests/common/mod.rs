@@ -1,0 +1,95 @@
+//! Helpers shared by the integration tests: a relay started in-process on a fresh loopback
+//! address, bounded waits for conditions, and packet helpers.
+#![allow(dead_code, unreachable_pub)]
+
+use std::future::Future;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use etrelay::config::{MAX_SESSIONS, ServerConfig};
+use etrelay::server::ServerHandle;
+use etrelay_testkit::{udp, unique_ip};
+use guard::admission::Gate;
+use tokio::net::UdpSocket;
+use tokio_util::sync::CancellationToken;
+
+/// A relay running in this process.
+pub struct Relay {
+    pub handle: ServerHandle,
+    pub addr: SocketAddr,
+    pub root: CancellationToken,
+}
+
+/// A config for `upstream` with no masters (nothing leaves the machine) and heartbeats rare
+/// enough to stay out of the way.
+pub fn config(upstream: SocketAddr) -> ServerConfig {
+    let mut c = ServerConfig::new(upstream);
+    c.masters = Vec::new();
+    c.heartbeat_interval = Duration::from_secs(3600);
+    c.probe_timeout = Duration::from_millis(300);
+    c
+}
+
+/// Binds a public socket on a fresh loopback address, port from the OS.
+pub async fn public_socket() -> UdpSocket {
+    UdpSocket::bind((unique_ip(), 0)).await.expect("bind public socket")
+}
+
+/// Starts a relay for `config` on an already bound `public` socket.
+pub fn start_on(config: ServerConfig, public: UdpSocket, gate: Gate) -> Relay {
+    let root = CancellationToken::new();
+    let handle = ServerHandle::start(config, public, gate, &root).expect("start relay");
+    let addr = handle.public_addr();
+    Relay { handle, addr, root }
+}
+
+/// Starts a relay for `config` on a fresh loopback address.
+pub async fn start(config: ServerConfig) -> Relay {
+    start_on(config, public_socket().await, Gate::new(MAX_SESSIONS))
+}
+
+/// Waits until `cond` holds, checking every 10 ms, for at most `limit`.
+pub async fn eventually(limit: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if cond() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Runs `f` with a time limit; panics with `what` when it runs out.
+pub async fn within<T>(limit: Duration, what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(limit, f)
+        .await
+        .unwrap_or_else(|_| panic!("timed out: {what}"))
+}
+
+/// A client socket on a fresh loopback address.
+pub async fn client() -> UdpSocket {
+    udp::bind(unique_ip()).await.expect("bind client")
+}
+
+/// A client socket on `ip`.
+pub async fn client_on(ip: Ipv4Addr) -> UdpSocket {
+    udp::bind(ip).await.expect("bind client")
+}
+
+/// Sends `packet` and returns the replies that arrive within a short quiet time.
+pub async fn ask(sock: &UdpSocket, to: SocketAddr, packet: &[u8]) -> Vec<(SocketAddr, Vec<u8>)> {
+    udp::exchange(sock, to, packet, Duration::from_millis(150), Duration::from_secs(2)).await
+}
+
+/// The value of `key` in the info string of an infoResponse/statusResponse.
+pub fn info_value(packet: &[u8], key: &str) -> Option<String> {
+    let body = packet.get(4..)?;
+    let nl = body.iter().position(|&b| b == b'\n')?;
+    let info = &body[nl + 1..];
+    let end = info.iter().position(|&b| b == b'\n').unwrap_or(info.len());
+    let pairs = etrelay_testkit::info::parse(&info[..end]);
+    etrelay_testkit::info::get(&pairs, key).map(str::to_owned)
+}

@@ -1,0 +1,177 @@
+//! The proxy: sessions per client, answers from the public port, session cap, queue-full drops,
+//! expiry, packet sizes. Real sockets on 127.0.0.x against the scripted ET server.
+
+mod common;
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use common::*;
+use etrelay::server::Drop;
+use etrelay_testkit::{Dispatch, FakeEtConfig, FakeEtServer, udp, unique_ip};
+use guard::admission::Gate;
+
+const S: Duration = Duration::from_secs(1);
+
+#[tokio::test]
+async fn answers_leave_from_the_public_port_one_session_per_client() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let relay = start(config(et.addr())).await;
+    let (a, b) = (client().await, client().await);
+
+    // A connectionless exchange: the answer comes from the relay's public address.
+    for c in [&a, &b] {
+        let replies = ask(c, relay.addr, &udp::oob(b"getchallenge")).await;
+        assert_eq!(replies.len(), 1, "one challengeResponse");
+        assert_eq!(replies[0].0, relay.addr, "answer from the public port");
+        assert!(replies[0].1.starts_with(b"\xff\xff\xff\xffchallengeResponse "));
+    }
+
+    // In-game packets pass untouched, each client through its own upstream socket.
+    a.send_to(b"\x01\x00\x00\x00\x34\x12game-a", relay.addr).await.unwrap();
+    b.send_to(b"\x01\x00\x00\x00\x35\x12game-b", relay.addr).await.unwrap();
+    assert!(eventually(5 * S, || et.count(Dispatch::NotConnectionless) == 2).await);
+    let got = et.received();
+    let game: Vec<_> = got.iter().filter(|r| r.dispatch == Dispatch::NotConnectionless).collect();
+    assert!(game.iter().any(|r| r.packet == b"\x01\x00\x00\x00\x34\x12game-a"));
+    assert!(game.iter().any(|r| r.packet == b"\x01\x00\x00\x00\x35\x12game-b"));
+
+    let sessions = relay.handle.sessions();
+    assert_eq!(sessions.len(), 2);
+    let ports: HashSet<_> = sessions.iter().map(|s| s.upstream_local.port()).collect();
+    assert_eq!(ports.len(), 2, "one upstream socket per client");
+    for s in &sessions {
+        // The game server saw each client as its session's upstream socket.
+        assert!(got.iter().any(|r| r.from.port() == s.upstream_local.port()));
+        assert!(s.packets_up >= 2 && s.packets_down >= 1);
+    }
+    let clients: HashSet<_> = sessions.iter().map(|s| s.client).collect();
+    assert!(clients.contains(&a.local_addr().unwrap()) && clients.contains(&b.local_addr().unwrap()));
+
+    // The server talks back to a session on its own: it reaches the client from the public port.
+    let sa = sessions.iter().find(|s| s.client == a.local_addr().unwrap()).unwrap();
+    et.send_from_own_socket(sa.upstream_local_for_server(), b"\x02\x00\x00\x00snapshot").await.unwrap();
+    let (from, data) = udp::recv_timeout(&a, 2 * S).await.expect("server packet relayed");
+    assert_eq!(from, relay.addr);
+    assert_eq!(data, b"\x02\x00\x00\x00snapshot");
+    relay.handle.stop().await;
+}
+
+/// Extension: where the game server must send to reach a session (its upstream socket; the
+/// relay binds the unspecified address, so use the loopback address the server sees).
+trait ServerView {
+    fn upstream_local_for_server(&self) -> std::net::SocketAddr;
+}
+impl ServerView for etrelay::server::SessionInfo {
+    fn upstream_local_for_server(&self) -> std::net::SocketAddr {
+        let mut a = self.upstream_local;
+        if a.ip().is_unspecified() {
+            a.set_ip(std::net::Ipv4Addr::LOCALHOST.into());
+        }
+        a
+    }
+}
+
+#[tokio::test]
+async fn no_session_past_the_cap() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let relay = start_on(config(et.addr()), public_socket().await, Gate::new(3));
+    let mut clients = Vec::new();
+    for _ in 0..5 {
+        let c = client().await;
+        c.send_to(b"\x01\x00\x00\x00game", relay.addr).await.unwrap();
+        clients.push(c);
+    }
+    let m = relay.handle.metrics();
+    assert!(eventually(5 * S, || m.drops(Drop::SessionCap) == 2).await);
+    assert_eq!(relay.handle.session_count(), 3);
+    assert!(eventually(5 * S, || et.count(Dispatch::NotConnectionless) == 3).await);
+    // Known clients keep their sessions; a sixth client is still refused.
+    clients[0].send_to(b"\x01\x00\x00\x00more", relay.addr).await.unwrap();
+    assert!(eventually(5 * S, || et.count(Dispatch::NotConnectionless) == 4).await);
+    let c = client().await;
+    c.send_to(b"\x01\x00\x00\x00game", relay.addr).await.unwrap();
+    assert!(eventually(5 * S, || m.drops(Drop::SessionCap) == 3).await);
+    relay.handle.stop().await;
+}
+
+#[tokio::test]
+async fn a_full_queue_drops_the_packet() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    // 200 packets wait on the public socket before the relay starts: the relay loop reads
+    // them in one go, before the new session's task first runs.
+    let public = public_socket().await;
+    let to = public.local_addr().unwrap();
+    let c = client().await;
+    for i in 0..200u32 {
+        let mut p = vec![1, 0, 0, 0];
+        p.extend_from_slice(&i.to_le_bytes());
+        c.send_to(&p, to).await.unwrap();
+    }
+    let relay = start_on(config(et.addr()), public, Gate::new(16));
+    let m = relay.handle.metrics();
+    assert!(eventually(5 * S, || m.client_packets.get() == 200).await);
+    assert!(eventually(5 * S, || et.count(Dispatch::NotConnectionless) == 64).await);
+    assert_eq!(m.drops(Drop::QueueFull), 136);
+    // The queue kept the first 64, in order.
+    let firsts: Vec<u32> = et
+        .received()
+        .iter()
+        .filter(|r| r.dispatch == Dispatch::NotConnectionless)
+        .map(|r| u32::from_le_bytes(r.packet[4..8].try_into().unwrap()))
+        .collect();
+    assert_eq!(firsts, (0..64).collect::<Vec<_>>());
+    relay.handle.stop().await;
+}
+
+#[tokio::test]
+async fn idle_sessions_expire_and_come_back_with_a_new_port() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let mut cfg = config(et.addr());
+    cfg.session.timeout = Duration::from_millis(300);
+    let relay = start(cfg).await;
+    let c = client().await;
+    c.send_to(b"\x01\x00\x00\x00one", relay.addr).await.unwrap();
+    assert!(eventually(5 * S, || relay.handle.session_count() == 1).await);
+    let first = relay.handle.sessions()[0].upstream_local;
+    // Kept alive while packets flow...
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        c.send_to(b"\x01\x00\x00\x00more", relay.addr).await.unwrap();
+    }
+    assert_eq!(relay.handle.session_count(), 1);
+    // ...and gone once idle for the timeout.
+    assert!(eventually(5 * S, || relay.handle.session_count() == 0).await);
+    assert_eq!(relay.handle.metrics().sessions_open.get(), 0);
+    c.send_to(b"\x01\x00\x00\x00two", relay.addr).await.unwrap();
+    assert!(eventually(5 * S, || relay.handle.session_count() == 1).await);
+    assert_ne!(relay.handle.sessions()[0].upstream_local, first);
+    assert_eq!(relay.handle.metrics().sessions_opened.get(), 2);
+    relay.handle.stop().await;
+}
+
+#[tokio::test]
+async fn large_answers_pass_whole_and_oversize_packets_are_dropped() {
+    // About 40 KB of statusResponse: far over any 1400-byte MTU guess.
+    let players = (0..1500).map(|i| (i, 50, format!("player-number-{i:05}"))).collect();
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig { players, ..Default::default() }).unwrap();
+    let relay = start(config(et.addr())).await;
+    let c = client().await;
+    let replies = ask(&c, relay.addr, &udp::oob(b"getstatus big")).await;
+    assert_eq!(replies.len(), 1);
+    let status = &replies[0].1;
+    assert!(status.len() > 40_000, "got {} bytes", status.len());
+    assert_eq!(info_value(status, "challenge").as_deref(), Some("big"));
+    assert!(status.ends_with(b"\"player-number-01499\"\n"));
+
+    let mut cfg = config(et.addr());
+    cfg.session.max_packet = 100;
+    let small = start(cfg).await;
+    c.send_to(&[1u8; 101], small.addr).await.unwrap();
+    c.send_to(&[1u8; 100], small.addr).await.unwrap();
+    let m = small.handle.metrics();
+    assert!(eventually(5 * S, || m.drops(Drop::Oversize) == 1).await);
+    assert!(eventually(5 * S, || et.count(Dispatch::NotConnectionless) == 1).await);
+    small.handle.stop().await;
+    relay.handle.stop().await;
+}
