@@ -527,7 +527,7 @@ fn validate(pairs: &[(String, String)], challenge: &str, game: &str) -> Result<u
 
 /// The `getservers` reply datagrams.
 fn getservers(
-    st: &mut State,
+    st: &State,
     from: SocketAddr,
     header: &str,
     protocol: Option<u32>,
@@ -677,7 +677,7 @@ mod tests {
             protocol: 71,
         });
         let from = SocketAddr::from((Ipv4Addr::LOCALHOST, 1));
-        let out = getservers(&mut st, from, "getserversResponse", Some(84));
+        let out = getservers(&st, from, "getserversResponse", Some(84));
         assert!(out.len() >= 2);
         let mut all = Vec::new();
         for (i, (_, p)) in out.iter().enumerate() {
@@ -690,7 +690,7 @@ mod tests {
             all[0],
             SocketAddr::from((Ipv4Addr::new(127, 0, 0, 10), 27960))
         );
-        let none = getservers(&mut st, from, "getserversResponse", Some(85));
+        let none = getservers(&st, from, "getserversResponse", Some(85));
         assert_eq!(none.len(), 1);
         assert_eq!(none[0].1, b"\xff\xff\xff\xffgetserversResponse\\EOT\0\0\0");
     }

@@ -1,0 +1,210 @@
+//! The real `etrelay` binary: start, logs, flatline on SIGTERM/SIGINT and on server loss,
+//! `--help`, bad arguments. Each process is stopped by PID when the test ends, pass or fail.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use etrelay_testkit::{FakeEtConfig, FakeEtServer, FakeMaster, MasterStyle, udp, unique_ip};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+const S: Duration = Duration::from_secs(1);
+const BIN: &str = env!("CARGO_BIN_EXE_etrelay");
+
+/// A running `etrelay` process and what it has logged so far.
+struct Proc {
+    child: Child,
+    addr: SocketAddr,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proc {
+    /// Starts the binary with `args` and waits for the line that names the public address.
+    async fn start(args: &[&str]) -> Proc {
+        let mut child = Command::new(BIN)
+            .args(args)
+            .env_remove("RUST_LOG")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn etrelay");
+        let stderr = child.stderr.take().expect("stderr piped");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let sink = Arc::clone(&log);
+        tokio::spawn(async move {
+            let mut lines = BufReader::new(stderr).lines();
+            let mut tx = Some(tx);
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(addr) = line.split(" on ").nth(1).and_then(|r| r.split(' ').next())
+                    && line.contains("relaying ")
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(addr.parse::<SocketAddr>().expect("address in log"));
+                }
+                sink.lock().unwrap().push(line);
+            }
+        });
+        let addr = within(10 * S, "etrelay start line", rx).await.expect("etrelay started");
+        Proc { child, addr, log }
+    }
+
+    fn signal(&self, sig: &str) {
+        let pid = self.child.id().expect("running").to_string();
+        let ok = std::process::Command::new("kill").args([sig, &pid]).status().unwrap();
+        assert!(ok.success());
+    }
+
+    async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        within(10 * S, "etrelay exit", self.child.wait()).await.unwrap()
+    }
+
+    fn logged(&self, needle: &str) -> bool {
+        self.log.lock().unwrap().iter().any(|l| l.contains(needle))
+    }
+
+    fn log_text(&self) -> String {
+        self.log.lock().unwrap().join("\n")
+    }
+}
+
+fn listen() -> String {
+    format!("{}:0", unique_ip())
+}
+
+#[tokio::test]
+async fn sigterm_sends_the_flatline_and_exits_zero() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let master = FakeMaster::start(unique_ip(), MasterStyle::EtMaster).unwrap();
+    let (l, m, u) = (listen(), master.addr().to_string(), et.addr().to_string());
+    let mut p = Proc::start(&["--listen", &l, "--masters", &m, &u]).await;
+    assert!(master.wait_listed(p.addr, 10 * S).await, "{:?}", master.rejections());
+    p.signal("-TERM");
+    assert_eq!(master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await, vec![p.addr]);
+    assert!(p.wait_exit().await.success());
+    assert!(p.logged("SIGTERM: stopping"), "{}", p.log_text());
+}
+
+#[tokio::test]
+async fn sigint_sends_the_flatline_too() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let master = FakeMaster::start(unique_ip(), MasterStyle::Classic).unwrap();
+    let (l, m, u) = (listen(), master.addr().to_string(), et.addr().to_string());
+    let mut p = Proc::start(&["--listen", &l, "--masters", &m, &u]).await;
+    assert_eq!(master.wait_heartbeats("EnemyTerritory-1", 1, 10 * S).await, vec![p.addr]);
+    p.signal("-INT");
+    assert_eq!(master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await, vec![p.addr]);
+    assert!(p.wait_exit().await.success());
+}
+
+#[tokio::test]
+async fn flatline_when_the_server_goes_away() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let master = FakeMaster::start(unique_ip(), MasterStyle::Classic).unwrap();
+    let (l, m, u) = (listen(), master.addr().to_string(), et.addr().to_string());
+    let mut p = Proc::start(&[
+        "--listen", &l, "--masters", &m, "--heartbeat-interval", "300ms", "--probe-timeout", "100ms", &u,
+    ])
+    .await;
+    assert_eq!(master.wait_heartbeats("EnemyTerritory-1", 1, 10 * S).await, vec![p.addr]);
+    et.stop().await;
+    assert_eq!(master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await, vec![p.addr]);
+    assert!(eventually(5 * S, || p.logged("stopped answering")).await, "{}", p.log_text());
+    p.signal("-TERM");
+    assert!(p.wait_exit().await.success());
+}
+
+#[tokio::test]
+async fn debug_logs_read_as_in_the_design() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let master = FakeMaster::start(unique_ip(), MasterStyle::EtMaster).unwrap();
+    let (l, m, u) = (listen(), master.addr().to_string(), et.addr().to_string());
+    let mut p = Proc::start(&["--debug", "--listen", &l, "--masters", &m, &u]).await;
+    assert!(master.wait_listed(p.addr, 10 * S).await);
+    let c = client().await;
+    assert_eq!(ask(&c, p.addr, &udp::oob(b"getstatus")).await.len(), 1);
+    c.send_to(&udp::oob(b"rcon secret status"), p.addr).await.unwrap();
+    let me = c.local_addr().unwrap();
+    let ma = master.addr();
+    let want = [
+        format!("heartbeat EnemyTerritory-1 -> {ma} ({ma})"),
+        format!("session + {ma} (1 active)"),
+        format!("{ma} -> ET getChallenge ("),
+        format!("{ma} <- ET challengeResponse ("),
+        format!("{ma} -> ET getInfo ("),
+        format!("{ma} <- ET infoResponse ("),
+        format!("{me} -> ET getstatus (13 B)"),
+        format!("{me} <- ET statusResponse ("),
+        format!("{me} dropped (rcon)"),
+    ];
+    for w in &want {
+        assert!(eventually(5 * S, || p.logged(w)).await, "missing {w:?} in:\n{}", p.log_text());
+    }
+    p.signal("-TERM");
+    assert!(p.wait_exit().await.success());
+}
+
+#[tokio::test]
+async fn quiet_without_debug() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let (l, u) = (listen(), et.addr().to_string());
+    let mut p = Proc::start(&["--listen", &l, "--masters", "", &u]).await;
+    let c = client().await;
+    assert_eq!(ask(&c, p.addr, &udp::oob(b"getchallenge")).await.len(), 1);
+    assert!(eventually(5 * S, || p.logged("answers")).await, "server up is logged");
+    p.signal("-TERM");
+    assert!(p.wait_exit().await.success());
+    assert!(!p.logged("session +"), "{}", p.log_text());
+    assert!(!p.logged("-> ET"));
+}
+
+#[test]
+fn help_explains_every_flag_with_its_default() {
+    let out = std::process::Command::new(BIN).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8(out.stdout).unwrap();
+    for (flag, default) in [
+        ("--listen", "0.0.0.0:27960"),
+        ("--masters", "etmaster.idsoftware.com:27950,etmaster.net:27950"),
+        ("--game", "et"),
+        ("--heartbeat-interval", "5m"),
+        ("--probe-timeout", "3s"),
+        ("--session-timeout", "2m"),
+        ("--session-queue", "64"),
+        ("--max-sessions", "2048"),
+        ("--max-packet", "65535"),
+        ("--query-burst", "5"),
+        ("--query-interval", "1s"),
+        ("--query-sources", "65536"),
+        ("--query-forget", "60s"),
+        ("--cache-max-age", "1s"),
+    ] {
+        let at = help.find(&format!("{flag} <")).unwrap_or_else(|| panic!("{flag} missing"));
+        let section = &help[at..];
+        let end = section[2..].find("\n      --").map_or(section.len(), |e| e + 2);
+        assert!(section[..end].contains(&format!("[default: {default}]")), "{flag}: {}", &section[..end]);
+    }
+    assert!(help.contains("--debug"));
+}
+
+#[test]
+fn bad_arguments_are_refused_with_a_message() {
+    for args in [
+        vec!["--masters", "nohost", "127.0.0.1:27960"],
+        vec!["--masters", "", "not-an-address"],
+        vec!["--heartbeat-interval", "soon", "127.0.0.1:27960"],
+        vec!["--session-queue", "0", "127.0.0.1:27960"],
+    ] {
+        let out = std::process::Command::new(BIN).args(&args).output().unwrap();
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!err.trim().is_empty(), "{args:?}: no message");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,111 @@
+//! Heartbeats: masters of both kinds list the relay's public address, never the server's;
+//! flatlines when the server stops answering and when the relay stops.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use etrelay::config::Game;
+use etrelay::server::ProbeState;
+use etrelay_testkit::{FakeEtConfig, FakeEtServer, FakeMaster, MasterStyle, unique_ip};
+
+const S: Duration = Duration::from_secs(1);
+
+async fn listed_through_relay(style: MasterStyle) {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let master = FakeMaster::start(unique_ip(), style).unwrap();
+    let mut cfg = config(et.addr());
+    cfg.masters = vec![master.addr().to_string()];
+    let relay = start(cfg).await;
+    assert!(master.wait_listed(relay.addr, 10 * S).await, "{style:?}: {:?}", master.rejections());
+    let hb = master.heartbeats();
+    assert!(hb.iter().all(|(from, tag)| *from == relay.addr && tag == "EnemyTerritory-1"), "{hb:?}");
+    assert!(!master.listed().contains(&et.addr()));
+    assert_eq!(master.listed(), vec![relay.addr]);
+    assert_eq!(relay.handle.probe().state, ProbeState::Up);
+    assert_eq!(relay.handle.metrics().heartbeats.get(), 1);
+    relay.handle.stop().await;
+    // Stopping sends the flatline from the same public address.
+    let flat = master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await;
+    assert_eq!(flat, vec![relay.addr]);
+}
+
+#[tokio::test]
+async fn classic_master_lists_the_relay() {
+    listed_through_relay(MasterStyle::Classic).await;
+}
+
+#[tokio::test]
+async fn etmaster_lists_the_relay() {
+    listed_through_relay(MasterStyle::EtMaster).await;
+}
+
+#[tokio::test]
+async fn flatline_when_the_server_stops_answering() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let master = FakeMaster::start(unique_ip(), MasterStyle::Classic).unwrap();
+    let mut cfg = config(et.addr());
+    cfg.masters = vec![master.addr().to_string()];
+    cfg.heartbeat_interval = Duration::from_millis(200);
+    cfg.probe_timeout = Duration::from_millis(100);
+    let relay = start(cfg).await;
+    assert_eq!(master.wait_heartbeats("EnemyTerritory-1", 2, 5 * S).await.len(), 2);
+    et.set_answering(false);
+    assert_eq!(master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await, vec![relay.addr]);
+    assert!(eventually(5 * S, || relay.handle.probe().state == ProbeState::Down).await);
+    let beats = master.heartbeats().iter().filter(|(_, t)| t == "EnemyTerritory-1").count();
+    // No heartbeat while down, and only one flatline for the whole outage.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let hb = master.heartbeats();
+    assert_eq!(hb.iter().filter(|(_, t)| t == "EnemyTerritory-1").count(), beats);
+    assert_eq!(hb.iter().filter(|(_, t)| t == "ETFlatline-1").count(), 1);
+    // Back up: heartbeats again.
+    et.set_answering(true);
+    assert_eq!(master.wait_heartbeats("EnemyTerritory-1", beats + 1, 5 * S).await.len(), beats + 1);
+    assert_eq!(relay.handle.probe().state, ProbeState::Up);
+    relay.handle.stop().await;
+}
+
+#[tokio::test]
+async fn q3_heartbeats_and_no_flatline() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let master = FakeMaster::start(unique_ip(), MasterStyle::Classic).unwrap();
+    let mut cfg = config(et.addr());
+    cfg.masters = vec![master.addr().to_string()];
+    cfg.game = Game::Q3;
+    let relay = start(cfg).await;
+    assert_eq!(master.wait_heartbeats("QuakeArena-1", 1, 5 * S).await, vec![relay.addr]);
+    relay.handle.stop().await;
+    assert!(master.wait_heartbeats("ETFlatline-1", 1, Duration::from_millis(300)).await.is_empty());
+    assert!(master.heartbeats().iter().all(|(_, t)| t == "QuakeArena-1"));
+}
+
+#[tokio::test]
+async fn a_master_that_cannot_be_reached_is_skipped() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let master = FakeMaster::start(unique_ip(), MasterStyle::Classic).unwrap();
+    let mut cfg = config(et.addr());
+    // An IPv6 master cannot be reached from an IPv4 public socket: skipped with a warning, the
+    // next one still gets its heartbeat. (No name lookup: nothing leaves the machine.)
+    cfg.masters = vec!["[::1]:27950".into(), master.addr().to_string()];
+    let relay = start(cfg).await;
+    assert!(master.wait_listed(relay.addr, 10 * S).await);
+    assert_eq!(relay.handle.metrics().heartbeats.get(), 1);
+    relay.handle.stop().await;
+}
+
+#[tokio::test]
+async fn no_heartbeat_while_the_server_is_down() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    et.set_answering(false);
+    let master = FakeMaster::start(unique_ip(), MasterStyle::Classic).unwrap();
+    let mut cfg = config(et.addr());
+    cfg.masters = vec![master.addr().to_string()];
+    cfg.probe_timeout = Duration::from_millis(100);
+    let relay = start(cfg).await;
+    assert!(eventually(5 * S, || relay.handle.probe().state == ProbeState::Down).await);
+    assert!(master.heartbeats().is_empty());
+    assert_eq!(relay.handle.metrics().flatlines.get(), 0, "never answered: no flatline yet");
+    relay.handle.stop().await;
+}
