@@ -140,7 +140,10 @@ mod tests {
         let cli = Cli::try_parse_from(["etrelay", "127.0.0.1:27960"]).unwrap();
         let c = cli.server_config().unwrap();
         assert_eq!(cli.listen, "0.0.0.0:27960".parse().unwrap());
-        assert_eq!(c.masters, vec!["etmaster.idsoftware.com:27950", "etmaster.net:27950"]);
+        assert_eq!(
+            c.masters,
+            vec!["etmaster.idsoftware.com:27950", "etmaster.net:27950"]
+        );
         assert_eq!(c.heartbeat_interval, config::HEARTBEAT_INTERVAL);
         assert_eq!(c.session.timeout, config::SESSION_TIMEOUT);
         assert_eq!(c.session.queue, 64);
@@ -156,17 +159,29 @@ mod tests {
     #[test]
     fn flags() {
         let cli = Cli::try_parse_from([
-            "etrelay", "--masters", "", "--game", "q3", "--heartbeat-interval", "2s", "127.0.0.1:1",
+            "etrelay",
+            "--masters",
+            "",
+            "--game",
+            "q3",
+            "--heartbeat-interval",
+            "2s",
+            "127.0.0.1:1",
         ])
         .unwrap();
         let c = cli.server_config().unwrap();
         assert!(c.masters.is_empty());
         assert_eq!(c.game, Game::Q3);
         assert_eq!(c.heartbeat_interval, Duration::from_secs(2));
-        assert!(Cli::try_parse_from(["etrelay", "--masters", "nohost", "127.0.0.1:1"])
-            .unwrap()
-            .server_config()
-            .is_err());
-        assert!(Cli::try_parse_from(["etrelay", "--heartbeat-interval", "soon", "127.0.0.1:1"]).is_err());
+        assert!(
+            Cli::try_parse_from(["etrelay", "--masters", "nohost", "127.0.0.1:1"])
+                .unwrap()
+                .server_config()
+                .is_err()
+        );
+        assert!(
+            Cli::try_parse_from(["etrelay", "--heartbeat-interval", "soon", "127.0.0.1:1"])
+                .is_err()
+        );
     }
 }

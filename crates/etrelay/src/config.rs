@@ -157,7 +157,9 @@ pub fn parse_masters(s: &str) -> Vec<String> {
 /// A message naming the bad entry.
 pub fn check_master(m: &str) -> Result<(), String> {
     match m.rsplit_once(':') {
-        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0) => Ok(()),
+        Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0) => {
+            Ok(())
+        }
         _ => Err(format!("master {m:?} is not host:port")),
     }
 }

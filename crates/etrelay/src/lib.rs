@@ -10,8 +10,10 @@
 //!   limiter and cache, heartbeat task, metrics.
 //! - [`cli`]: the command line.
 
-pub mod et;
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod cli;
 pub mod config;
+pub mod et;
 pub mod net;
 pub mod server;

@@ -1,5 +1,7 @@
 //! `etrelay`: parse the command line, bind the public socket, run until SIGTERM/SIGINT.
 
+#![deny(clippy::unwrap_used)]
+
 use std::process::ExitCode;
 
 use clap::Parser;
@@ -12,7 +14,11 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let default = if cli.debug { "info,etrelay=debug" } else { "info" };
+    let default = if cli.debug {
+        "info,etrelay=debug"
+    } else {
+        "info"
+    };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -20,7 +26,10 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             error!("cannot start the runtime: {e}");
@@ -42,8 +51,9 @@ async fn run(cli: Cli) -> Result<(), String> {
         .await
         .map_err(|e| format!("cannot bind {}: {e}", cli.listen))?;
     let root = CancellationToken::new();
-    let server = etrelay::server::ServerHandle::start(config, public, Gate::new(cli.max_sessions), &root)
-        .map_err(|e| format!("cannot start: {e}"))?;
+    let server =
+        etrelay::server::ServerHandle::start(config, public, Gate::new(cli.max_sessions), &root)
+            .map_err(|e| format!("cannot start: {e}"))?;
     let signal = shutdown_signal().await;
     info!("{signal}: stopping");
     server.stop().await;

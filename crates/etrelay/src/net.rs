@@ -52,7 +52,9 @@ impl BatchRecv {
         let mut iovs: [IoSliceMut<'_>; BATCH] = std::array::from_fn(|_| {
             IoSliceMut::new(chunks.next().expect("invariant: bufs holds BATCH slots"))
         });
-        let n = socket.try_io(Interest::READABLE, || state.recv(socket.into(), &mut iovs, metas))?;
+        let n = socket.try_io(Interest::READABLE, || {
+            state.recv(socket.into(), &mut iovs, metas)
+        })?;
         self.filled = n;
         Ok(n)
     }
@@ -64,7 +66,11 @@ impl BatchRecv {
             .zip(self.bufs.chunks(SLOT))
             .flat_map(|(meta, slot)| {
                 let data = &slot[..meta.len.min(SLOT)];
-                let stride = if meta.stride == 0 { data.len().max(1) } else { meta.stride };
+                let stride = if meta.stride == 0 {
+                    data.len().max(1)
+                } else {
+                    meta.stride
+                };
                 data.chunks(stride).map(move |d| (meta.addr, d))
             })
     }

@@ -51,18 +51,25 @@ impl Proc {
                 sink.lock().unwrap().push(line);
             }
         });
-        let addr = within(10 * S, "etrelay start line", rx).await.expect("etrelay started");
+        let addr = within(10 * S, "etrelay start line", rx)
+            .await
+            .expect("etrelay started");
         Proc { child, addr, log }
     }
 
     fn signal(&self, sig: &str) {
         let pid = self.child.id().expect("running").to_string();
-        let ok = std::process::Command::new("kill").args([sig, &pid]).status().unwrap();
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap();
         assert!(ok.success());
     }
 
     async fn wait_exit(&mut self) -> std::process::ExitStatus {
-        within(10 * S, "etrelay exit", self.child.wait()).await.unwrap()
+        within(10 * S, "etrelay exit", self.child.wait())
+            .await
+            .unwrap()
     }
 
     fn logged(&self, needle: &str) -> bool {
@@ -84,9 +91,16 @@ async fn sigterm_sends_the_flatline_and_exits_zero() {
     let master = FakeMaster::start(unique_ip(), MasterStyle::EtMaster).unwrap();
     let (l, m, u) = (listen(), master.addr().to_string(), et.addr().to_string());
     let mut p = Proc::start(&["--listen", &l, "--masters", &m, &u]).await;
-    assert!(master.wait_listed(p.addr, 10 * S).await, "{:?}", master.rejections());
+    assert!(
+        master.wait_listed(p.addr, 10 * S).await,
+        "{:?}",
+        master.rejections()
+    );
     p.signal("-TERM");
-    assert_eq!(master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await, vec![p.addr]);
+    assert_eq!(
+        master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await,
+        vec![p.addr]
+    );
     assert!(p.wait_exit().await.success());
     assert!(p.logged("SIGTERM: stopping"), "{}", p.log_text());
 }
@@ -97,9 +111,15 @@ async fn sigint_sends_the_flatline_too() {
     let master = FakeMaster::start(unique_ip(), MasterStyle::Classic).unwrap();
     let (l, m, u) = (listen(), master.addr().to_string(), et.addr().to_string());
     let mut p = Proc::start(&["--listen", &l, "--masters", &m, &u]).await;
-    assert_eq!(master.wait_heartbeats("EnemyTerritory-1", 1, 10 * S).await, vec![p.addr]);
+    assert_eq!(
+        master.wait_heartbeats("EnemyTerritory-1", 1, 10 * S).await,
+        vec![p.addr]
+    );
     p.signal("-INT");
-    assert_eq!(master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await, vec![p.addr]);
+    assert_eq!(
+        master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await,
+        vec![p.addr]
+    );
     assert!(p.wait_exit().await.success());
 }
 
@@ -109,13 +129,31 @@ async fn flatline_when_the_server_goes_away() {
     let master = FakeMaster::start(unique_ip(), MasterStyle::Classic).unwrap();
     let (l, m, u) = (listen(), master.addr().to_string(), et.addr().to_string());
     let mut p = Proc::start(&[
-        "--listen", &l, "--masters", &m, "--heartbeat-interval", "300ms", "--probe-timeout", "100ms", &u,
+        "--listen",
+        &l,
+        "--masters",
+        &m,
+        "--heartbeat-interval",
+        "300ms",
+        "--probe-timeout",
+        "100ms",
+        &u,
     ])
     .await;
-    assert_eq!(master.wait_heartbeats("EnemyTerritory-1", 1, 10 * S).await, vec![p.addr]);
+    assert_eq!(
+        master.wait_heartbeats("EnemyTerritory-1", 1, 10 * S).await,
+        vec![p.addr]
+    );
     et.stop().await;
-    assert_eq!(master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await, vec![p.addr]);
-    assert!(eventually(5 * S, || p.logged("stopped answering")).await, "{}", p.log_text());
+    assert_eq!(
+        master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await,
+        vec![p.addr]
+    );
+    assert!(
+        eventually(5 * S, || p.logged("stopped answering")).await,
+        "{}",
+        p.log_text()
+    );
     p.signal("-TERM");
     assert!(p.wait_exit().await.success());
 }
@@ -129,7 +167,9 @@ async fn debug_logs_read_as_in_the_design() {
     assert!(master.wait_listed(p.addr, 10 * S).await);
     let c = client().await;
     assert_eq!(ask(&c, p.addr, &udp::oob(b"getstatus")).await.len(), 1);
-    c.send_to(&udp::oob(b"rcon secret status"), p.addr).await.unwrap();
+    c.send_to(&udp::oob(b"rcon secret status"), p.addr)
+        .await
+        .unwrap();
     let me = c.local_addr().unwrap();
     let ma = master.addr();
     let want = [
@@ -144,7 +184,11 @@ async fn debug_logs_read_as_in_the_design() {
         format!("{me} dropped (rcon)"),
     ];
     for w in &want {
-        assert!(eventually(5 * S, || p.logged(w)).await, "missing {w:?} in:\n{}", p.log_text());
+        assert!(
+            eventually(5 * S, || p.logged(w)).await,
+            "missing {w:?} in:\n{}",
+            p.log_text()
+        );
     }
     p.signal("-TERM");
     assert!(p.wait_exit().await.success());
@@ -157,7 +201,10 @@ async fn quiet_without_debug() {
     let mut p = Proc::start(&["--listen", &l, "--masters", "", &u]).await;
     let c = client().await;
     assert_eq!(ask(&c, p.addr, &udp::oob(b"getchallenge")).await.len(), 1);
-    assert!(eventually(5 * S, || p.logged("answers")).await, "server up is logged");
+    assert!(
+        eventually(5 * S, || p.logged("answers")).await,
+        "server up is logged"
+    );
     p.signal("-TERM");
     assert!(p.wait_exit().await.success());
     assert!(!p.logged("session +"), "{}", p.log_text());
@@ -166,12 +213,18 @@ async fn quiet_without_debug() {
 
 #[test]
 fn help_explains_every_flag_with_its_default() {
-    let out = std::process::Command::new(BIN).arg("--help").output().unwrap();
+    let out = std::process::Command::new(BIN)
+        .arg("--help")
+        .output()
+        .unwrap();
     assert!(out.status.success());
     let help = String::from_utf8(out.stdout).unwrap();
     for (flag, default) in [
         ("--listen", "0.0.0.0:27960"),
-        ("--masters", "etmaster.idsoftware.com:27950,etmaster.net:27950"),
+        (
+            "--masters",
+            "etmaster.idsoftware.com:27950,etmaster.net:27950",
+        ),
         ("--game", "et"),
         ("--heartbeat-interval", "5m"),
         ("--probe-timeout", "3s"),
@@ -185,10 +238,18 @@ fn help_explains_every_flag_with_its_default() {
         ("--query-forget", "60s"),
         ("--cache-max-age", "1s"),
     ] {
-        let at = help.find(&format!("{flag} <")).unwrap_or_else(|| panic!("{flag} missing"));
+        let at = help
+            .find(&format!("{flag} <"))
+            .unwrap_or_else(|| panic!("{flag} missing"));
         let section = &help[at..];
-        let end = section[2..].find("\n      --").map_or(section.len(), |e| e + 2);
-        assert!(section[..end].contains(&format!("[default: {default}]")), "{flag}: {}", &section[..end]);
+        let end = section[2..]
+            .find("\n      --")
+            .map_or(section.len(), |e| e + 2);
+        assert!(
+            section[..end].contains(&format!("[default: {default}]")),
+            "{flag}: {}",
+            &section[..end]
+        );
     }
     assert!(help.contains("--debug"));
 }
@@ -201,7 +262,10 @@ fn bad_arguments_are_refused_with_a_message() {
         vec!["--heartbeat-interval", "soon", "127.0.0.1:27960"],
         vec!["--session-queue", "0", "127.0.0.1:27960"],
     ] {
-        let out = std::process::Command::new(BIN).args(&args).output().unwrap();
+        let out = std::process::Command::new(BIN)
+            .args(&args)
+            .output()
+            .unwrap();
         assert!(!out.status.success(), "{args:?}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(!err.trim().is_empty(), "{args:?}: no message");

@@ -62,12 +62,18 @@ fn payload() -> impl Strategy<Value = Vec<u8>> {
 /// What every modelled engine would do with the packet, if they all agree.
 fn agreed(packet: &[u8]) -> Option<Dispatch> {
     let first = q3model::dispatch(ENGINES[0], packet);
-    ENGINES[1..].iter().all(|&e| q3model::dispatch(e, packet) == first).then_some(first)
+    ENGINES[1..]
+        .iter()
+        .all(|&e| q3model::dispatch(e, packet) == first)
+        .then_some(first)
 }
 
 fn check(packet: &[u8]) -> Result<(), TestCaseError> {
     let verdict = classify(packet);
-    let models: Vec<Dispatch> = ENGINES.iter().map(|&e| q3model::dispatch(e, packet)).collect();
+    let models: Vec<Dispatch> = ENGINES
+        .iter()
+        .map(|&e| q3model::dispatch(e, packet))
+        .collect();
     // Safety: whatever passes is, on every engine, exactly the command the relay thinks it is.
     let expected = match &verdict {
         Packet::Game => Some(Dispatch::NotConnectionless),
@@ -85,7 +91,11 @@ fn check(packet: &[u8]) -> Result<(), TestCaseError> {
     }
     if verdict == Packet::Pass(Command::Connect) {
         for got in &models {
-            prop_assert!(matches!(got, Dispatch::Connect | Dispatch::HuffmanConnect), "{:?}", packet);
+            prop_assert!(
+                matches!(got, Dispatch::Connect | Dispatch::HuffmanConnect),
+                "{:?}",
+                packet
+            );
         }
     }
     // rcon on any engine is dropped as rcon.
@@ -94,7 +104,9 @@ fn check(packet: &[u8]) -> Result<(), TestCaseError> {
     }
     // Liveness: what every engine reads as the same allowed command passes.
     match agreed(packet) {
-        Some(Dispatch::GetChallenge) => prop_assert_eq!(&verdict, &Packet::Pass(Command::GetChallenge)),
+        Some(Dispatch::GetChallenge) => {
+            prop_assert_eq!(&verdict, &Packet::Pass(Command::GetChallenge))
+        }
         Some(Dispatch::HuffmanConnect | Dispatch::Connect) => {
             prop_assert_eq!(&verdict, &Packet::Pass(Command::Connect))
         }
@@ -104,7 +116,8 @@ fn check(packet: &[u8]) -> Result<(), TestCaseError> {
         )),
         Some(Dispatch::GetStatus) => prop_assert!(matches!(
             verdict,
-            Packet::Query(Query::Status, _) | Packet::Drop(Reject::BadChallenge | Reject::NotAllowed)
+            Packet::Query(Query::Status, _)
+                | Packet::Drop(Reject::BadChallenge | Reject::NotAllowed)
         )),
         _ => {}
     }
@@ -139,10 +152,15 @@ fn challenges_match_the_model() {
     ];
     for body in cases {
         let p = udp::oob(body);
-        let Packet::Query(_, Some(r)) = classify(&p) else { panic!("{body:?}") };
+        let Packet::Query(_, Some(r)) = classify(&p) else {
+            panic!("{body:?}")
+        };
         for e in ENGINES {
             let argv = q3model::argv(e, &p);
-            let mapped: Vec<u8> = p[r.clone()].iter().map(|&b| if b == b'%' { b'.' } else { b }).collect();
+            let mapped: Vec<u8> = p[r.clone()]
+                .iter()
+                .map(|&b| if b == b'%' { b'.' } else { b })
+                .collect();
             assert_eq!(argv[1], mapped, "{e:?} {body:?}");
         }
     }
@@ -178,7 +196,9 @@ async fn rcon_never_reaches_the_server() {
         // Each spelling really is rcon to at least one engine.
         let p = udp::oob(spelling);
         assert!(
-            ENGINES.iter().any(|&e| q3model::dispatch(e, &p) == Dispatch::Rcon),
+            ENGINES
+                .iter()
+                .any(|&e| q3model::dispatch(e, &p) == Dispatch::Rcon),
             "{spelling:?} is not rcon to any engine"
         );
         c.send_to(&p, relay.addr).await.unwrap();
@@ -204,12 +224,26 @@ async fn other_commands_are_dropped_and_counted() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     let relay = start(config(et.addr())).await;
     let c = client().await;
-    let junk: &[&[u8]] = &[b"disconnect", b"ipAuthorize 1 accept", b"heartbeat EnemyTerritory-1", b"", b"//getinfo"];
+    let junk: &[&[u8]] = &[
+        b"disconnect",
+        b"ipAuthorize 1 accept",
+        b"heartbeat EnemyTerritory-1",
+        b"",
+        b"//getinfo",
+    ];
     for j in junk {
         c.send_to(&udp::oob(j), relay.addr).await.unwrap();
     }
     let m = relay.handle.metrics();
-    assert!(eventually(Duration::from_secs(5), || m.drops(Drop::Filter) == junk.len() as u64).await);
-    assert_eq!(relay.handle.session_count(), 0, "dropped packets open no session");
+    assert!(
+        eventually(Duration::from_secs(5), || m.drops(Drop::Filter)
+            == junk.len() as u64)
+        .await
+    );
+    assert_eq!(
+        relay.handle.session_count(),
+        0,
+        "dropped packets open no session"
+    );
     relay.handle.stop().await;
 }

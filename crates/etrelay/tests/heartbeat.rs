@@ -18,9 +18,17 @@ async fn listed_through_relay(style: MasterStyle) {
     let mut cfg = config(et.addr());
     cfg.masters = vec![master.addr().to_string()];
     let relay = start(cfg).await;
-    assert!(master.wait_listed(relay.addr, 10 * S).await, "{style:?}: {:?}", master.rejections());
+    assert!(
+        master.wait_listed(relay.addr, 10 * S).await,
+        "{style:?}: {:?}",
+        master.rejections()
+    );
     let hb = master.heartbeats();
-    assert!(hb.iter().all(|(from, tag)| *from == relay.addr && tag == "EnemyTerritory-1"), "{hb:?}");
+    assert!(
+        hb.iter()
+            .all(|(from, tag)| *from == relay.addr && tag == "EnemyTerritory-1"),
+        "{hb:?}"
+    );
     assert!(!master.listed().contains(&et.addr()));
     assert_eq!(master.listed(), vec![relay.addr]);
     assert_eq!(relay.handle.probe().state, ProbeState::Up);
@@ -50,19 +58,41 @@ async fn flatline_when_the_server_stops_answering() {
     cfg.heartbeat_interval = Duration::from_millis(200);
     cfg.probe_timeout = Duration::from_millis(100);
     let relay = start(cfg).await;
-    assert_eq!(master.wait_heartbeats("EnemyTerritory-1", 2, 5 * S).await.len(), 2);
+    assert_eq!(
+        master
+            .wait_heartbeats("EnemyTerritory-1", 2, 5 * S)
+            .await
+            .len(),
+        2
+    );
     et.set_answering(false);
-    assert_eq!(master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await, vec![relay.addr]);
+    assert_eq!(
+        master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await,
+        vec![relay.addr]
+    );
     assert!(eventually(5 * S, || relay.handle.probe().state == ProbeState::Down).await);
-    let beats = master.heartbeats().iter().filter(|(_, t)| t == "EnemyTerritory-1").count();
+    let beats = master
+        .heartbeats()
+        .iter()
+        .filter(|(_, t)| t == "EnemyTerritory-1")
+        .count();
     // No heartbeat while down, and only one flatline for the whole outage.
     tokio::time::sleep(Duration::from_millis(800)).await;
     let hb = master.heartbeats();
-    assert_eq!(hb.iter().filter(|(_, t)| t == "EnemyTerritory-1").count(), beats);
+    assert_eq!(
+        hb.iter().filter(|(_, t)| t == "EnemyTerritory-1").count(),
+        beats
+    );
     assert_eq!(hb.iter().filter(|(_, t)| t == "ETFlatline-1").count(), 1);
     // Back up: heartbeats again.
     et.set_answering(true);
-    assert_eq!(master.wait_heartbeats("EnemyTerritory-1", beats + 1, 5 * S).await.len(), beats + 1);
+    assert_eq!(
+        master
+            .wait_heartbeats("EnemyTerritory-1", beats + 1, 5 * S)
+            .await
+            .len(),
+        beats + 1
+    );
     assert_eq!(relay.handle.probe().state, ProbeState::Up);
     relay.handle.stop().await;
 }
@@ -75,9 +105,17 @@ async fn q3_heartbeats_and_no_flatline() {
     cfg.masters = vec![master.addr().to_string()];
     cfg.game = Game::Q3;
     let relay = start(cfg).await;
-    assert_eq!(master.wait_heartbeats("QuakeArena-1", 1, 5 * S).await, vec![relay.addr]);
+    assert_eq!(
+        master.wait_heartbeats("QuakeArena-1", 1, 5 * S).await,
+        vec![relay.addr]
+    );
     relay.handle.stop().await;
-    assert!(master.wait_heartbeats("ETFlatline-1", 1, Duration::from_millis(300)).await.is_empty());
+    assert!(
+        master
+            .wait_heartbeats("ETFlatline-1", 1, Duration::from_millis(300))
+            .await
+            .is_empty()
+    );
     assert!(master.heartbeats().iter().all(|(_, t)| t == "QuakeArena-1"));
 }
 
@@ -106,6 +144,10 @@ async fn no_heartbeat_while_the_server_is_down() {
     let relay = start(cfg).await;
     assert!(eventually(5 * S, || relay.handle.probe().state == ProbeState::Down).await);
     assert!(master.heartbeats().is_empty());
-    assert_eq!(relay.handle.metrics().flatlines.get(), 0, "never answered: no flatline yet");
+    assert_eq!(
+        relay.handle.metrics().flatlines.get(),
+        0,
+        "never answered: no flatline yet"
+    );
     relay.handle.stop().await;
 }

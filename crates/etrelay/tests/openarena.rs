@@ -45,16 +45,33 @@ async fn quakestat_reads_openarena_through_the_relay() {
     assert_eq!(v["name"], "etrelay-test");
     assert_eq!(v["map"], "oa_dm1");
     assert_eq!(v["rules"]["gamename"], "Quake3Arena");
-    assert_eq!(v["rules"]["sv_hostname"], "etrelay-test", "getstatus answered too: {v}");
-    let text = qstat::quakestat(&["-q3s", &relay.addr.to_string()]).await.unwrap();
-    assert!(text.contains("etrelay-test") && text.contains("oa_dm1"), "{text}");
+    assert_eq!(
+        v["rules"]["sv_hostname"], "etrelay-test",
+        "getstatus answered too: {v}"
+    );
+    let text = qstat::quakestat(&["-q3s", &relay.addr.to_string()])
+        .await
+        .unwrap();
+    assert!(
+        text.contains("etrelay-test") && text.contains("oa_dm1"),
+        "{text}"
+    );
     relay.handle.stop().await;
 }
 
 /// rcon spellings the real ioquake3 server runs when sent to it directly. The server finds the
 /// command text by skipping 4 raw bytes and one word of the line, so the password is glued to
 /// the spelling in quotes: `<spelling>"secret" sets k v` runs `sets k v` for each of them.
-const RUNS_ON_IOQ3: &[&str] = &["rcon", "RCON", "rCoN", "/**/rcon", "\"rcon\"", "\x07rcon", "\trcon", "\x01\x02rcon"];
+const RUNS_ON_IOQ3: &[&str] = &[
+    "rcon",
+    "RCON",
+    "rCoN",
+    "/**/rcon",
+    "\"rcon\"",
+    "\x07rcon",
+    "\trcon",
+    "\x01\x02rcon",
+];
 
 fn rcon_command(spelling: &str, cmd: &str) -> Vec<u8> {
     udp::oob(format!("{spelling}\"{RCON_PASSWORD}\" {cmd}").as_bytes())
@@ -67,12 +84,21 @@ async fn rcon_in_any_spelling_never_reaches_openarena() {
     // out of it), every spelling is run by the real server.
     for (i, spelling) in RUNS_ON_IOQ3.iter().enumerate() {
         let c = client().await;
-        let r = ask(&c, oa.addr(), &rcon_command(spelling, &format!("sets direct{i} yes"))).await;
+        let r = ask(
+            &c,
+            oa.addr(),
+            &rcon_command(spelling, &format!("sets direct{i} yes")),
+        )
+        .await;
         assert!(!r.is_empty(), "{spelling:?}: no rcon reply");
     }
     let info = serverinfo(&oa).await;
-    for i in 0..RUNS_ON_IOQ3.len() {
-        assert_eq!(info_value(&info, &format!("direct{i}")).as_deref(), Some("yes"), "{}", RUNS_ON_IOQ3[i]);
+    for (i, spelling) in RUNS_ON_IOQ3.iter().enumerate() {
+        assert_eq!(
+            info_value(&info, &format!("direct{i}")).as_deref(),
+            Some("yes"),
+            "{spelling:?}"
+        );
     }
 
     // Through the relay: none of them, nor any other spelling, gets there.
@@ -81,10 +107,16 @@ async fn rcon_in_any_spelling_never_reaches_openarena() {
     for (i, spelling) in RUNS_ON_IOQ3.iter().enumerate() {
         let c = client().await;
         let cmd = rcon_command(spelling, &format!("sets relay{i} yes"));
-        assert!(ask(&c, relay.addr, &cmd).await.is_empty(), "{spelling:?} answered");
+        assert!(
+            ask(&c, relay.addr, &cmd).await.is_empty(),
+            "{spelling:?} answered"
+        );
         sent += 1;
     }
-    for (i, spelling) in [b"\x80rcon".as_slice(), b"\xffrcon", b"rcon\t"].iter().enumerate() {
+    for (i, spelling) in [b"\x80rcon".as_slice(), b"\xffrcon", b"rcon\t"]
+        .iter()
+        .enumerate()
+    {
         let c = client().await;
         let mut cmd = spelling.to_vec();
         cmd.extend_from_slice(format!(" {RCON_PASSWORD} sets relayhigh{i} yes").as_bytes());
@@ -98,12 +130,24 @@ async fn rcon_in_any_spelling_never_reaches_openarena() {
         .chain((0..3).map(|i| format!("relayhigh{i}")))
         .collect();
     for k in &keys {
-        assert_eq!(info_value(&info, k), None, "an rcon got through: {}", String::from_utf8_lossy(&info));
+        assert_eq!(
+            info_value(&info, k),
+            None,
+            "an rcon got through: {}",
+            String::from_utf8_lossy(&info)
+        );
     }
     // The server still runs rcon sent to it directly: the relay is what stopped them.
     let c = client().await;
-    assert!(!ask(&c, oa.addr(), &rcon_command("rcon", "sets after yes")).await.is_empty());
-    assert_eq!(info_value(&serverinfo(&oa).await, "after").as_deref(), Some("yes"));
+    assert!(
+        !ask(&c, oa.addr(), &rcon_command("rcon", "sets after yes"))
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        info_value(&serverinfo(&oa).await, "after").as_deref(),
+        Some("yes")
+    );
     relay.handle.stop().await;
 }
 
@@ -112,8 +156,16 @@ async fn twenty_browsers_at_once_all_get_answers() {
     let oa = openarena();
     let relay = start(q3(&oa)).await;
     // 20 real browsers, each from its own address, all at once.
-    let ips: Vec<String> = etrelay_testkit::unique_ips(20).iter().map(|i| i.to_string()).collect();
-    let outputs = within(30 * S, "20 quakestat runs", browsers(&ips, &relay.addr.to_string())).await;
+    let ips: Vec<String> = etrelay_testkit::unique_ips(20)
+        .iter()
+        .map(|i| i.to_string())
+        .collect();
+    let outputs = within(
+        30 * S,
+        "20 quakestat runs",
+        browsers(&ips, &relay.addr.to_string()),
+    )
+    .await;
     let mut online = 0;
     for out in &outputs {
         let out = out.as_ref().expect("quakestat ran");
@@ -136,7 +188,12 @@ async fn twenty_browsers_at_once_all_get_answers() {
     let mut cfg = q3(&oa);
     cfg.cache_max_age = Duration::ZERO;
     let bare = start(cfg).await;
-    let outputs = within(30 * S, "20 quakestat runs", browsers(&ips, &bare.addr.to_string())).await;
+    let outputs = within(
+        30 * S,
+        "20 quakestat runs",
+        browsers(&ips, &bare.addr.to_string()),
+    )
+    .await;
     let answered = outputs
         .iter()
         .filter(|o| {
@@ -154,7 +211,9 @@ async fn browsers(ips: &[String], target: &str) -> Vec<std::io::Result<String>> 
         .iter()
         .map(|ip| {
             let (ip, target) = (ip.clone(), target.to_string());
-            tokio::spawn(async move { qstat::quakestat(&["-json", "-R", "-P", "-srcip", &ip, "-q3s", &target]).await })
+            tokio::spawn(async move {
+                qstat::quakestat(&["-json", "-R", "-P", "-srcip", &ip, "-q3s", &target]).await
+            })
         })
         .collect();
     let mut out = Vec::with_capacity(tasks.len());
@@ -171,8 +230,77 @@ async fn a_master_lists_the_relay_in_front_of_openarena() {
     let mut cfg = q3(&oa);
     cfg.masters = vec![master.addr().to_string()];
     let relay = start(cfg).await;
-    assert!(master.wait_listed(relay.addr, 10 * S).await, "{:?}", master.rejections());
+    assert!(
+        master.wait_listed(relay.addr, 10 * S).await,
+        "{:?}",
+        master.rejections()
+    );
     assert_eq!(master.listed(), vec![relay.addr]);
-    assert!(master.heartbeats().iter().all(|(from, tag)| *from == relay.addr && tag == "QuakeArena-1"));
+    assert!(
+        master
+            .heartbeats()
+            .iter()
+            .all(|(from, tag)| *from == relay.addr && tag == "QuakeArena-1")
+    );
     relay.handle.stop().await;
+}
+
+/// The classifier reads queries as the real server does: whatever it lets through as `getinfo`
+/// the server answers, with the same challenge.
+#[tokio::test]
+async fn what_the_classifier_passes_the_real_server_answers() {
+    use etrelay::et::classify::{Packet, Query, classify};
+    let oa = openarena();
+    let corpus: &[&[u8]] = &[
+        b"getinfo a1",
+        b"GETINFO a2",
+        b"  getinfo a3",
+        b"\"getinfo\" a4",
+        b"/* c */getinfo a5",
+        b"/*/getinfo a6",
+        b"/*/ getinfo */a7",
+        b"\tgetinfo\ta8",
+        b"\x01getinfo a9",
+        b"getinfo \"b c\"",
+        b"getinfo d%e",
+        b"getinfo http://x",
+        b"getinfo/*c*/z",
+        b"//getinfo n1",
+        b"get\"info\" n2",
+        b"/*getinfo n3",
+        b"getinfo\n n4",
+    ];
+    let mut passed = 0;
+    for body in corpus {
+        let packet = udp::oob(body);
+        let c = client().await;
+        let replies = ask(&c, oa.addr(), &packet).await;
+        match classify(&packet) {
+            Packet::Query(Query::Info, challenge) => {
+                passed += 1;
+                assert_eq!(
+                    replies.len(),
+                    1,
+                    "{:?} passes but the server does not answer",
+                    String::from_utf8_lossy(body)
+                );
+                let want = challenge.map(|r| String::from_utf8_lossy(&packet[r]).replace('%', "."));
+                assert_eq!(
+                    info_value(&replies[0].1, "challenge"),
+                    want,
+                    "{:?}",
+                    String::from_utf8_lossy(body)
+                );
+            }
+            other => assert!(
+                replies.is_empty()
+                    || other == Packet::Drop(etrelay::et::classify::Reject::NotAllowed),
+                "{:?}: {other:?}",
+                String::from_utf8_lossy(body)
+            ),
+        }
+        // Keep clear of the server's global query bucket (10, then one per 100 ms).
+        tokio::time::sleep(std::time::Duration::from_millis(110)).await;
+    }
+    assert!(passed >= 12, "only {passed} passed");
 }

@@ -24,17 +24,34 @@ async fn answers_leave_from_the_public_port_one_session_per_client() {
         let replies = ask(c, relay.addr, &udp::oob(b"getchallenge")).await;
         assert_eq!(replies.len(), 1, "one challengeResponse");
         assert_eq!(replies[0].0, relay.addr, "answer from the public port");
-        assert!(replies[0].1.starts_with(b"\xff\xff\xff\xffchallengeResponse "));
+        assert!(
+            replies[0]
+                .1
+                .starts_with(b"\xff\xff\xff\xffchallengeResponse ")
+        );
     }
 
     // In-game packets pass untouched, each client through its own upstream socket.
-    a.send_to(b"\x01\x00\x00\x00\x34\x12game-a", relay.addr).await.unwrap();
-    b.send_to(b"\x01\x00\x00\x00\x35\x12game-b", relay.addr).await.unwrap();
+    a.send_to(b"\x01\x00\x00\x00\x34\x12game-a", relay.addr)
+        .await
+        .unwrap();
+    b.send_to(b"\x01\x00\x00\x00\x35\x12game-b", relay.addr)
+        .await
+        .unwrap();
     assert!(eventually(5 * S, || et.count(Dispatch::NotConnectionless) == 2).await);
     let got = et.received();
-    let game: Vec<_> = got.iter().filter(|r| r.dispatch == Dispatch::NotConnectionless).collect();
-    assert!(game.iter().any(|r| r.packet == b"\x01\x00\x00\x00\x34\x12game-a"));
-    assert!(game.iter().any(|r| r.packet == b"\x01\x00\x00\x00\x35\x12game-b"));
+    let game: Vec<_> = got
+        .iter()
+        .filter(|r| r.dispatch == Dispatch::NotConnectionless)
+        .collect();
+    assert!(
+        game.iter()
+            .any(|r| r.packet == b"\x01\x00\x00\x00\x34\x12game-a")
+    );
+    assert!(
+        game.iter()
+            .any(|r| r.packet == b"\x01\x00\x00\x00\x35\x12game-b")
+    );
 
     let sessions = relay.handle.sessions();
     assert_eq!(sessions.len(), 2);
@@ -46,12 +63,21 @@ async fn answers_leave_from_the_public_port_one_session_per_client() {
         assert!(s.packets_up >= 2 && s.packets_down >= 1);
     }
     let clients: HashSet<_> = sessions.iter().map(|s| s.client).collect();
-    assert!(clients.contains(&a.local_addr().unwrap()) && clients.contains(&b.local_addr().unwrap()));
+    assert!(
+        clients.contains(&a.local_addr().unwrap()) && clients.contains(&b.local_addr().unwrap())
+    );
 
     // The server talks back to a session on its own: it reaches the client from the public port.
-    let sa = sessions.iter().find(|s| s.client == a.local_addr().unwrap()).unwrap();
-    et.send_from_own_socket(sa.upstream_local_for_server(), b"\x02\x00\x00\x00snapshot").await.unwrap();
-    let (from, data) = udp::recv_timeout(&a, 2 * S).await.expect("server packet relayed");
+    let sa = sessions
+        .iter()
+        .find(|s| s.client == a.local_addr().unwrap())
+        .unwrap();
+    et.send_from_own_socket(sa.upstream_local_for_server(), b"\x02\x00\x00\x00snapshot")
+        .await
+        .unwrap();
+    let (from, data) = udp::recv_timeout(&a, 2 * S)
+        .await
+        .expect("server packet relayed");
     assert_eq!(from, relay.addr);
     assert_eq!(data, b"\x02\x00\x00\x00snapshot");
     relay.handle.stop().await;
@@ -79,7 +105,9 @@ async fn no_session_past_the_cap() {
     let mut clients = Vec::new();
     for _ in 0..5 {
         let c = client().await;
-        c.send_to(b"\x01\x00\x00\x00game", relay.addr).await.unwrap();
+        c.send_to(b"\x01\x00\x00\x00game", relay.addr)
+            .await
+            .unwrap();
         clients.push(c);
     }
     let m = relay.handle.metrics();
@@ -87,10 +115,15 @@ async fn no_session_past_the_cap() {
     assert_eq!(relay.handle.session_count(), 3);
     assert!(eventually(5 * S, || et.count(Dispatch::NotConnectionless) == 3).await);
     // Known clients keep their sessions; a sixth client is still refused.
-    clients[0].send_to(b"\x01\x00\x00\x00more", relay.addr).await.unwrap();
+    clients[0]
+        .send_to(b"\x01\x00\x00\x00more", relay.addr)
+        .await
+        .unwrap();
     assert!(eventually(5 * S, || et.count(Dispatch::NotConnectionless) == 4).await);
     let c = client().await;
-    c.send_to(b"\x01\x00\x00\x00game", relay.addr).await.unwrap();
+    c.send_to(b"\x01\x00\x00\x00game", relay.addr)
+        .await
+        .unwrap();
     assert!(eventually(5 * S, || m.drops(Drop::SessionCap) == 3).await);
     relay.handle.stop().await;
 }
@@ -137,7 +170,9 @@ async fn idle_sessions_expire_and_come_back_with_a_new_port() {
     // Kept alive while packets flow...
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        c.send_to(b"\x01\x00\x00\x00more", relay.addr).await.unwrap();
+        c.send_to(b"\x01\x00\x00\x00more", relay.addr)
+            .await
+            .unwrap();
     }
     assert_eq!(relay.handle.session_count(), 1);
     // ...and gone once idle for the timeout.
@@ -153,8 +188,17 @@ async fn idle_sessions_expire_and_come_back_with_a_new_port() {
 #[tokio::test]
 async fn large_answers_pass_whole_and_oversize_packets_are_dropped() {
     // About 40 KB of statusResponse: far over any 1400-byte MTU guess.
-    let players = (0..1500).map(|i| (i, 50, format!("player-number-{i:05}"))).collect();
-    let et = FakeEtServer::start(unique_ip(), FakeEtConfig { players, ..Default::default() }).unwrap();
+    let players = (0..1500)
+        .map(|i| (i, 50, format!("player-number-{i:05}")))
+        .collect();
+    let et = FakeEtServer::start(
+        unique_ip(),
+        FakeEtConfig {
+            players,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let relay = start(config(et.addr())).await;
     let c = client().await;
     let replies = ask(&c, relay.addr, &udp::oob(b"getstatus big")).await;

@@ -14,10 +14,15 @@ const S: Duration = Duration::from_secs(1);
 /// Sends `n` getinfo back to back from `c`; returns how many got an answer.
 async fn burst(c: &tokio::net::UdpSocket, to: std::net::SocketAddr, n: usize) -> usize {
     for i in 0..n {
-        c.send_to(&udp::oob(format!("getinfo b{i}").as_bytes()), to).await.unwrap();
+        c.send_to(&udp::oob(format!("getinfo b{i}").as_bytes()), to)
+            .await
+            .unwrap();
     }
     let mut answered = 0;
-    while udp::recv_timeout(c, Duration::from_millis(300)).await.is_some() {
+    while udp::recv_timeout(c, Duration::from_millis(300))
+        .await
+        .is_some()
+    {
         answered += 1;
     }
     answered
@@ -70,14 +75,19 @@ async fn a_flood_of_sources_keeps_memory_bounded_and_state_that_protects() {
     let mut sent = 0u32;
     for i in 0..100_000u32 {
         let ip = Ipv4Addr::new(127, 100 + (i >> 16) as u8, (i >> 8) as u8, i as u8);
-        let Ok(s) = std::net::UdpSocket::bind((ip, 0)) else { continue };
+        let Ok(s) = std::net::UdpSocket::bind((ip, 0)) else {
+            continue;
+        };
         if s.send_to(b"\xff\xff\xff\xffgetinfo f", relay.addr).is_ok() {
             sent += 1;
         }
         if i % 64 == 0 {
             tokio::task::yield_now().await; // let the relay read
         }
-        assert!(start.elapsed() < Duration::from_secs(120), "flood took too long");
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "flood took too long"
+        );
     }
     assert!(sent > 99_000);
     // Most of the flood reached the relay (the kernel may drop a little of it).
@@ -89,7 +99,10 @@ async fn a_flood_of_sources_keeps_memory_bounded_and_state_that_protects() {
     // The table is full, never more than the cap, and never grew.
     assert_eq!(relay.handle.query_sources(), 65_536);
     assert_eq!(relay.handle.query_capacity(), cap);
-    assert!(m.drops(Drop::Limiter) >= 30_000, "sources past the cap are refused");
+    assert!(
+        m.drops(Drop::Limiter) >= 30_000,
+        "sources past the cap are refused"
+    );
     // The victim's drained bucket was not evicted to make room: still limited.
     assert_eq!(burst(&victim, relay.addr, 1).await, 0);
     assert!(relay.handle.query_sources() <= 65_536);
@@ -106,7 +119,10 @@ async fn each_asker_gets_its_own_challenge() {
     let rc = ask(&c, relay.addr, &udp::oob(b"getinfo\n")).await;
     assert_eq!(info_value(&ra[0].1, "challenge").as_deref(), Some("AAAA"));
     // A master's challenge comes back exactly as sent.
-    assert_eq!(info_value(&rb[0].1, "challenge").as_deref(), Some("ySpAIF`Vrh"));
+    assert_eq!(
+        info_value(&rb[0].1, "challenge").as_deref(),
+        Some("ySpAIF`Vrh")
+    );
     // No challenge asked, none answered.
     assert_eq!(info_value(&rc[0].1, "challenge"), None);
     for r in [&ra, &rb, &rc] {
@@ -132,10 +148,17 @@ async fn many_askers_cost_the_server_one_query_per_kind() {
     let askers = futures_join(20).await;
     for round in 0..2 {
         for (i, s) in askers.iter().enumerate() {
-            s.send_to(&udp::oob(format!("getstatus r{round}a{i}").as_bytes()), relay.addr).await.unwrap();
+            s.send_to(
+                &udp::oob(format!("getstatus r{round}a{i}").as_bytes()),
+                relay.addr,
+            )
+            .await
+            .unwrap();
         }
         for (i, s) in askers.iter().enumerate() {
-            let (from, pkt) = udp::recv_timeout(s, 2 * S).await.expect("every asker is answered");
+            let (from, pkt) = udp::recv_timeout(s, 2 * S)
+                .await
+                .expect("every asker is answered");
             assert_eq!(from, relay.addr);
             assert_eq!(info_value(&pkt, "challenge"), Some(format!("r{round}a{i}")));
         }
@@ -164,15 +187,21 @@ async fn a_silent_server_leaves_askers_unanswered() {
     et.set_answering(false);
     let relay = start(config(et.addr())).await;
     let c = client().await;
-    assert!(ask(&c, relay.addr, &udp::oob(b"getinfo x")).await.is_empty());
+    assert!(
+        ask(&c, relay.addr, &udp::oob(b"getinfo x"))
+            .await
+            .is_empty()
+    );
     // Once it answers again, so does the relay.
     et.set_answering(true);
     let m = relay.handle.metrics();
-    assert!(eventually(5 * S, || {
-        // Wait for the first refresh to be given up (1 s), then ask again.
-        m.cache_refreshes.get() >= 1
-    })
-    .await);
+    assert!(
+        eventually(5 * S, || {
+            // Wait for the first refresh to be given up (1 s), then ask again.
+            m.cache_refreshes.get() >= 1
+        })
+        .await
+    );
     tokio::time::sleep(Duration::from_millis(1_300)).await;
     let r = ask(&c, relay.addr, &udp::oob(b"getinfo y")).await;
     assert_eq!(r.len(), 1);

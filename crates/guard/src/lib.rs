@@ -11,6 +11,8 @@
 //! - [`statefile`]: JSON state files written atomically (temp file, fsync, rename, fsync dir).
 //! - [`counters`]: atomic counters and the Prometheus text format.
 
+#![cfg_attr(not(test), deny(clippy::unwrap_used))]
+
 pub mod admission;
 pub mod counters;
 pub mod expiring;

@@ -145,8 +145,7 @@ fn word_of(engine: Engine, line: &[u8], r: &Range<usize>) -> Word {
 pub fn valid_challenge(c: &[u8]) -> bool {
     !c.is_empty()
         && c.len() <= MAX_CHALLENGE
-        && c
-            .iter()
+        && c.iter()
             .all(|&b| (0x20..0x7f).contains(&b) && !matches!(b, b'\\' | b';' | b'"'))
 }
 
@@ -198,6 +197,8 @@ mod tests {
             (b"\x80rcon secret", d(Reject::Rcon)),
             (b"\xffrcon secret", d(Reject::Rcon)),
             (b"/* x */ \"RcOn\" secret", d(Reject::Rcon)),
+            (b"/*/rcon secret", d(Reject::Rcon)),
+            (b"/*/ rcon */getinfo", d(Reject::Rcon)),
             (b"rcon", d(Reject::Rcon)),
             (b"rcon\nsecond line", d(Reject::Rcon)),
             // Other commands and nothing at all.
@@ -223,7 +224,12 @@ mod tests {
             (b"getinfo \"a\x01\"", d(Reject::BadChallenge)),
         ];
         for (body, want) in cases {
-            assert_eq!(classify(&oob(body)), want, "{:?}", String::from_utf8_lossy(body));
+            assert_eq!(
+                classify(&oob(body)),
+                want,
+                "{:?}",
+                String::from_utf8_lossy(body)
+            );
         }
         assert_eq!(classify(b"\x01\x00\x00\x00\x12\x00\x34"), Game);
         assert_eq!(classify(b"\xff\xff\xff"), Game);
@@ -233,7 +239,10 @@ mod tests {
     fn long_challenges() {
         let mut p = oob(b"getstatus ");
         p.extend(std::iter::repeat_n(b'a', MAX_CHALLENGE));
-        assert!(matches!(classify(&p), Packet::Query(Query::Status, Some(_))));
+        assert!(matches!(
+            classify(&p),
+            Packet::Query(Query::Status, Some(_))
+        ));
         p.push(b'a');
         assert_eq!(classify(&p), Packet::Drop(Reject::BadChallenge));
     }

@@ -38,9 +38,15 @@ fn pairs(info: &[u8]) -> impl Iterator<Item = (Range<usize>, Range<usize>)> + '_
         if i >= info.len() {
             return None;
         }
-        let k_end = info[i..].iter().position(|&b| b == b'\\').map_or(info.len(), |p| i + p);
+        let k_end = info[i..]
+            .iter()
+            .position(|&b| b == b'\\')
+            .map_or(info.len(), |p| i + p);
         let v_start = (k_end + 1).min(info.len());
-        let v_end = info[v_start..].iter().position(|&b| b == b'\\').map_or(info.len(), |p| v_start + p);
+        let v_end = info[v_start..]
+            .iter()
+            .position(|&b| b == b'\\')
+            .map_or(info.len(), |p| v_start + p);
         let pair = (i..k_end, v_start..v_end);
         i = v_end;
         Some(pair)
@@ -114,13 +120,20 @@ mod tests {
             b"\xff\xff\xff\xffinfoResponse\n\\voip\\opus\\clients\\0\\hostname\\t\\challenge\\ABC"
         );
         t.render(None, &mut out);
-        assert_eq!(out, b"\xff\xff\xff\xffinfoResponse\n\\voip\\opus\\clients\\0\\hostname\\t");
-        assert_eq!(find_key(&out[17..], b"HOSTNAME").map(|r| &out[17..][r]), Some(&b"t"[..]));
+        assert_eq!(
+            out,
+            b"\xff\xff\xff\xffinfoResponse\n\\voip\\opus\\clients\\0\\hostname\\t"
+        );
+        assert_eq!(
+            find_key(&out[17..], b"HOSTNAME").map(|r| &out[17..][r]),
+            Some(&b"t"[..])
+        );
     }
 
     #[test]
     fn status_response_keeps_players() {
-        let pkt = b"\xff\xff\xff\xffstatusResponse\n\\challenge\\abc\\sv_hostname\\x\n0 0 \"Sarge\"\n";
+        let pkt =
+            b"\xff\xff\xff\xffstatusResponse\n\\challenge\\abc\\sv_hostname\\x\n0 0 \"Sarge\"\n";
         let (t, echoed) = Template::parse(pkt, STATUS_RESPONSE).unwrap();
         assert_eq!(echoed.as_deref(), Some(&b"abc"[..]));
         let mut out = Vec::new();

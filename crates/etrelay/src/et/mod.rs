@@ -42,8 +42,14 @@ mod tests {
 
     #[test]
     fn command_words() {
-        assert_eq!(command_word(b"\xff\xff\xff\xffgetChallenge 123"), "getChallenge");
-        assert_eq!(command_word(b"\xff\xff\xff\xffinfoResponse\n\\a\\b"), "infoResponse");
+        assert_eq!(
+            command_word(b"\xff\xff\xff\xffgetChallenge 123"),
+            "getChallenge"
+        );
+        assert_eq!(
+            command_word(b"\xff\xff\xff\xffinfoResponse\n\\a\\b"),
+            "infoResponse"
+        );
         assert_eq!(command_word(b"\xff\xff\xff\xff"), "?");
         assert_eq!(command_word(b"\x01\x02\x03\x04abc"), "");
     }

@@ -104,8 +104,10 @@ pub fn first_tokens(engine: Engine, line: &[u8]) -> [Option<Range<usize>>; 2] {
                 return out;
             }
             if at(i) == b'/' && line.get(i + 1) == Some(&b'*') {
-                match line[i + 2..].windows(2).position(|w| w == b"*/") {
-                    Some(p) => i += 2 + p + 2,
+                // The servers look for `*/` from the `*` of `/*` on, so `/*/` is a whole
+                // comment.
+                match line[i + 1..].windows(2).position(|w| w == b"*/") {
+                    Some(p) => i += 1 + p + 2,
                     None => return out,
                 }
             } else {
@@ -182,6 +184,8 @@ mod tests {
             (b"rcon/* x */pw", &[b"rcon", b"pw"]),
             (b"rcon//pw", &[b"rcon"]),
             (b"/* never closed rcon", &[]),
+            (b"/*/rcon pw", &[b"rcon", b"pw"]),
+            (b"/*/ rcon */getinfo", &[b"rcon", b"*/getinfo"]),
             (b"\"unterminated", &[b"unterminated"]),
             (b"", &[]),
         ];
@@ -201,7 +205,10 @@ mod tests {
         assert_eq!(words(Engine::Ioq3, body)[0], b".rcon");
         assert_eq!(words(Engine::UnsignedChar, body)[0], b"\x80rcon");
         let body = b"rc\x80on";
-        assert_eq!(words(Engine::Et260, body), vec![b"rc".to_vec(), b"on".to_vec()]);
+        assert_eq!(
+            words(Engine::Et260, body),
+            vec![b"rc".to_vec(), b"on".to_vec()]
+        );
         assert_eq!(words(Engine::EtLegacy, body), vec![b"rc\x80on".to_vec()]);
     }
 

@@ -202,7 +202,15 @@ impl QueryCache {
             }
             kind.pending = None;
             answers += 1;
-            debug!("cache: {} refreshed ({} B)", if q == Query::Info { "infoResponse" } else { "statusResponse" }, data.len());
+            debug!(
+                "cache: {} refreshed ({} B)",
+                if q == Query::Info {
+                    "infoResponse"
+                } else {
+                    "statusResponse"
+                },
+                data.len()
+            );
             for w in kind.waiters.drain(..) {
                 template.render(w.len.map(|l| &w.challenge[..l as usize]), out);
                 send(out, w.to);

@@ -64,7 +64,11 @@ pub(super) async fn run(shared: Arc<Shared>) {
             },
             None => false,
         };
-        let next = if answered { ProbeState::Up } else { ProbeState::Down };
+        let next = if answered {
+            ProbeState::Up
+        } else {
+            ProbeState::Down
+        };
         record(&shared, next, answered);
         match (state, next) {
             (ProbeState::Up, ProbeState::Up) => {}
@@ -149,7 +153,8 @@ async fn send_to_masters(shared: &Shared, packet: &[u8], flatline: bool) {
     let text = text.trim_end();
     let want_v4 = shared.public_addr.is_ipv4();
     for master in &shared.config.masters {
-        let resolved = tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(master.as_str())).await;
+        let resolved =
+            tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(master.as_str())).await;
         let addr = match resolved {
             Ok(Ok(mut addrs)) => addrs.find(|a| a.is_ipv4() == want_v4),
             Ok(Err(e)) => {
@@ -169,7 +174,14 @@ async fn send_to_masters(shared: &Shared, packet: &[u8], flatline: bool) {
     }
 }
 
-async fn send_one(shared: &Shared, packet: &[u8], master: &str, addr: SocketAddr, text: &str, flatline: bool) {
+async fn send_one(
+    shared: &Shared,
+    packet: &[u8],
+    master: &str,
+    addr: SocketAddr,
+    text: &str,
+    flatline: bool,
+) {
     match shared.public.send_to(packet, addr).await {
         Ok(_) => {
             if flatline {

@@ -134,26 +134,119 @@ impl ServerMetrics {
             out.family(name, kind, help).sample(name, &l, v);
         };
         use Kind::{Counter as C, Gauge as G};
-        one("etrelay_client_packets_total", C, "Datagrams received from clients.", self.client_packets.get());
-        one("etrelay_client_bytes_total", C, "Bytes received from clients.", self.client_bytes.get());
-        one("etrelay_upstream_packets_total", C, "Datagrams sent to the game server.", self.upstream_packets.get());
-        one("etrelay_upstream_bytes_total", C, "Bytes sent to the game server.", self.upstream_bytes.get());
-        one("etrelay_server_packets_total", C, "Datagrams received from the game server.", self.server_packets.get());
-        one("etrelay_server_bytes_total", C, "Bytes received from the game server.", self.server_bytes.get());
-        one("etrelay_reply_packets_total", C, "Datagrams sent to clients.", self.reply_packets.get());
-        one("etrelay_reply_bytes_total", C, "Bytes sent to clients.", self.reply_bytes.get());
-        one("etrelay_cache_hits_total", C, "Queries answered from the cache.", self.cache_hits.get());
-        one("etrelay_cache_refreshes_total", C, "Queries the cache sent to the game server.", self.cache_refreshes.get());
-        one("etrelay_cache_refresh_answers_total", C, "Cache queries the game server answered.", self.cache_refresh_answers.get());
-        one("etrelay_sessions_opened_total", C, "Sessions opened.", self.sessions_opened.get());
-        one("etrelay_sessions_open", G, "Sessions open now.", self.sessions_open.get());
-        one("etrelay_heartbeats_total", C, "Heartbeats sent to masters.", self.heartbeats.get());
-        one("etrelay_flatlines_total", C, "Flatlines sent to masters.", self.flatlines.get());
-        one("etrelay_query_sources", G, "Source IPs the query limiter remembers.", self.query_sources.get());
-        one("etrelay_probe_state", G, "Game server state: 0 unknown, 1 up, 2 down.", self.probe_state.get());
-        out.family("etrelay_dropped_packets_total", C, "Client datagrams dropped, by reason.");
+        one(
+            "etrelay_client_packets_total",
+            C,
+            "Datagrams received from clients.",
+            self.client_packets.get(),
+        );
+        one(
+            "etrelay_client_bytes_total",
+            C,
+            "Bytes received from clients.",
+            self.client_bytes.get(),
+        );
+        one(
+            "etrelay_upstream_packets_total",
+            C,
+            "Datagrams sent to the game server.",
+            self.upstream_packets.get(),
+        );
+        one(
+            "etrelay_upstream_bytes_total",
+            C,
+            "Bytes sent to the game server.",
+            self.upstream_bytes.get(),
+        );
+        one(
+            "etrelay_server_packets_total",
+            C,
+            "Datagrams received from the game server.",
+            self.server_packets.get(),
+        );
+        one(
+            "etrelay_server_bytes_total",
+            C,
+            "Bytes received from the game server.",
+            self.server_bytes.get(),
+        );
+        one(
+            "etrelay_reply_packets_total",
+            C,
+            "Datagrams sent to clients.",
+            self.reply_packets.get(),
+        );
+        one(
+            "etrelay_reply_bytes_total",
+            C,
+            "Bytes sent to clients.",
+            self.reply_bytes.get(),
+        );
+        one(
+            "etrelay_cache_hits_total",
+            C,
+            "Queries answered from the cache.",
+            self.cache_hits.get(),
+        );
+        one(
+            "etrelay_cache_refreshes_total",
+            C,
+            "Queries the cache sent to the game server.",
+            self.cache_refreshes.get(),
+        );
+        one(
+            "etrelay_cache_refresh_answers_total",
+            C,
+            "Cache queries the game server answered.",
+            self.cache_refresh_answers.get(),
+        );
+        one(
+            "etrelay_sessions_opened_total",
+            C,
+            "Sessions opened.",
+            self.sessions_opened.get(),
+        );
+        one(
+            "etrelay_sessions_open",
+            G,
+            "Sessions open now.",
+            self.sessions_open.get(),
+        );
+        one(
+            "etrelay_heartbeats_total",
+            C,
+            "Heartbeats sent to masters.",
+            self.heartbeats.get(),
+        );
+        one(
+            "etrelay_flatlines_total",
+            C,
+            "Flatlines sent to masters.",
+            self.flatlines.get(),
+        );
+        one(
+            "etrelay_query_sources",
+            G,
+            "Source IPs the query limiter remembers.",
+            self.query_sources.get(),
+        );
+        one(
+            "etrelay_probe_state",
+            G,
+            "Game server state: 0 unknown, 1 up, 2 down.",
+            self.probe_state.get(),
+        );
+        out.family(
+            "etrelay_dropped_packets_total",
+            C,
+            "Client datagrams dropped, by reason.",
+        );
         for r in Drop::ALL {
-            out.sample("etrelay_dropped_packets_total", &[("port", port), ("reason", r.name())], self.drops(r));
+            out.sample(
+                "etrelay_dropped_packets_total",
+                &[("port", port), ("reason", r.name())],
+                self.drops(r),
+            );
         }
     }
 }

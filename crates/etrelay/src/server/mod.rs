@@ -14,7 +14,7 @@
 //! - [`session`]: sessions and their tasks.
 //! - [`cache`]: the query cache.
 //! - [`heartbeat`]: probes and master heartbeats.
-//! - [`metrics`]: counters.
+//! - [`metrics`]: the counters of the server.
 
 pub mod cache;
 pub mod heartbeat;
@@ -94,7 +94,11 @@ impl Shared {
     /// Removes `session` from the table if it is still the one there; returns the open count.
     fn remove_session(&self, session: &Session) -> usize {
         let mut st = self.lock();
-        if st.sessions.get(&session.client).is_some_and(|s| s.id == session.id) {
+        if st
+            .sessions
+            .get(&session.client)
+            .is_some_and(|s| s.id == session.id)
+        {
             st.sessions.remove(&session.client);
         }
         let n = st.sessions.len();
@@ -198,7 +202,11 @@ impl ServerHandle {
         info!(
             "relaying {} on {public_addr} (masters: {})",
             shared.config.upstream,
-            if shared.config.masters.is_empty() { "none".to_string() } else { shared.config.masters.join(", ") }
+            if shared.config.masters.is_empty() {
+                "none".to_string()
+            } else {
+                shared.config.masters.join(", ")
+            }
         );
         Ok(ServerHandle {
             shared,
@@ -259,12 +267,20 @@ impl ServerHandle {
         let _ = self.heartbeat.await;
         self.shared.tracker.close();
         self.shared.tracker.wait().await;
-        info!("stopped relaying {} on {}", self.shared.config.upstream, self.shared.public_addr);
+        info!(
+            "stopped relaying {} on {}",
+            self.shared.config.upstream, self.shared.public_addr
+        );
     }
 
     /// Sessions open now.
     pub fn session_count(&self) -> usize {
-        self.shared.lock().sessions.values().filter(|s| !s.is_closed()).count()
+        self.shared
+            .lock()
+            .sessions
+            .values()
+            .filter(|s| !s.is_closed())
+            .count()
     }
 
     /// Query limiter sources remembered now.

@@ -65,7 +65,11 @@ impl RelayLoop {
         let cache = if cfg.cache_max_age.is_zero() {
             None
         } else {
-            Some(QueryCache::new(cfg.upstream, cfg.cache_max_age, cfg.session.max_packet)?)
+            Some(QueryCache::new(
+                cfg.upstream,
+                cfg.cache_max_age,
+                cfg.session.max_packet,
+            )?)
         };
         Ok(RelayLoop {
             batch: BatchRecv::new(&shared.public)?,
@@ -122,7 +126,6 @@ impl RelayLoop {
             }
         }
     }
-
 }
 
 impl Handler {
@@ -144,7 +147,7 @@ impl Handler {
             debug!("{src} -> ET {} ({} B)", command_word(data), data.len());
         }
         match packet {
-            Packet::Game | Packet::Pass(_) => self.to_session(src, data),
+            Packet::Game | Packet::Pass(_) => self.enqueue(src, data),
             Packet::Query(q, challenge) => {
                 match self.limiter.check(&src.ip(), now) {
                     Ok(true) => {}
@@ -157,11 +160,18 @@ impl Handler {
                 }
                 m.query_sources.set(self.limiter.len() as u64);
                 let Some(cache) = self.cache.as_mut() else {
-                    self.to_session(src, data);
+                    self.enqueue(src, data);
                     return;
                 };
                 let challenge = challenge.map(|r| &data[r]);
-                match cache.query(q, challenge, src, now, &mut self.scratch, &m.cache_refreshes) {
+                match cache.query(
+                    q,
+                    challenge,
+                    src,
+                    now,
+                    &mut self.scratch,
+                    &m.cache_refreshes,
+                ) {
                     Outcome::Answer => {
                         m.cache_hits.inc();
                         send_now(&self.shared, &self.scratch, src);
@@ -188,7 +198,7 @@ impl Handler {
     }
 
     /// Queues a packet on the client's session, opening one if needed.
-    fn to_session(&mut self, src: SocketAddr, data: &[u8]) {
+    fn enqueue(&mut self, src: SocketAddr, data: &[u8]) {
         let shared = &self.shared;
         let cfg = &shared.config.session;
         let now_ms = shared.now_ms();
@@ -250,7 +260,10 @@ impl Handler {
 
     fn tick(&mut self, now: Instant) {
         self.limiter.sweep(now);
-        self.shared.metrics.query_sources.set(self.limiter.len() as u64);
+        self.shared
+            .metrics
+            .query_sources
+            .set(self.limiter.len() as u64);
         if let Some(cache) = self.cache.as_mut() {
             let dropped = cache.expire(now);
             if dropped > 0 {

@@ -26,8 +26,11 @@ use tracing::{debug, trace};
 use super::Shared;
 use crate::et;
 
-/// Queue buffers larger than this are not kept for reuse (bounds a session's idle memory).
-const KEEP_BUF: usize = 2048;
+/// Queue buffers larger than this are not kept for reuse (bounds a session's idle memory:
+/// in-game packets stay under the engines' 1400-byte fragment size).
+const KEEP_BUF: usize = 1500;
+/// Spare buffers a session keeps: one receive batch of the relay loop.
+const KEEP_SPARE: usize = crate::net::BATCH;
 
 /// One client's session.
 #[derive(Debug)]
@@ -121,7 +124,7 @@ impl Session {
     fn recycle(&self, buf: Vec<u8>) {
         if buf.capacity() <= KEEP_BUF {
             let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-            if q.spare.len() < 8 {
+            if q.spare.len() < KEEP_SPARE {
                 q.spare.push(buf);
             }
         }
@@ -222,7 +225,12 @@ async fn reply(shared: &Shared, session: &Session, data: &[u8]) {
     session.packets_down.inc();
     session.bytes_down.add(data.len() as u64);
     if et::is_oob(data) {
-        debug!("{} <- ET {} ({} B)", session.client, et::command_word(data), data.len());
+        debug!(
+            "{} <- ET {} ({} B)",
+            session.client,
+            et::command_word(data),
+            data.len()
+        );
     }
     shared.send_to_client(data, session.client).await;
 }

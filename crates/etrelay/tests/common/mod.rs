@@ -32,7 +32,9 @@ pub fn config(upstream: SocketAddr) -> ServerConfig {
 
 /// Binds a public socket on a fresh loopback address, port from the OS.
 pub async fn public_socket() -> UdpSocket {
-    UdpSocket::bind((unique_ip(), 0)).await.expect("bind public socket")
+    UdpSocket::bind((unique_ip(), 0))
+        .await
+        .expect("bind public socket")
 }
 
 /// Starts a relay for `config` on an already bound `public` socket.
@@ -81,7 +83,14 @@ pub async fn client_on(ip: Ipv4Addr) -> UdpSocket {
 
 /// Sends `packet` and returns the replies that arrive within a short quiet time.
 pub async fn ask(sock: &UdpSocket, to: SocketAddr, packet: &[u8]) -> Vec<(SocketAddr, Vec<u8>)> {
-    udp::exchange(sock, to, packet, Duration::from_millis(150), Duration::from_secs(2)).await
+    udp::exchange(
+        sock,
+        to,
+        packet,
+        Duration::from_millis(150),
+        Duration::from_secs(2),
+    )
+    .await
 }
 
 /// The value of `key` in the info string of an infoResponse/statusResponse.

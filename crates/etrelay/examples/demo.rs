@@ -1,0 +1,108 @@
+//! A local demo on loopback that needs nothing installed: a scripted ET 2.60b-style game
+//! server and an etmaster-style master on 127.0.0.x, the relay in front of the server with
+//! `--debug` logging, and a browser that queries the server through the relay.
+//!
+//! Run with `cargo run -p etrelay --example demo`.
+
+use std::net::Ipv4Addr;
+use std::time::Duration;
+
+use etrelay::config::{MAX_SESSIONS, ServerConfig};
+use etrelay::server::{Drop, ServerHandle};
+use etrelay_testkit::{FakeEtConfig, FakeEtServer, FakeMaster, MasterStyle, udp, unique_ip};
+use guard::admission::Gate;
+use tokio::net::UdpSocket;
+use tokio_util::sync::CancellationToken;
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter("info,etrelay=debug,etrelay_testkit=warn")
+        .with_target(false)
+        .without_time()
+        .init();
+
+    let players = vec![
+        (12, 48, "^1Sgt.^7Fury".to_string()),
+        (7, 63, "medic".to_string()),
+    ];
+    let et = FakeEtServer::start(
+        unique_ip(),
+        FakeEtConfig {
+            hostname: "demo-et".into(),
+            players,
+            ..Default::default()
+        },
+    )?;
+    let master = FakeMaster::start(unique_ip(), MasterStyle::EtMaster)?;
+    println!(
+        "\n# game server (scripted ET 2.60b) on {}, master (etmaster-style) on {}\n",
+        et.addr(),
+        master.addr()
+    );
+
+    let mut config = ServerConfig::new(et.addr());
+    config.masters = vec![master.addr().to_string()];
+    let public = UdpSocket::bind((unique_ip(), 0)).await?;
+    let root = CancellationToken::new();
+    let relay = ServerHandle::start(config, public, Gate::new(MAX_SESSIONS), &root)?;
+    let addr = relay.public_addr();
+
+    println!("\n# the relay heartbeats the master, which checks the relay's address\n");
+    let listed = master.wait_listed(addr, Duration::from_secs(5)).await;
+    println!(
+        "\n# master lists {:?} (the relay: {listed}; the game server itself: {})\n",
+        master.listed(),
+        master.listed().contains(&et.addr())
+    );
+
+    println!("# a server browser asks through the relay\n");
+    let browser = udp::bind(Ipv4Addr::new(127, 0, 0, 1)).await?;
+    for query in [&b"getinfo demo123"[..], b"getstatus demo456"] {
+        let replies = udp::exchange(
+            &browser,
+            addr,
+            &udp::oob(query),
+            Duration::from_millis(200),
+            Duration::from_secs(2),
+        )
+        .await;
+        for (from, pkt) in replies {
+            let text = String::from_utf8_lossy(&pkt[4..]).replace('\n', "\\n");
+            println!(
+                "    {} -> answer from {from}: {text}\n",
+                String::from_utf8_lossy(query)
+            );
+        }
+    }
+
+    println!("# an attacker tries rcon, in spellings the server would run\n");
+    for rcon in [
+        &b"rcon secret sets g_gravity 10"[..],
+        b"/**/rcon secret quit",
+        b"\"RCON\" secret quit",
+    ] {
+        browser.send_to(&udp::oob(rcon), addr).await?;
+    }
+    let replies = udp::exchange(
+        &browser,
+        addr,
+        &udp::oob(b"getchallenge"),
+        Duration::from_millis(200),
+        Duration::from_secs(2),
+    )
+    .await;
+    println!(
+        "\n# rcon dropped by the relay: {}, rcon seen by the game server: {}, getchallenge answered: {}\n",
+        relay.metrics().drops(Drop::Rcon),
+        et.rcon_executed().len(),
+        replies.len()
+    );
+
+    relay.stop().await;
+    let flat = master
+        .wait_heartbeats("ETFlatline-1", 1, Duration::from_secs(2))
+        .await;
+    println!("\n# relay stopped; the master got a flatline from {flat:?}");
+    Ok(())
+}
