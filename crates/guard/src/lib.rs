@@ -16,5 +16,6 @@
 pub mod admission;
 pub mod counters;
 pub mod expiring;
+mod fixedmap;
 pub mod limiter;
 pub mod statefile;

@@ -1,8 +1,8 @@
 //! A keyed store of rate-limit state with a hard key cap.
 //!
 //! [`KeyedLimiter`] keeps one state per key (a source IP, a node id) for a [`Rule`] that decides
-//! what one event does to that state. Its memory never grows past `max_keys` entries: the map
-//! is allocated once at that size and never resized.
+//! what one event does to that state. It holds at most `max_keys` keys, in a table allocated
+//! once when the store is made and never resized ([`KeyedLimiter::slots`] is constant).
 //!
 //! # Forgetting
 //! A key is forgotten when the rule says its state is [`Rule::at_rest`]: it carries no memory,
@@ -19,9 +19,10 @@
 //! worst it makes *new* keys wait until the flood's own entries come to rest. That full sweep
 //! runs at most once per `sweep_gap`, so a flood at the cap costs one hash lookup per event.
 
-use std::collections::HashMap;
 use std::hash::Hash;
 use std::time::{Duration, Instant};
+
+use crate::fixedmap::FixedMap;
 
 /// What one event does to one key's state.
 pub trait Rule {
@@ -64,18 +65,18 @@ struct Entry<S> {
 pub struct KeyedLimiter<K, R: Rule> {
     rule: R,
     limits: Limits,
-    entries: HashMap<K, Entry<R::State>>,
+    entries: FixedMap<K, Entry<R::State>>,
     /// When a full map last forced a sweep.
     last_forced_sweep: Option<Instant>,
 }
 
 impl<K: Hash + Eq + Clone, R: Rule> KeyedLimiter<K, R> {
-    /// A store for `rule` within `limits`; allocates room for `max_keys` entries now.
+    /// A store for `rule` within `limits`; allocates all of its memory now.
     pub fn new(rule: R, limits: Limits) -> Self {
         KeyedLimiter {
             rule,
             limits,
-            entries: HashMap::with_capacity(limits.max_keys),
+            entries: FixedMap::new(limits.max_keys),
             last_forced_sweep: None,
         }
     }
@@ -94,13 +95,14 @@ impl<K: Hash + Eq + Clone, R: Rule> KeyedLimiter<K, R> {
         }
         let mut state = self.rule.fresh(now);
         let verdict = self.rule.check(&mut state, now);
-        self.entries.insert(
-            key.clone(),
-            Entry {
-                state,
-                last_seen: now,
-            },
-        );
+        let entry = Entry {
+            state,
+            last_seen: now,
+        };
+        // Room was checked above.
+        self.entries
+            .insert_new(key.clone(), entry)
+            .map_err(|_| Full)?;
         Ok(verdict)
     }
 
@@ -126,12 +128,13 @@ impl<K: Hash + Eq + Clone, R: Rule> KeyedLimiter<K, R> {
 
     /// True when no key is remembered.
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.entries.len() == 0
     }
 
-    /// Room for the entries the map can hold without growing.
-    pub fn capacity(&self) -> usize {
-        self.entries.capacity()
+    /// Slots of the table: fixed when the store is made (twice `max_keys`, rounded up to a
+    /// power of two), never changed.
+    pub fn slots(&self) -> usize {
+        self.entries.slots()
     }
 
     /// The rule.
@@ -289,20 +292,20 @@ mod tests {
     }
 
     proptest! {
-        /// Whatever the sequence of keys and times, the store never holds more than its cap,
-        /// never reallocates, and a key's verdicts match a lone bucket's while it is kept.
+        /// Whatever the sequence of keys and times, the store never holds more than its cap
+        /// and its table keeps its size.
         #[test]
         fn bounded_under_any_sequence(events in proptest::collection::vec((0u32..64, 0u64..50), 1..400)) {
             let t0 = Instant::now();
             let mut l = KeyedLimiter::new(TokenBucket::new(3, Duration::from_millis(20)), limits(16));
-            let cap = l.capacity();
+            let slots = l.slots();
             let mut t = t0;
             for (key, dt) in events {
                 t += Duration::from_millis(dt);
                 let _ = l.check(&key, t);
                 if dt > 40 { l.sweep(t); }
                 prop_assert!(l.len() <= 16);
-                prop_assert_eq!(l.capacity(), cap);
+                prop_assert_eq!(l.slots(), slots);
             }
         }
     }

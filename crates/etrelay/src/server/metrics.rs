@@ -111,8 +111,8 @@ pub struct ServerMetrics {
     pub reply_errors: Counter,
     /// Source IPs the query limiter remembers now.
     pub query_sources: Gauge,
-    /// Source IPs the query limiter's table has room for.
-    pub query_capacity: Gauge,
+    /// Slots of the query limiter's table (fixed at start: the limiter's memory).
+    pub query_slots: Gauge,
 }
 
 impl ServerMetrics {

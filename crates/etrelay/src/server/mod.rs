@@ -288,8 +288,8 @@ impl ServerHandle {
         self.shared.metrics.query_sources.get()
     }
 
-    /// Sources the query limiter's table has room for (it never grows past its cap).
-    pub fn query_capacity(&self) -> u64 {
-        self.shared.metrics.query_capacity.get()
+    /// Slots of the query limiter's table, as last seen by the relay loop (fixed at start).
+    pub fn query_slots(&self) -> u64 {
+        self.shared.metrics.query_slots.get()
     }
 }

@@ -61,7 +61,7 @@ impl RelayLoop {
                 sweep_gap: SWEEP_GAP,
             },
         );
-        shared.metrics.query_capacity.set(limiter.capacity() as u64);
+        shared.metrics.query_slots.set(limiter.slots() as u64);
         let cache = if cfg.cache_max_age.is_zero() {
             None
         } else {
