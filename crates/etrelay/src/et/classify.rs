@@ -12,8 +12,9 @@ use std::ops::Range;
 use super::is_oob;
 use super::tokenizer::{ENGINES, Engine, first_tokens, line, token_eq};
 
-/// Longest `challenge` the relay answers (ET: Legacy and ioquake3 drop longer ones).
-pub const MAX_CHALLENGE: usize = 128;
+/// Longest `challenge` the relay answers: ET 2.60b drops longer ones (ET: Legacy and ioquake3
+/// drop those over 128).
+pub const MAX_CHALLENGE: usize = 64;
 
 /// The two queries the relay limits and answers from its cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -139,14 +140,14 @@ fn word_of(engine: Engine, line: &[u8], r: &Range<usize>) -> Word {
     }
 }
 
-/// A challenge every server would echo and an info string can hold: 1 to [`MAX_CHALLENGE`]
-/// printable ASCII bytes other than `\`, `;` and `"`. (`%` is fine: the server reads it as `.`,
-/// and so does the relay when it echoes it.)
+/// A challenge every server would echo (ET 2.60b's `SV_VerifyChallenge` is the strictest):
+/// 1 to [`MAX_CHALLENGE`] printable ASCII bytes other than `\`, `/`, `;` and `"`. (`%` is fine:
+/// the server reads it as `.` before the check, and so does the relay when it echoes it.)
 pub fn valid_challenge(c: &[u8]) -> bool {
     !c.is_empty()
         && c.len() <= MAX_CHALLENGE
         && c.iter()
-            .all(|&b| (0x20..0x7f).contains(&b) && !matches!(b, b'\\' | b';' | b'"'))
+            .all(|&b| (0x20..0x7f).contains(&b) && !matches!(b, b'\\' | b'/' | b';' | b'"'))
 }
 
 #[cfg(test)]
@@ -222,6 +223,7 @@ mod tests {
             (b"getinfo a;b", d(Reject::BadChallenge)),
             (b"getinfo a\\b", d(Reject::BadChallenge)),
             (b"getinfo \"a\x01\"", d(Reject::BadChallenge)),
+            (b"getinfo http://x", d(Reject::BadChallenge)),
         ];
         for (body, want) in cases {
             assert_eq!(

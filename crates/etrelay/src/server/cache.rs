@@ -22,6 +22,7 @@ use rand::Rng;
 use tokio::net::UdpSocket;
 use tracing::{debug, trace};
 
+use super::metrics::ServerMetrics;
 use crate::et::classify::{MAX_CHALLENGE, Query};
 use crate::et::info::{INFO_RESPONSE, STATUS_RESPONSE, Template};
 
@@ -67,6 +68,7 @@ pub enum Outcome {
 /// The cache of one server, with its own socket connected to the game server.
 #[derive(Debug)]
 pub struct QueryCache {
+    upstream: SocketAddr,
     socket: UdpSocket,
     max_age: Duration,
     kinds: [Kind; 2],
@@ -90,6 +92,7 @@ impl QueryCache {
     pub fn new(upstream: SocketAddr, max_age: Duration, max_packet: usize) -> io::Result<Self> {
         let now = Instant::now();
         Ok(QueryCache {
+            upstream,
             socket: super::upstream_socket(upstream)?,
             max_age,
             kinds: [Kind::default(), Kind::default()].map(|mut k| {
@@ -115,7 +118,7 @@ impl QueryCache {
         from: SocketAddr,
         now: Instant,
         out: &mut Vec<u8>,
-        refreshes: &guard::counters::Counter,
+        metrics: &ServerMetrics,
     ) -> Outcome {
         let kind = &mut self.kinds[idx(q)];
         if let Some((t, at)) = &kind.answer
@@ -135,8 +138,10 @@ impl QueryCache {
                 pkt[..head.len()].copy_from_slice(head);
                 pkt[head.len()..head.len() + NONCE_LEN].copy_from_slice(&nonce);
                 match self.socket.try_send(&pkt[..head.len() + NONCE_LEN]) {
-                    Ok(_) => {
-                        refreshes.inc();
+                    Ok(n) => {
+                        metrics.cache_refreshes.inc();
+                        metrics.upstream_packets.inc();
+                        metrics.upstream_bytes.add(n as u64);
                         kind.pending = Some((nonce, now));
                     }
                     Err(e) => trace!(error = %e, "cache refresh send"),
@@ -165,16 +170,15 @@ impl QueryCache {
     }
 
     /// Reads what the game server sent to the cache socket and answers the waiters through
-    /// `send` (packet, destination). Returns how many datagrams were read and how many of them
-    /// answered a refresh.
+    /// `send` (packet, destination).
     pub fn on_readable(
         &mut self,
         now: Instant,
         out: &mut Vec<u8>,
+        metrics: &ServerMetrics,
         mut send: impl FnMut(&[u8], SocketAddr),
-    ) -> (usize, usize) {
+    ) {
         let mut read = 0;
-        let mut answers = 0;
         while read < 64 {
             let n = match self.socket.try_recv(&mut self.recv_buf) {
                 Ok(n) => n,
@@ -186,6 +190,8 @@ impl QueryCache {
                 }
             };
             read += 1;
+            metrics.server_packets.inc();
+            metrics.server_bytes.add(n as u64);
             let data = &self.recv_buf[..n];
             let parsed = Template::parse(data, INFO_RESPONSE)
                 .map(|t| (Query::Info, t))
@@ -201,7 +207,7 @@ impl QueryCache {
                 continue;
             }
             kind.pending = None;
-            answers += 1;
+            metrics.cache_refresh_answers.inc();
             debug!(
                 "cache: {} refreshed ({} B)",
                 if q == Query::Info {
@@ -217,19 +223,29 @@ impl QueryCache {
             }
             kind.answer = Some((template, now));
         }
-        (read, answers)
     }
 
     /// Gives up refreshes the server did not answer in time. Returns the askers dropped.
+    ///
+    /// The socket is then opened again: a socket connected before the route to the game server
+    /// existed (a tunnel that came up later) keeps a source address the server cannot answer.
     pub fn expire(&mut self, now: Instant) -> usize {
         let mut dropped = 0;
+        let mut gave_up = false;
         for kind in &mut self.kinds {
             if let Some((_, sent)) = kind.pending
                 && now.saturating_duration_since(sent) >= REFRESH_TIMEOUT
             {
                 kind.pending = None;
+                gave_up = true;
                 dropped += kind.waiters.len();
                 kind.waiters.clear();
+            }
+        }
+        if gave_up {
+            match super::upstream_socket(self.upstream) {
+                Ok(s) => self.socket = s,
+                Err(e) => debug!("cache: cannot reopen its socket: {e}"),
             }
         }
         dropped

@@ -49,20 +49,19 @@ impl Default for ProbeStatus {
 /// Runs until the server stops, then sends the flatline.
 pub(super) async fn run(shared: Arc<Shared>) {
     let cfg = &shared.config;
-    let mut socket = None;
     let mut state = ProbeState::Unknown;
     loop {
-        if socket.is_none() {
-            socket = super::upstream_socket(cfg.upstream)
-                .inspect_err(|e| warn!("heartbeat: cannot open the probe socket: {e}"))
-                .ok();
-        }
-        let answered = match &socket {
-            Some(s) => tokio::select! {
+        // A fresh socket each round: one connected before the route to the game server existed
+        // (a tunnel that came up later) would keep a source address the server cannot answer.
+        let answered = match super::upstream_socket(cfg.upstream) {
+            Ok(s) => tokio::select! {
                 () = shared.cancel.cancelled() => break,
-                up = probe(s, cfg.probe_timeout) => up,
+                up = probe(&s, cfg.probe_timeout) => up,
             },
-            None => false,
+            Err(e) => {
+                warn!("heartbeat: cannot open the probe socket: {e}");
+                false
+            }
         };
         let next = if answered {
             ProbeState::Up

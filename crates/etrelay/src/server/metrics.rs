@@ -77,11 +77,11 @@ pub struct ServerMetrics {
     pub client_packets: Counter,
     /// Their bytes.
     pub client_bytes: Counter,
-    /// Datagrams sent to the game server (sessions and cache refreshes).
+    /// Datagrams sent to the game server (sessions and cache refreshes; probes not counted).
     pub upstream_packets: Counter,
     /// Their bytes.
     pub upstream_bytes: Counter,
-    /// Datagrams received from the game server.
+    /// Datagrams received from the game server (sessions and the cache socket).
     pub server_packets: Counter,
     /// Their bytes.
     pub server_bytes: Counter,
