@@ -223,7 +223,8 @@ mod tests {
             (b"getinfo a;b", d(Reject::BadChallenge)),
             (b"getinfo a\\b", d(Reject::BadChallenge)),
             (b"getinfo \"a\x01\"", d(Reject::BadChallenge)),
-            (b"getinfo http://x", d(Reject::BadChallenge)),
+            (b"getinfo a/b", d(Reject::BadChallenge)),
+            (b"getinfo http://x", d(Reject::NotAllowed)),
         ];
         for (body, want) in cases {
             assert_eq!(
