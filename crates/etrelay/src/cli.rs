@@ -1,12 +1,18 @@
-//! The command line: `etrelay [OPTIONS] <UPSTREAM>`.
+//! The command line: `etrelay [OPTIONS] <UPSTREAM>` relays one server;
+//! `etrelay --ports … --control … --token-file …` relays the servers registered through the
+//! control API; `etrelay admin …` is the admin tool's side.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::Parser;
 use clap::builder::TypedValueParser as _;
+use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, DEFAULT_MASTERS, Game, QueryLimits, ServerConfig, SessionLimits};
+use crate::daemon::DaemonConfig;
+use crate::proof::MIN_KEY;
+use crate::registry::RegistryConfig;
 
 /// UDP relay for Wolfenstein: Enemy Territory (Quake 3 engine) servers behind NAT.
 ///
@@ -14,15 +20,95 @@ use crate::config::{self, DEFAULT_MASTERS, Game, QueryLimits, ServerConfig, Sess
 /// upstream socket per client), drops what clients have no business sending (rcon in every
 /// spelling a server would run), limits and caches getstatus/getinfo, and sends the master
 /// heartbeats itself so the masters list the relay's address.
+///
+/// One server: `etrelay [OPTIONS] <UPSTREAM>`. Several: `etrelay --ports 27960-27969 --control
+/// 10.0.0.1:8080 --token-file /etc/etrelay/token`, then each game server's admin registers it
+/// with `etrelay admin register`.
 #[derive(Debug, Parser)]
-#[command(name = "etrelay", version, about, long_about)]
+#[command(
+    name = "etrelay",
+    version,
+    about,
+    long_about,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
 pub struct Cli {
-    /// The game server to relay, `ip:port` (or `host:port`, resolved once at start).
-    pub upstream: String,
+    /// `admin`: the game server admin's tool.
+    #[command(subcommand)]
+    pub command: Option<Command>,
 
-    /// Address of the public socket clients and masters reach.
+    /// Running the relay.
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// The tool a game server's admin runs next to the server: register it with a relay (with
+    /// proof of console access), see its sessions, ban and unban, leave.
+    #[command(subcommand)]
+    Admin(crate::admin::AdminCommand),
+}
+
+/// A list of ports, `27960-27969,27975`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ports(pub Vec<u16>);
+
+fn parse_ports(s: &str) -> Result<Ports, String> {
+    crate::daemon::parse_ports(s).map(Ports)
+}
+
+/// How to run: one server, or the registry of several.
+#[derive(Debug)]
+pub enum Mode {
+    /// `etrelay <UPSTREAM>`: one server on `listen`.
+    Single {
+        /// The server.
+        config: ServerConfig,
+        /// The public socket's address.
+        listen: SocketAddr,
+        /// Sessions open at once.
+        max_sessions: usize,
+    },
+    /// `etrelay --ports …`: servers registered through the control API.
+    Multi(DaemonConfig),
+}
+
+/// The relay's flags.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// One server: the game server to relay, `ip:port` (or `host:port`, resolved once at start).
+    #[arg(required_unless_present = "ports", conflicts_with_all = ["ports", "control", "token_file"])]
+    pub upstream: Option<String>,
+
+    /// Address of the public socket clients and masters reach (one-server mode).
     #[arg(long, env = "ETRELAY_LISTEN", default_value = "0.0.0.0:27960")]
     pub listen: SocketAddr,
+
+    /// Several servers: the public ports registered servers may have, e.g.
+    /// `27960-27969,27975`; free ones are given out in this order.
+    #[arg(long, value_parser = parse_ports, requires = "control")]
+    pub ports: Option<Ports>,
+
+    /// Address of the control API (the front host's tunnel address, never a public one). If it
+    /// cannot be bound yet, the relay tries again every 10 s.
+    #[arg(long, env = "ETRELAY_CONTROL")]
+    pub control: Option<SocketAddr>,
+
+    /// File holding the relay token (at least 32 characters) that admin tools need to register
+    /// a server. The token can come from `ETRELAY_TOKEN` instead.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+
+    /// Where registered servers and their bans are kept (`servers.json`, `bans-<port>.json`).
+    #[arg(long, env = "ETRELAY_STATE_DIR", default_value = "/var/lib/etrelay")]
+    pub state_dir: PathBuf,
+
+    /// Address the public ports of registered servers bind on.
+    #[arg(long, env = "ETRELAY_BIND", default_value = "0.0.0.0")]
+    pub bind: IpAddr,
 
     /// Masters to heartbeat, comma-separated `host:port`, resolved on every heartbeat.
     /// An empty value disables heartbeats.
@@ -38,7 +124,8 @@ pub struct Cli {
     #[arg(long, env = "ETRELAY_HEARTBEAT_INTERVAL", default_value = "5m", value_parser = humantime::parse_duration)]
     pub heartbeat_interval: Duration,
 
-    /// Wait for each of the 3 probes (`getinfo`) before the game server counts as down.
+    /// Wait for each of the 3 probes (`getinfo` before heartbeats, `getstatus` for a
+    /// registration's proof) before the game server counts as not answering.
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     pub probe_timeout: Duration,
 
@@ -85,13 +172,65 @@ pub struct Cli {
     pub debug: bool,
 }
 
-impl Cli {
-    /// The server configuration this command line asks for.
+impl RunArgs {
+    /// What this command line asks for.
     ///
     /// # Errors
-    /// A message for an upstream that does not resolve or a malformed master.
-    pub fn server_config(&self) -> Result<ServerConfig, String> {
-        let upstream = resolve(&self.upstream)?;
+    /// A message for an upstream that does not resolve, a malformed master, or a missing or
+    /// short relay token.
+    pub fn mode(&self) -> Result<Mode, String> {
+        match (&self.upstream, &self.ports) {
+            (Some(u), _) => Ok(Mode::Single {
+                config: self.server_config(resolve(u)?)?,
+                listen: self.listen,
+                max_sessions: self.max_sessions,
+            }),
+            (None, Some(ports)) => {
+                let control = self.control.ok_or("--ports needs --control")?;
+                let token = self.token()?;
+                // Each server's upstream comes with its registration.
+                let template = self.server_config(SocketAddr::from(([127, 0, 0, 1], 27960)))?;
+                Ok(Mode::Multi(DaemonConfig {
+                    registry: RegistryConfig {
+                        ports: ports.0.clone(),
+                        bind: self.bind,
+                        state_dir: self.state_dir.clone(),
+                        template,
+                    },
+                    control,
+                    token,
+                    max_sessions: self.max_sessions,
+                    proof_timeout: self.probe_timeout,
+                }))
+            }
+            (None, None) => Err("give the game server to relay, or --ports for several".into()),
+        }
+    }
+
+    fn token(&self) -> Result<String, String> {
+        let token = match &self.token_file {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?
+                .trim()
+                .to_string(),
+            None => std::env::var("ETRELAY_TOKEN")
+                .map_err(|_| "--ports needs the relay token: --token-file or ETRELAY_TOKEN")?
+                .trim()
+                .to_string(),
+        };
+        if token.chars().count() < MIN_KEY {
+            return Err(format!(
+                "the relay token must have at least {MIN_KEY} characters"
+            ));
+        }
+        Ok(token)
+    }
+
+    /// The settings of a server relaying `upstream`.
+    ///
+    /// # Errors
+    /// A message for a malformed master.
+    pub fn server_config(&self, upstream: SocketAddr) -> Result<ServerConfig, String> {
         let masters = config::parse_masters(&self.masters);
         for m in &masters {
             config::check_master(m)?;
@@ -137,8 +276,12 @@ mod tests {
 
     #[test]
     fn defaults_are_the_design_constants() {
-        let cli = Cli::try_parse_from(["etrelay", "127.0.0.1:27960"]).unwrap();
-        let c = cli.server_config().unwrap();
+        let cli = Cli::try_parse_from(["etrelay", "127.0.0.1:27960"])
+            .unwrap()
+            .run;
+        let Mode::Single { config: c, .. } = cli.mode().unwrap() else {
+            panic!("single")
+        };
         assert_eq!(cli.listen, "0.0.0.0:27960".parse().unwrap());
         assert_eq!(
             c.masters,
@@ -168,20 +311,78 @@ mod tests {
             "2s",
             "127.0.0.1:1",
         ])
-        .unwrap();
-        let c = cli.server_config().unwrap();
+        .unwrap()
+        .run;
+        let Mode::Single { config: c, .. } = cli.mode().unwrap() else {
+            panic!("single")
+        };
         assert!(c.masters.is_empty());
         assert_eq!(c.game, Game::Q3);
         assert_eq!(c.heartbeat_interval, Duration::from_secs(2));
         assert!(
             Cli::try_parse_from(["etrelay", "--masters", "nohost", "127.0.0.1:1"])
                 .unwrap()
-                .server_config()
+                .run
+                .mode()
                 .is_err()
         );
         assert!(
             Cli::try_parse_from(["etrelay", "--heartbeat-interval", "soon", "127.0.0.1:1"])
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn several_servers_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "t".repeat(32)).unwrap();
+        let t = token.to_str().unwrap();
+        let args = [
+            "etrelay",
+            "--ports",
+            "27960-27961",
+            "--control",
+            "127.0.0.1:8080",
+            "--token-file",
+            t,
+        ];
+        let cli = Cli::try_parse_from(args).unwrap().run;
+        let Mode::Multi(d) = cli.mode().unwrap() else {
+            panic!("multi")
+        };
+        assert_eq!(d.registry.ports, vec![27960, 27961]);
+        assert_eq!(d.registry.state_dir, PathBuf::from("/var/lib/etrelay"));
+        assert_eq!(d.registry.bind, IpAddr::from([0, 0, 0, 0]));
+        // A short token is refused.
+        std::fs::write(&token, "short").unwrap();
+        assert!(Cli::try_parse_from(args).unwrap().run.mode().is_err());
+        // --ports needs --control; one server and --ports do not mix.
+        assert!(Cli::try_parse_from(["etrelay", "--ports", "27960"]).is_err());
+        assert!(
+            Cli::try_parse_from([
+                "etrelay",
+                "--ports",
+                "27960",
+                "--control",
+                "127.0.0.1:1",
+                "127.0.0.1:2"
+            ])
+            .is_err()
+        );
+        assert!(Cli::try_parse_from(["etrelay"]).is_err());
+        // The admin tool is a subcommand.
+        assert!(
+            Cli::try_parse_from([
+                "etrelay",
+                "admin",
+                "status",
+                "--control",
+                "http://127.0.0.1:1",
+                "--key-file",
+                t
+            ])
+            .is_ok()
         );
     }
 }

@@ -12,8 +12,13 @@
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod control;
+pub mod daemon;
 pub mod et;
 pub mod net;
+pub mod proof;
+pub mod registry;
 pub mod server;

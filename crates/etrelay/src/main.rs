@@ -1,11 +1,12 @@
-//! `etrelay`: parse the command line, bind the public socket, run until SIGTERM/SIGINT.
+//! `etrelay`: parse the command line, then run one server, the registry of several, or an
+//! admin command.
 
 #![deny(clippy::unwrap_used)]
 
 use std::process::ExitCode;
 
 use clap::Parser;
-use etrelay::cli::Cli;
+use etrelay::cli::{Cli, Command, Mode};
 use guard::admission::Gate;
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
@@ -14,7 +15,26 @@ use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    let default = if cli.debug {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("etrelay: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Some(Command::Admin(cmd)) = cli.command {
+        return match runtime.block_on(etrelay::admin::run(cmd)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("etrelay admin: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
+    let default = if cli.run.debug {
         "info,etrelay=debug"
     } else {
         "info"
@@ -26,17 +46,14 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
+    let mode = match cli.run.mode() {
+        Ok(m) => m,
         Err(e) => {
-            error!("cannot start the runtime: {e}");
+            error!("{e}");
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli)) {
+    match runtime.block_on(run(mode)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e}");
@@ -45,19 +62,37 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<(), String> {
-    let config = cli.server_config()?;
-    let public = UdpSocket::bind(cli.listen)
-        .await
-        .map_err(|e| format!("cannot bind {}: {e}", cli.listen))?;
-    let root = CancellationToken::new();
-    let server =
-        etrelay::server::ServerHandle::start(config, public, Gate::new(cli.max_sessions), &root)
+async fn run(mode: Mode) -> Result<(), String> {
+    match mode {
+        Mode::Single {
+            config,
+            listen,
+            max_sessions,
+        } => {
+            let public = UdpSocket::bind(listen)
+                .await
+                .map_err(|e| format!("cannot bind {listen}: {e}"))?;
+            let root = CancellationToken::new();
+            let server = etrelay::server::ServerHandle::start(
+                config,
+                public,
+                Gate::new(max_sessions),
+                &root,
+            )
             .map_err(|e| format!("cannot start: {e}"))?;
-    let signal = shutdown_signal().await;
-    info!("{signal}: stopping");
-    server.stop().await;
-    Ok(())
+            let signal = shutdown_signal().await;
+            info!("{signal}: stopping");
+            server.stop().await;
+            Ok(())
+        }
+        Mode::Multi(config) => {
+            etrelay::daemon::run(config, async {
+                let signal = shutdown_signal().await;
+                info!("{signal}: stopping");
+            })
+            .await
+        }
+    }
 }
 
 /// Waits for SIGTERM or SIGINT and names it.

@@ -127,126 +127,167 @@ impl ServerMetrics {
         self.drops[reason as usize].get()
     }
 
-    /// Appends this server's samples, labelled with its public `port`, to a document.
-    pub fn render(&self, port: &str, out: &mut PromText) {
-        let l = [("port", port)];
-        let mut one = |name: &str, kind, help: &str, v: u64| {
-            out.family(name, kind, help).sample(name, &l, v);
-        };
+    /// Appends the samples of `servers` (labelled with their public port) to a document: each
+    /// family once, with one sample per server.
+    pub fn render_all(servers: &[(u16, &ServerMetrics)], out: &mut PromText) {
         use Kind::{Counter as C, Gauge as G};
-        one(
-            "etrelay_client_packets_total",
-            C,
-            "Datagrams received from clients.",
-            self.client_packets.get(),
-        );
-        one(
-            "etrelay_client_bytes_total",
-            C,
-            "Bytes received from clients.",
-            self.client_bytes.get(),
-        );
-        one(
-            "etrelay_upstream_packets_total",
-            C,
-            "Datagrams sent to the game server.",
-            self.upstream_packets.get(),
-        );
-        one(
-            "etrelay_upstream_bytes_total",
-            C,
-            "Bytes sent to the game server.",
-            self.upstream_bytes.get(),
-        );
-        one(
-            "etrelay_server_packets_total",
-            C,
-            "Datagrams received from the game server.",
-            self.server_packets.get(),
-        );
-        one(
-            "etrelay_server_bytes_total",
-            C,
-            "Bytes received from the game server.",
-            self.server_bytes.get(),
-        );
-        one(
-            "etrelay_reply_packets_total",
-            C,
-            "Datagrams sent to clients.",
-            self.reply_packets.get(),
-        );
-        one(
-            "etrelay_reply_bytes_total",
-            C,
-            "Bytes sent to clients.",
-            self.reply_bytes.get(),
-        );
-        one(
-            "etrelay_cache_hits_total",
-            C,
-            "Queries answered from the cache.",
-            self.cache_hits.get(),
-        );
-        one(
-            "etrelay_cache_refreshes_total",
-            C,
-            "Queries the cache sent to the game server.",
-            self.cache_refreshes.get(),
-        );
-        one(
-            "etrelay_cache_refresh_answers_total",
-            C,
-            "Cache queries the game server answered.",
-            self.cache_refresh_answers.get(),
-        );
-        one(
-            "etrelay_sessions_opened_total",
-            C,
-            "Sessions opened.",
-            self.sessions_opened.get(),
-        );
-        one(
-            "etrelay_sessions_open",
-            G,
-            "Sessions open now.",
-            self.sessions_open.get(),
-        );
-        one(
-            "etrelay_heartbeats_total",
-            C,
-            "Heartbeats sent to masters.",
-            self.heartbeats.get(),
-        );
-        one(
-            "etrelay_flatlines_total",
-            C,
-            "Flatlines sent to masters.",
-            self.flatlines.get(),
-        );
-        one(
-            "etrelay_query_sources",
-            G,
-            "Source IPs the query limiter remembers.",
-            self.query_sources.get(),
-        );
-        one(
-            "etrelay_probe_state",
-            G,
-            "Game server state: 0 unknown, 1 up, 2 down.",
-            self.probe_state.get(),
-        );
+        type Get = fn(&ServerMetrics) -> u64;
+        let families: [(&str, Kind, &str, Get); 19] = [
+            (
+                "etrelay_client_packets_total",
+                C,
+                "Datagrams received from clients.",
+                |m| m.client_packets.get(),
+            ),
+            (
+                "etrelay_client_bytes_total",
+                C,
+                "Bytes received from clients.",
+                |m| m.client_bytes.get(),
+            ),
+            (
+                "etrelay_upstream_packets_total",
+                C,
+                "Datagrams sent to the game server.",
+                |m| m.upstream_packets.get(),
+            ),
+            (
+                "etrelay_upstream_bytes_total",
+                C,
+                "Bytes sent to the game server.",
+                |m| m.upstream_bytes.get(),
+            ),
+            (
+                "etrelay_server_packets_total",
+                C,
+                "Datagrams received from the game server.",
+                |m| m.server_packets.get(),
+            ),
+            (
+                "etrelay_server_bytes_total",
+                C,
+                "Bytes received from the game server.",
+                |m| m.server_bytes.get(),
+            ),
+            (
+                "etrelay_reply_packets_total",
+                C,
+                "Datagrams sent to clients.",
+                |m| m.reply_packets.get(),
+            ),
+            (
+                "etrelay_reply_bytes_total",
+                C,
+                "Bytes sent to clients.",
+                |m| m.reply_bytes.get(),
+            ),
+            (
+                "etrelay_reply_errors_total",
+                C,
+                "Datagrams that could not be sent to clients.",
+                |m| m.reply_errors.get(),
+            ),
+            (
+                "etrelay_cache_hits_total",
+                C,
+                "Queries answered from the cache.",
+                |m| m.cache_hits.get(),
+            ),
+            (
+                "etrelay_cache_refreshes_total",
+                C,
+                "Queries the cache sent to the game server.",
+                |m| m.cache_refreshes.get(),
+            ),
+            (
+                "etrelay_cache_refresh_answers_total",
+                C,
+                "Cache queries the game server answered.",
+                |m| m.cache_refresh_answers.get(),
+            ),
+            (
+                "etrelay_sessions_opened_total",
+                C,
+                "Sessions opened.",
+                |m| m.sessions_opened.get(),
+            ),
+            ("etrelay_sessions_open", G, "Sessions open now.", |m| {
+                m.sessions_open.get()
+            }),
+            (
+                "etrelay_heartbeats_total",
+                C,
+                "Heartbeats sent to masters.",
+                |m| m.heartbeats.get(),
+            ),
+            (
+                "etrelay_flatlines_total",
+                C,
+                "Flatlines sent to masters.",
+                |m| m.flatlines.get(),
+            ),
+            (
+                "etrelay_probe_state",
+                G,
+                "Game server state: 0 unknown, 1 up, 2 down.",
+                |m| m.probe_state.get(),
+            ),
+            (
+                "etrelay_query_sources",
+                G,
+                "Source IPs the query limiter remembers.",
+                |m| m.query_sources.get(),
+            ),
+            (
+                "etrelay_query_slots",
+                G,
+                "Slots of the query limiter's fixed table.",
+                |m| m.query_slots.get(),
+            ),
+        ];
+        let ports: Vec<String> = servers.iter().map(|(p, _)| p.to_string()).collect();
+        for (name, kind, help, get) in families {
+            out.family(name, kind, help);
+            for ((_, m), port) in servers.iter().zip(&ports) {
+                out.sample(name, &[("port", port)], get(m));
+            }
+        }
         out.family(
             "etrelay_dropped_packets_total",
             C,
             "Client datagrams dropped, by reason.",
         );
-        for r in Drop::ALL {
-            out.sample(
-                "etrelay_dropped_packets_total",
-                &[("port", port), ("reason", r.name())],
-                self.drops(r),
-            );
+        for ((_, m), port) in servers.iter().zip(&ports) {
+            for r in Drop::ALL {
+                out.sample(
+                    "etrelay_dropped_packets_total",
+                    &[("port", port), ("reason", r.name())],
+                    m.drops(r),
+                );
+            }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_family_once_with_a_sample_per_server() {
+        let (a, b) = (ServerMetrics::default(), ServerMetrics::default());
+        a.client_packets.add(3);
+        b.drop(Drop::Rcon);
+        let mut out = PromText::new();
+        ServerMetrics::render_all(&[(27960, &a), (27961, &b)], &mut out);
+        let text = out.finish();
+        assert_eq!(
+            text.matches("# TYPE etrelay_client_packets_total counter")
+                .count(),
+            1
+        );
+        assert!(text.contains("etrelay_client_packets_total{port=\"27960\"} 3\n"));
+        assert!(text.contains("etrelay_client_packets_total{port=\"27961\"} 0\n"));
+        assert!(text.contains("etrelay_dropped_packets_total{port=\"27961\",reason=\"rcon\"} 1\n"));
     }
 }

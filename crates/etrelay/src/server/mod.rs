@@ -30,7 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use guard::admission::Gate;
-use guard::expiring::ExpiringTable;
+use guard::expiring::{ExpiringTable, Expiry, TableFull};
 use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -49,12 +49,31 @@ const SOCKET_BUFFER: usize = 4 << 20;
 pub const MAX_BANS: usize = 65_536;
 
 /// A ban of one address.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ban {
+    /// The banned address.
+    pub ip: IpAddr,
     /// Why, as the admin said.
     pub reason: String,
     /// When it was set.
     pub since: SystemTime,
+    /// When it ends; `None`: permanent.
+    pub expires: Option<SystemTime>,
+}
+
+impl Ban {
+    /// True when the ban no longer applies at `now`.
+    pub fn expired(&self, now: SystemTime) -> bool {
+        self.expires.is_some_and(|e| e <= now)
+    }
+
+    /// The table deadline of this ban, on the monotonic clock.
+    fn expiry(&self, now_sys: SystemTime, now: Instant) -> Expiry {
+        match self.expires {
+            None => Expiry::Never,
+            Some(at) => Expiry::At(now + at.duration_since(now_sys).unwrap_or(Duration::ZERO)),
+        }
+    }
 }
 
 /// What the relay loop and the sessions share. The mutex is never held across an `.await`.
@@ -122,7 +141,7 @@ impl Shared {
 }
 
 /// Opens a UDP socket connected to `upstream`, from an ephemeral port of the matching family.
-fn upstream_socket(upstream: SocketAddr) -> io::Result<UdpSocket> {
+pub(crate) fn upstream_socket(upstream: SocketAddr) -> io::Result<UdpSocket> {
     let any: IpAddr = match upstream {
         SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
         SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
@@ -158,8 +177,8 @@ pub struct SessionInfo {
 #[derive(Debug)]
 pub struct ServerHandle {
     shared: Arc<Shared>,
-    relay: JoinHandle<()>,
-    heartbeat: JoinHandle<()>,
+    /// The relay loop and heartbeat task, taken by [`ServerHandle::stop`].
+    tasks: Mutex<Option<(JoinHandle<()>, JoinHandle<()>)>>,
 }
 
 impl ServerHandle {
@@ -210,8 +229,7 @@ impl ServerHandle {
         );
         Ok(ServerHandle {
             shared,
-            relay,
-            heartbeat,
+            tasks: Mutex::new(Some((relay, heartbeat))),
         })
     }
 
@@ -261,16 +279,63 @@ impl ServerHandle {
 
     /// Stops the server: the relay loop and sessions end, the masters get a flatline (ET), and
     /// this returns once every task of the server has finished.
-    pub async fn stop(self) {
+    pub async fn stop(&self) {
         self.shared.cancel.cancel();
-        let _ = self.relay.await;
-        let _ = self.heartbeat.await;
+        let tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner()).take();
+        if let Some((relay, heartbeat)) = tasks {
+            let _ = relay.await;
+            let _ = heartbeat.await;
+        }
         self.shared.tracker.close();
         self.shared.tracker.wait().await;
         info!(
             "stopped relaying {} on {}",
             self.shared.config.upstream, self.shared.public_addr
         );
+    }
+
+    /// Bans an address: its sessions are cut at once and its packets dropped from now on.
+    /// Replaces an existing ban of the same address.
+    ///
+    /// # Errors
+    /// [`TableFull`] when [`MAX_BANS`] live bans are held already.
+    pub fn ban(&self, ban: Ban) -> Result<(), TableFull> {
+        let (now_sys, now) = (SystemTime::now(), Instant::now());
+        let mut st = self.shared.lock();
+        let expiry = ban.expiry(now_sys, now);
+        let ip = ban.ip;
+        st.bans.insert(ip, ban, expiry, now)?;
+        st.sessions.retain(|client, s| {
+            let cut = client.ip() == ip;
+            if cut {
+                s.cut();
+            }
+            !cut
+        });
+        self.shared
+            .metrics
+            .sessions_open
+            .set(st.sessions.len() as u64);
+        Ok(())
+    }
+
+    /// Lifts the ban of `ip`; false when it was not banned.
+    pub fn unban(&self, ip: IpAddr) -> bool {
+        self.shared
+            .lock()
+            .bans
+            .remove(&ip, Instant::now())
+            .is_some()
+    }
+
+    /// The bans in force, oldest first.
+    pub fn bans(&self) -> Vec<Ban> {
+        let now = Instant::now();
+        let mut st = self.shared.lock();
+        st.bans.purge(now);
+        let mut v: Vec<Ban> = st.bans.iter(now).map(|(_, b, _)| b.clone()).collect();
+        v.sort_by(|a, b| a.since.cmp(&b.since).then(a.ip.cmp(&b.ip)));
+        v
     }
 
     /// Sessions open now.

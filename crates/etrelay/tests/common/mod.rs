@@ -2,6 +2,8 @@
 //! address, bounded waits for conditions, and packet helpers.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod daemon;
+
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;

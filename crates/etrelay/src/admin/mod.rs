@@ -1,0 +1,589 @@
+//! `etrelay admin …`: the tool an ET server's admin runs next to the game server, a client of
+//! the relay's control API (docs/etrelay-api.md).
+//!
+//! - `register` makes the relay relay this game server: it proves it holds the server's
+//!   console (rcon `sets etrelay_proof <fingerprint>`), hands the relay its key with the relay
+//!   token, then clears the proof.
+//! - `status`, `sessions`, `bans`, `ban`, `unban`, `leave` then use the key alone.
+//!
+//! Layout: [`key`] (key file and fingerprint, the secrets read from files), [`rcon`] (rcon over
+//! UDP), `client` (the HTTP client), `api` (the answers shown), `table` (human output).
+
+mod api;
+mod client;
+mod key;
+mod rcon;
+mod table;
+
+use std::io::{self, Write as _};
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{Value, json};
+
+pub use self::client::ControlUrl;
+use self::client::{Client, Route};
+use self::rcon::{Rcon, Timing};
+
+/// `etrelay admin …` subcommands.
+#[derive(Debug, clap::Subcommand)]
+pub enum AdminCommand {
+    /// Register this game server with the relay (or take it over with a new key).
+    ///
+    /// Creates the key file if it does not exist, shows the key's fingerprint in the game
+    /// server's `etrelay_proof` cvar through rcon, sends `PUT /server` with the relay token,
+    /// then clears the cvar again.
+    Register(RegisterArgs),
+    /// Show the registration and whether the game server answered the relay's last probe.
+    Status(ServerArgs),
+    /// List the open sessions: each player's real address and the port the game server sees.
+    Sessions(ServerArgs),
+    /// List the bans.
+    Bans(ServerArgs),
+    /// Ban an IP address: cuts its sessions at once and drops its packets.
+    Ban(BanArgs),
+    /// Lift the ban of an IP address.
+    Unban(UnbanArgs),
+    /// Leave the relay: flatline to the masters, free the port, drop sessions and bans.
+    Leave(ServerArgs),
+}
+
+/// Flags of `etrelay admin register`.
+#[derive(Debug, clap::Args)]
+pub struct RegisterArgs {
+    /// The relay's control API, `http://ip:port` (plain HTTP, on the tunnel).
+    #[arg(long, value_name = "URL")]
+    pub control: ControlUrl,
+
+    /// File holding the relay token (the relay's `--token-file`).
+    #[arg(long, value_name = "FILE")]
+    pub token_file: PathBuf,
+
+    /// The game server's address as the relay reaches it, a literal `ip:port`.
+    #[arg(long, value_name = "ADDR")]
+    pub upstream: SocketAddr,
+
+    /// Public port to ask for, one of the relay's `--ports` (default: the first free one).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..))]
+    pub port: Option<u16>,
+
+    /// The game server's address for rcon from this machine, `ip:port` or `host:port`.
+    #[arg(long, value_name = "ADDR")]
+    pub rcon: String,
+
+    /// File holding the game server's rcon password (`rconpassword`).
+    #[arg(long, value_name = "FILE")]
+    pub rcon_password_file: PathBuf,
+
+    /// File holding this server's key; created (mode 0600, 64 random hex characters) if it
+    /// does not exist. Keep it: the other commands need it.
+    #[arg(long, value_name = "FILE")]
+    pub key_file: PathBuf,
+
+    /// Print the API's JSON answer instead of a sentence.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of the commands that use the server's key.
+#[derive(Debug, clap::Args)]
+pub struct ServerArgs {
+    /// The relay's control API, `http://ip:port` (plain HTTP, on the tunnel).
+    #[arg(long, value_name = "URL")]
+    pub control: ControlUrl,
+
+    /// File holding this server's key (written by `etrelay admin register`).
+    #[arg(long, value_name = "FILE")]
+    pub key_file: PathBuf,
+
+    /// Print the API's JSON answer instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `etrelay admin ban`.
+#[derive(Debug, clap::Args)]
+pub struct BanArgs {
+    /// The IP address to ban (IPv4 or IPv6).
+    #[arg(value_name = "IP")]
+    pub ip: IpAddr,
+
+    /// Why, kept with the ban and shown by `bans`.
+    #[arg(long, value_name = "R")]
+    pub reason: Option<String>,
+
+    /// How long (humantime: `30m`, `1h`, `7days`); default: for good.
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// Flags of `etrelay admin unban`.
+#[derive(Debug, clap::Args)]
+pub struct UnbanArgs {
+    /// The IP address whose ban to lift.
+    #[arg(value_name = "IP")]
+    pub ip: IpAddr,
+
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// Why an admin command failed. Its `Display` is one line for the user.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AdminError {
+    /// A file could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    ReadFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// The key file could not be created.
+    #[error("cannot create the key file {}: {source}", path.display())]
+    CreateKey {
+        /// The key file.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// A command that needs the key found no key file.
+    #[error("no key file at {}: run `etrelay admin register` first", path.display())]
+    NoKey {
+        /// The key file.
+        path: PathBuf,
+    },
+    /// A key, token or password file holds something unusable.
+    #[error("{}: {reason}", path.display())]
+    BadFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A flag's value is unusable.
+    #[error("{0}")]
+    BadArgument(String),
+    /// The `--rcon` host name did not resolve.
+    #[error("cannot resolve --rcon {addr}: {reason}")]
+    RconResolve {
+        /// As given.
+        addr: String,
+        /// Why.
+        reason: String,
+    },
+    /// The game server answered `Bad rconpassword.`.
+    #[error(
+        "the game server refused the rcon password (rcon to {addr}): check --rcon-password-file"
+    )]
+    RconRefused {
+        /// The game server's rcon address.
+        addr: SocketAddr,
+    },
+    /// The game server has no `rconpassword`.
+    #[error("the game server at {addr} has no rcon password set: set `rconpassword` in its config")]
+    RconNoPassword {
+        /// The game server's rcon address.
+        addr: SocketAddr,
+    },
+    /// No `print` answer to rcon.
+    #[error(
+        "no rcon answer from the game server at {addr} after {attempts} attempts{}: check --rcon (the game server's address and port from this machine)",
+        if *refused { " (connection refused: nothing listens there)" } else { "" }
+    )]
+    RconNoReply {
+        /// The game server's rcon address.
+        addr: SocketAddr,
+        /// Sends made.
+        attempts: u32,
+        /// An ICMP port unreachable came back.
+        refused: bool,
+    },
+    /// The rcon socket failed.
+    #[error("rcon to {addr}: {source}")]
+    RconIo {
+        /// The game server's rcon address.
+        addr: SocketAddr,
+        /// Why.
+        source: io::Error,
+    },
+    /// No connection to the control API.
+    #[error("cannot reach the control API at {url}: {reason}")]
+    Unreachable {
+        /// The control URL.
+        url: String,
+        /// Why (`Connection refused (os error 111)`).
+        reason: String,
+    },
+    /// The control API did not answer in time.
+    #[error("the control API at {url} did not answer within {secs} s")]
+    Timeout {
+        /// The control URL.
+        url: String,
+        /// The request timeout.
+        secs: u64,
+    },
+    /// Another HTTP failure.
+    #[error("request to the control API at {url} failed: {reason}")]
+    Http {
+        /// The control URL.
+        url: String,
+        /// Why.
+        reason: String,
+    },
+    /// The control API answered with an error.
+    #[error("{text}")]
+    Api {
+        /// HTTP status.
+        status: u16,
+        /// The API's error code (`unauthorized`, `proof_failed`, …), empty if none came.
+        code: String,
+        /// The API's message.
+        message: String,
+        /// What it means for the user.
+        text: String,
+    },
+    /// A success answer this tool cannot read.
+    #[error("unexpected answer from the control API at {url}: {reason}")]
+    BadResponse {
+        /// The control URL.
+        url: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// Standard output could not be written.
+    #[error("cannot write the output: {0}")]
+    Output(io::Error),
+}
+
+/// Runs one admin command and prints its result to stdout (warnings to stderr).
+///
+/// # Errors
+///
+/// Whatever stopped the command, as one line for the user (see [`AdminError`]); the caller
+/// prints it and exits with a failure status.
+pub async fn run(cmd: AdminCommand) -> Result<(), AdminError> {
+    let out = execute(cmd, Timing::default()).await?;
+    let mut stdout = io::stdout().lock();
+    stdout
+        .write_all(out.as_bytes())
+        .and_then(|()| stdout.flush())
+        .map_err(AdminError::Output)
+}
+
+/// Runs one command, and returns what to print.
+async fn execute(cmd: AdminCommand, timing: Timing) -> Result<String, AdminError> {
+    match cmd {
+        AdminCommand::Register(args) => register(&args, timing).await,
+        AdminCommand::Status(args) => status(&args).await,
+        AdminCommand::Sessions(args) => sessions(&args).await,
+        AdminCommand::Bans(args) => bans(&args).await,
+        AdminCommand::Ban(args) => ban(&args).await,
+        AdminCommand::Unban(args) => unban(&args).await,
+        AdminCommand::Leave(args) => leave(&args).await,
+    }
+}
+
+fn warn(text: &str) {
+    let _ = writeln!(io::stderr(), "warning: {text}");
+}
+
+fn note(text: &str) {
+    let _ = writeln!(io::stderr(), "{text}");
+}
+
+async fn register(args: &RegisterArgs, timing: Timing) -> Result<String, AdminError> {
+    let (key, created) = key::load_or_create(&args.key_file)?;
+    if created {
+        note(&format!(
+            "created a new key in {} (keep it: it is this server's identity on the relay)",
+            args.key_file.display()
+        ));
+    }
+    let token = key::read_token(&args.token_file)?;
+    let password = key::read_rcon_password(&args.rcon_password_file)?;
+    let fingerprint = key::fingerprint(&key);
+    let client = Client::new(&args.control)?;
+    let rcon_addr = resolve(&args.rcon).await?;
+
+    let mut rcon = Rcon::connect(rcon_addr, password, timing).await?;
+    rcon.run(&format!("sets etrelay_proof {fingerprint}"))
+        .await?;
+
+    let mut body = json!({"key": key, "upstream": args.upstream.to_string()});
+    if let Some(port) = args.port {
+        body["port"] = json!(port);
+    }
+    let result = client
+        .call(
+            Method::PUT,
+            "/server",
+            &token,
+            Some(&body),
+            Route::Register { port: args.port },
+        )
+        .await;
+
+    // Whatever the relay said: an empty cvar leaves serverinfo.
+    if let Err(e) = rcon.run("sets etrelay_proof \"\"").await {
+        warn(&format!(
+            "could not clear etrelay_proof on the game server ({e}): clear it with `sets etrelay_proof \"\"` on its console"
+        ));
+    }
+
+    let reply = result?;
+    if args.json {
+        return Ok(pretty(reply.body.as_ref()));
+    }
+    let body = reply.body.unwrap_or(Value::Null);
+    let upstream = body
+        .get("upstream")
+        .and_then(Value::as_str)
+        .map_or_else(|| args.upstream.to_string(), table::clean);
+    let how = match reply.status {
+        StatusCode::CREATED => " (new)",
+        StatusCode::OK => " (taken over)",
+        _ => "",
+    };
+    Ok(match body.get("port").and_then(Value::as_u64) {
+        Some(port) => format!("registered {upstream} on port {port}{how}\n"),
+        None => format!("registered {upstream}{how}\n"),
+    })
+}
+
+/// `--rcon`: a literal address, or a host name resolved once.
+async fn resolve(addr: &str) -> Result<SocketAddr, AdminError> {
+    if let Ok(addr) = addr.parse() {
+        return Ok(addr);
+    }
+    let error = |reason: String| AdminError::RconResolve {
+        addr: addr.to_owned(),
+        reason,
+    };
+    let mut found = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| error(e.to_string()))?;
+    found.next().ok_or_else(|| error("no address found".into()))
+}
+
+/// A request with the server's key.
+async fn key_call(
+    args: &ServerArgs,
+    method: Method,
+    path: &str,
+    body: Option<&Value>,
+    route: Route,
+) -> Result<Option<Value>, AdminError> {
+    let key = key::load(&args.key_file)?;
+    let client = Client::new(&args.control)?;
+    let reply = client.call(method, path, &key, body, route).await?;
+    Ok(reply.body)
+}
+
+/// The JSON answer, pretty; nothing for an empty answer.
+fn pretty(body: Option<&Value>) -> String {
+    match body {
+        Some(body) => {
+            let text = serde_json::to_string_pretty(body)
+                .expect("invariant: a serde_json::Value always serializes");
+            format!("{text}\n")
+        }
+        None => String::new(),
+    }
+}
+
+/// Reads an answer into the type shown.
+fn parse<T: serde::de::DeserializeOwned>(
+    args: &ServerArgs,
+    body: Option<Value>,
+) -> Result<T, AdminError> {
+    serde_json::from_value(body.unwrap_or(Value::Null)).map_err(|e| AdminError::BadResponse {
+        url: args.control.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+fn time_or_never(secs: Option<i64>) -> String {
+    secs.map_or_else(|| "never".into(), table::utc)
+}
+
+async fn status(args: &ServerArgs) -> Result<String, AdminError> {
+    let body = key_call(args, Method::GET, "/server", None, Route::Key).await?;
+    if args.json {
+        return Ok(pretty(body.as_ref()));
+    }
+    let server: api::Server = parse(args, body)?;
+    let probe = &server.probe;
+    let utc =
+        |t: Option<i64>| t.map_or_else(|| "never".into(), |t| format!("{} UTC", table::utc(t)));
+    Ok(table::fields(&[
+        ("upstream", table::clean(&server.upstream)),
+        (
+            "port",
+            format!("{} (public {})", server.port, table::clean(&server.public)),
+        ),
+        ("registered", utc(Some(server.registered_at))),
+        (
+            "probe",
+            format!(
+                "{} (last probe {}, last answer {})",
+                table::clean(&probe.state),
+                utc(probe.last_probe_at),
+                utc(probe.last_answer_at)
+            ),
+        ),
+        ("sessions", server.sessions.to_string()),
+    ]))
+}
+
+async fn sessions(args: &ServerArgs) -> Result<String, AdminError> {
+    let body = key_call(args, Method::GET, "/sessions", None, Route::Key).await?;
+    if args.json {
+        return Ok(pretty(body.as_ref()));
+    }
+    let list: api::Sessions = parse(args, body)?;
+    if list.sessions.is_empty() {
+        return Ok("no sessions\n".into());
+    }
+    let rows: Vec<Vec<String>> = list
+        .sessions
+        .iter()
+        .map(|s| {
+            vec![
+                table::clean(&s.client),
+                s.upstream_port.to_string(),
+                table::utc(s.opened_at),
+                table::utc(s.last_seen_at),
+                format!("{}/{}", s.packets_up, s.packets_down),
+                format!(
+                    "{}/{}",
+                    table::bytes(s.bytes_up),
+                    table::bytes(s.bytes_down)
+                ),
+            ]
+        })
+        .collect();
+    Ok(table::render(
+        &[
+            "CLIENT",
+            "SEEN AS",
+            "OPENED",
+            "LAST SEEN",
+            "PKTS UP/DOWN",
+            "BYTES UP/DOWN",
+        ],
+        &rows,
+    ))
+}
+
+async fn bans(args: &ServerArgs) -> Result<String, AdminError> {
+    let body = key_call(args, Method::GET, "/bans", None, Route::Key).await?;
+    if args.json {
+        return Ok(pretty(body.as_ref()));
+    }
+    let list: api::Bans = parse(args, body)?;
+    if list.bans.is_empty() {
+        return Ok("no bans\n".into());
+    }
+    let rows: Vec<Vec<String>> = list
+        .bans
+        .iter()
+        .map(|b| {
+            vec![
+                table::clean(&b.ip),
+                reason_cell(b.reason.as_deref()),
+                table::utc(b.since),
+                time_or_never(b.expires_at),
+            ]
+        })
+        .collect();
+    Ok(table::render(&["IP", "REASON", "SINCE", "EXPIRES"], &rows))
+}
+
+fn reason_cell(reason: Option<&str>) -> String {
+    match reason {
+        Some(r) if !r.is_empty() => table::clean(r),
+        _ => "-".into(),
+    }
+}
+
+async fn ban(args: &BanArgs) -> Result<String, AdminError> {
+    let mut body = json!({});
+    if let Some(reason) = &args.reason {
+        body["reason"] = json!(reason);
+    }
+    if let Some(duration) = args.duration {
+        body["duration_secs"] = json!(duration_secs(duration)?);
+    }
+    let path = format!("/bans/{}", args.ip);
+    let reply = key_call(
+        &args.server,
+        Method::PUT,
+        &path,
+        Some(&body),
+        Route::Ban { ip: args.ip },
+    )
+    .await?;
+    if args.server.json {
+        return Ok(pretty(reply.as_ref()));
+    }
+    let ban: api::Ban = parse(&args.server, reply)?;
+    let until = match ban.expires_at {
+        Some(t) => format!("until {} UTC", table::utc(t)),
+        None => "for good".into(),
+    };
+    let reason = match ban.reason.as_deref() {
+        Some(r) if !r.is_empty() => format!(": {}", table::clean(r)),
+        _ => String::new(),
+    };
+    Ok(format!(
+        "banned {} {until}{reason}\n",
+        table::clean(&ban.ip)
+    ))
+}
+
+/// Whole seconds, a started second counting as one; at least 1.
+fn duration_secs(duration: Duration) -> Result<u64, AdminError> {
+    let secs = duration
+        .as_secs()
+        .saturating_add(u64::from(duration.subsec_nanos() > 0));
+    if secs == 0 {
+        return Err(AdminError::BadArgument(
+            "--duration must be at least 1s (leave it out to ban for good)".into(),
+        ));
+    }
+    Ok(secs)
+}
+
+async fn unban(args: &UnbanArgs) -> Result<String, AdminError> {
+    let path = format!("/bans/{}", args.ip);
+    let reply = key_call(
+        &args.server,
+        Method::DELETE,
+        &path,
+        None,
+        Route::Unban { ip: args.ip },
+    )
+    .await?;
+    if args.server.json {
+        return Ok(pretty(reply.as_ref()));
+    }
+    Ok(format!("unbanned {}\n", args.ip))
+}
+
+async fn leave(args: &ServerArgs) -> Result<String, AdminError> {
+    let reply = key_call(args, Method::DELETE, "/server", None, Route::Key).await?;
+    if args.json {
+        return Ok(pretty(reply.as_ref()));
+    }
+    Ok("left the relay: its port is freed, its sessions and bans dropped\n".into())
+}
+
+#[cfg(test)]
+mod tests;

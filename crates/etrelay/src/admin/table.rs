@@ -1,0 +1,201 @@
+//! Human output: aligned tables, UTC times and byte counts.
+
+use std::fmt::Write as _;
+
+/// Columns are separated by this many spaces.
+const GAP: usize = 2;
+
+/// A table: a header line, then one line per row, each column as wide as its widest cell.
+/// No trailing spaces.
+pub(crate) fn render(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            let w = cell.chars().count();
+            match widths.get_mut(i) {
+                Some(width) => *width = (*width).max(w),
+                None => widths.push(w),
+            }
+        }
+    }
+    let mut out = String::new();
+    let header: Vec<String> = headers.iter().map(|h| (*h).to_owned()).collect();
+    for row in std::iter::once(&header).chain(rows) {
+        let mut line = String::new();
+        for (i, cell) in row.iter().enumerate() {
+            if i > 0 {
+                line.push_str(&" ".repeat(GAP));
+            }
+            line.push_str(cell);
+            let pad = widths
+                .get(i)
+                .copied()
+                .unwrap_or(0)
+                .saturating_sub(cell.chars().count());
+            line.push_str(&" ".repeat(pad));
+        }
+        out.push_str(line.trim_end());
+        out.push('\n');
+    }
+    out
+}
+
+/// `name  value` lines, the values aligned.
+pub(crate) fn fields(pairs: &[(&str, String)]) -> String {
+    let width = pairs
+        .iter()
+        .map(|(k, _)| k.chars().count())
+        .max()
+        .unwrap_or(0);
+    let mut out = String::new();
+    for (k, v) in pairs {
+        let pad = width - k.chars().count() + GAP;
+        let _ = writeln!(out, "{k}{}{v}", " ".repeat(pad));
+    }
+    out
+}
+
+/// Unix seconds as UTC `YYYY-MM-DD HH:MM:SS`.
+pub(crate) fn utc(secs: i64) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (y, m, d) = civil_from_days(days);
+    format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Year, month (1–12) and day (1–31) of the proleptic Gregorian calendar, `days` after
+/// 1970-01-01.
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    // Count from 0000-03-01, so that the leap day is the last day of a year, in 400-year
+    // cycles (146 097 days each).
+    let z = days + 719_468;
+    let cycle = z.div_euclid(146_097);
+    let day_of_cycle = z.rem_euclid(146_097); // 0..=146_096
+    let year_of_cycle =
+        (day_of_cycle - day_of_cycle / 1460 + day_of_cycle / 36_524 - day_of_cycle / 146_096) / 365; // 0..=399
+    let day_of_year =
+        day_of_cycle - (365 * year_of_cycle + year_of_cycle / 4 - year_of_cycle / 100); // 0..=365
+    let month_from_march = (5 * day_of_year + 2) / 153; // 0..=11
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = year_of_cycle + cycle * 400 + i64::from(month <= 2);
+    (year, month, day)
+}
+
+/// A byte count with a binary unit: `512 B`, `93.8 KiB`, `1.2 GiB`.
+pub(crate) fn bytes(n: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    #[allow(clippy::cast_precision_loss)] // one decimal shown
+    let mut value = n as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// Text from the relay made safe for a terminal: control characters become `?`.
+pub(crate) fn clean(s: &str) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { '?' } else { c })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utc_times() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00");
+        // date -u -d @1764450000 '+%F %T'
+        assert_eq!(utc(1_764_450_000), "2025-11-29 21:00:00");
+        // date -u -d @951782400: a leap day of a year divisible by 400
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00");
+        assert_eq!(utc(4_102_444_799), "2099-12-31 23:59:59");
+        assert_eq!(utc(-1), "1969-12-31 23:59:59");
+        assert_eq!(utc(86_399), "1970-01-01 23:59:59");
+        // 2024-03-01 follows 2024-02-29.
+        assert_eq!(utc(1_709_164_800), "2024-02-29 00:00:00");
+        assert_eq!(utc(1_709_251_200), "2024-03-01 00:00:00");
+        // 2100 is not a leap year.
+        assert_eq!(utc(4_107_542_400), "2100-03-01 00:00:00");
+    }
+
+    #[test]
+    fn every_day_follows_the_previous_one() {
+        // From 1970 to 2100, each day is the next of the one before.
+        let mut prev = civil_from_days(-1);
+        for days in 0..47_500 {
+            let (y, m, d) = civil_from_days(days);
+            let (py, pm, pd) = prev;
+            let next_day = y == py && m == pm && d == pd + 1;
+            let next_month = y == py && m == pm + 1 && d == 1;
+            let next_year = y == py + 1 && m == 1 && d == 1 && pm == 12 && pd == 31;
+            assert!(
+                next_day || next_month || next_year,
+                "{prev:?} -> {y}-{m}-{d}"
+            );
+            prev = (y, m, d);
+        }
+    }
+
+    #[test]
+    fn tables_align() {
+        let out = render(
+            &["IP", "REASON", "EXPIRES"],
+            &[
+                vec!["203.0.113.7".into(), "aimbot".into(), "never".into()],
+                vec![
+                    "2001:db8::1".into(),
+                    "".into(),
+                    "2025-11-29 21:00:00".into(),
+                ],
+            ],
+        );
+        assert_eq!(
+            out,
+            "IP           REASON  EXPIRES\n\
+             203.0.113.7  aimbot  never\n\
+             2001:db8::1          2025-11-29 21:00:00\n"
+        );
+    }
+
+    #[test]
+    fn field_lines() {
+        let out = fields(&[
+            ("port", "27960".into()),
+            ("upstream", "10.0.0.2:27960".into()),
+        ]);
+        assert_eq!(out, "port      27960\nupstream  10.0.0.2:27960\n");
+    }
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(bytes(0), "0 B");
+        assert_eq!(bytes(1023), "1023 B");
+        assert_eq!(bytes(1024), "1.0 KiB");
+        assert_eq!(bytes(96_000), "93.8 KiB");
+        assert_eq!(bytes(640_000), "625.0 KiB");
+        assert_eq!(bytes(5 * 1024 * 1024 * 1024), "5.0 GiB");
+        assert_eq!(bytes(u64::MAX), "16.0 EiB");
+    }
+
+    #[test]
+    fn cleans_control_characters() {
+        assert_eq!(clean("ok\n\x1b[31mred"), "ok??[31mred");
+    }
+}

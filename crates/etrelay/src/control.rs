@@ -1,0 +1,556 @@
+//! The control API (axum): registration with proof, the server's own view, sessions, bans and
+//! metrics. Routes, authentication and error codes: `docs/etrelay-api.md`.
+//!
+//! Every error is `{"error": "<code>", "message": "…"}` with a 4xx/5xx status, extractor
+//! rejections included; a failed request changes nothing (the [`Registry`] writes state files
+//! before it changes memory).
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use axum::extract::{FromRequest, Path, Request, State};
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, put};
+use axum::{Json, Router};
+use guard::counters::{Kind, PromText};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::proof::{self, MIN_KEY, ProofError};
+use crate::registry::{Registered, Registry, RegistryError, unix};
+use crate::server::{Ban, ProbeState, ServerMetrics};
+
+/// Largest request body accepted.
+pub const MAX_BODY: usize = 64 * 1024;
+/// Time between two attempts to bind the control address.
+pub const BIND_RETRY: Duration = Duration::from_secs(10);
+/// Longest ban accepted (10 years).
+const MAX_BAN_SECS: u64 = 10 * 365 * 24 * 3600;
+
+/// What the handlers share.
+#[derive(Debug, Clone)]
+pub struct ControlState {
+    registry: Registry,
+    /// SHA-256 of the relay token: compared in constant time whatever the candidate's length.
+    token_hash: [u8; 32],
+    /// Wait for each proof `getstatus`.
+    proof_timeout: Duration,
+}
+
+impl ControlState {
+    /// State for the API over `registry`, with the relay `token`.
+    pub fn new(registry: Registry, token: &str, proof_timeout: Duration) -> Self {
+        ControlState {
+            registry,
+            token_hash: Sha256::digest(token.as_bytes()).into(),
+            proof_timeout,
+        }
+    }
+}
+
+/// An API error: status, stable code, message.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (
+            self.status,
+            Json(json!({"error": self.code, "message": self.message})),
+        )
+            .into_response()
+    }
+}
+
+impl From<RegistryError> for ApiError {
+    fn from(e: RegistryError) -> Self {
+        use StatusCode as S;
+        let msg = e.to_string();
+        match e {
+            RegistryError::PortTaken(_) => ApiError::new(S::CONFLICT, "port_taken", msg),
+            RegistryError::NoFreePort => ApiError::new(S::SERVICE_UNAVAILABLE, "no_free_port", msg),
+            RegistryError::PortNotAllowed(_) => {
+                ApiError::new(S::UNPROCESSABLE_ENTITY, "port_not_allowed", msg)
+            }
+            RegistryError::Bind { .. } => ApiError::new(S::SERVICE_UNAVAILABLE, "bind_failed", msg),
+            RegistryError::State(_) => {
+                warn!("control: {msg}");
+                ApiError::new(
+                    S::INTERNAL_SERVER_ERROR,
+                    "state_write_failed",
+                    "the state file could not be written; nothing changed",
+                )
+            }
+            RegistryError::NoServer => unauthorized(),
+            RegistryError::NotRelaying => {
+                ApiError::new(S::SERVICE_UNAVAILABLE, "not_relaying", msg)
+            }
+            RegistryError::NotBanned => {
+                ApiError::new(S::NOT_FOUND, "not_found", "that address is not banned")
+            }
+            RegistryError::BansFull => ApiError::new(S::SERVICE_UNAVAILABLE, "too_many_bans", msg),
+            RegistryError::Closed => ApiError::new(S::SERVICE_UNAVAILABLE, "stopping", msg),
+        }
+    }
+}
+
+fn unauthorized() -> ApiError {
+    ApiError::new(
+        StatusCode::UNAUTHORIZED,
+        "unauthorized",
+        "missing or unknown bearer token",
+    )
+}
+
+/// A JSON body, at most [`MAX_BODY`] bytes, with every rejection as an [`ApiError`]. An empty
+/// body is `None`.
+#[derive(Debug)]
+struct JsonBody<T>(Option<T>);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let is_json = req
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| {
+                v.split(';')
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .eq_ignore_ascii_case("application/json")
+            });
+        let bytes = axum::body::Bytes::from_request(req, state)
+            .await
+            .map_err(|r| {
+                if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ApiError::new(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "body_too_large",
+                        format!("the body is over {MAX_BODY} bytes"),
+                    )
+                } else {
+                    ApiError::new(StatusCode::BAD_REQUEST, "bad_body", r.body_text())
+                }
+            })?;
+        if bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(JsonBody(None));
+        }
+        if is_json == Some(false) {
+            return Err(ApiError::new(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                "unsupported_media_type",
+                "the body must be application/json",
+            ));
+        }
+        serde_json::from_slice(&bytes)
+            .map(|v| JsonBody(Some(v)))
+            .map_err(|e| {
+                if e.is_data() {
+                    ApiError::new(
+                        StatusCode::UNPROCESSABLE_ENTITY,
+                        "invalid_body",
+                        e.to_string(),
+                    )
+                } else {
+                    ApiError::new(StatusCode::BAD_REQUEST, "bad_json", e.to_string())
+                }
+            })
+    }
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let v = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = v.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+fn require_relay_token(st: &ControlState, headers: &HeaderMap) -> Result<(), ApiError> {
+    let given = bearer(headers).ok_or_else(unauthorized)?;
+    let h: [u8; 32] = Sha256::digest(given.as_bytes()).into();
+    if bool::from(h.ct_eq(&st.token_hash)) {
+        Ok(())
+    } else {
+        Err(unauthorized())
+    }
+}
+
+fn require_key(st: &ControlState, headers: &HeaderMap) -> Result<Registered, ApiError> {
+    let given = bearer(headers).ok_or_else(unauthorized)?;
+    st.registry.by_key(given).ok_or_else(unauthorized)
+}
+
+/// The router.
+pub fn router(state: ControlState) -> Router {
+    Router::new()
+        .route(
+            "/server",
+            put(put_server).get(get_server).delete(delete_server),
+        )
+        .route("/sessions", get(get_sessions))
+        .route("/bans", get(get_bans))
+        .route("/bans/{ip}", put(put_ban).delete(delete_ban))
+        .route("/metrics", get(get_metrics))
+        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .method_not_allowed_fallback(|| async {
+            ApiError::new(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "method not allowed on this route",
+            )
+        })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+/// Serves the API on `addr`, binding again every [`BIND_RETRY`] until it works (the tunnel may
+/// come up after the relay), until `cancel`.
+pub async fn serve(addr: SocketAddr, state: ControlState, cancel: CancellationToken) {
+    loop {
+        match TcpListener::bind(addr).await {
+            Ok(listener) => return serve_on(listener, state, cancel).await,
+            Err(e) => warn!(
+                "control API: cannot bind {addr}: {e}; trying again in {}s",
+                BIND_RETRY.as_secs()
+            ),
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(BIND_RETRY) => {}
+        }
+    }
+}
+
+/// Serves the API on a bound listener until `cancel`.
+pub async fn serve_on(listener: TcpListener, state: ControlState, cancel: CancellationToken) {
+    match listener.local_addr() {
+        Ok(a) => info!("control API on {a}"),
+        Err(e) => warn!("control API: {e}"),
+    }
+    let app = router(state);
+    if let Err(e) = axum::serve(listener, app)
+        .with_graceful_shutdown(cancel.cancelled_owned())
+        .await
+    {
+        warn!("control API stopped: {e}");
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PutServer {
+    key: String,
+    upstream: String,
+    #[serde(default)]
+    port: Option<u16>,
+}
+
+#[derive(Debug, Serialize)]
+struct ProbeJson {
+    state: &'static str,
+    last_probe_at: Option<u64>,
+    last_answer_at: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+struct ServerJson {
+    port: u16,
+    public: Option<SocketAddr>,
+    upstream: SocketAddr,
+    registered_at: u64,
+    relaying: bool,
+    probe: ProbeJson,
+    sessions: usize,
+}
+
+fn server_json(r: &Registered) -> ServerJson {
+    let probe = r.handle.as_ref().map(|h| h.probe());
+    ServerJson {
+        port: r.port,
+        public: r.handle.as_ref().map(|h| h.public_addr()),
+        upstream: r.upstream,
+        registered_at: unix(r.registered_at),
+        relaying: r.handle.is_some(),
+        probe: ProbeJson {
+            state: match probe.map(|p| p.state) {
+                Some(ProbeState::Up) => "up",
+                Some(ProbeState::Down) => "down",
+                _ => "unknown",
+            },
+            last_probe_at: probe.and_then(|p| p.last_probe).map(unix),
+            last_answer_at: probe.and_then(|p| p.last_answer).map(unix),
+        },
+        sessions: r.handle.as_ref().map_or(0, |h| h.session_count()),
+    }
+}
+
+async fn put_server(
+    State(st): State<ControlState>,
+    headers: HeaderMap,
+    JsonBody(body): JsonBody<PutServer>,
+) -> Result<(StatusCode, Json<ServerJson>), ApiError> {
+    require_relay_token(&st, &headers)?;
+    let body = body.ok_or_else(|| {
+        ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            "a body is required",
+        )
+    })?;
+    if body.key.chars().count() < MIN_KEY {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "key_too_short",
+            format!("the key must have at least {MIN_KEY} characters"),
+        ));
+    }
+    let upstream: SocketAddr = body
+        .upstream
+        .parse()
+        .ok()
+        .filter(|a: &SocketAddr| a.port() != 0 && !a.ip().is_unspecified())
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "bad_upstream",
+                "upstream must be a literal ip:port",
+            )
+        })?;
+    if let Some(p) = body.port
+        && !st.registry.ports().contains(&p)
+    {
+        return Err(RegistryError::PortNotAllowed(p).into());
+    }
+    proof::check(upstream, &body.key, st.proof_timeout)
+        .await
+        .map_err(|e| {
+            let why = match e {
+                ProofError::NoAnswer => "the game server did not answer getstatus",
+                ProofError::Missing => "the game server does not show etrelay_proof",
+                ProofError::Wrong => {
+                    "etrelay_proof on the game server is not this key's fingerprint"
+                }
+            };
+            ApiError::new(StatusCode::FORBIDDEN, "proof_failed", why)
+        })?;
+    let (entry, created) = st
+        .registry
+        .register(proof::key_hash(&body.key), upstream, body.port)
+        .await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(server_json(&entry))))
+}
+
+async fn get_server(
+    State(st): State<ControlState>,
+    headers: HeaderMap,
+) -> Result<Json<ServerJson>, ApiError> {
+    let r = require_key(&st, &headers)?;
+    Ok(Json(server_json(&r)))
+}
+
+async fn delete_server(
+    State(st): State<ControlState>,
+    headers: HeaderMap,
+) -> Result<StatusCode, ApiError> {
+    let r = require_key(&st, &headers)?;
+    st.registry.leave(r.port).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn running(r: &Registered) -> Result<&Arc<crate::server::ServerHandle>, ApiError> {
+    r.handle
+        .as_ref()
+        .ok_or_else(|| RegistryError::NotRelaying.into())
+}
+
+async fn get_sessions(
+    State(st): State<ControlState>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let r = require_key(&st, &headers)?;
+    let mut sessions = running(&r)?.sessions();
+    sessions.sort_by_key(|s| s.opened);
+    let list: Vec<_> = sessions
+        .iter()
+        .map(|s| {
+            json!({
+                "client": s.client.to_string(),
+                "upstream_port": s.upstream_local.port(),
+                "opened_at": unix(s.opened),
+                "last_seen_at": unix(s.last_seen),
+                "packets_up": s.packets_up,
+                "bytes_up": s.bytes_up,
+                "packets_down": s.packets_down,
+                "bytes_down": s.bytes_down,
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "sessions": list })))
+}
+
+fn ban_json(b: &Ban) -> serde_json::Value {
+    json!({
+        "ip": b.ip.to_string(),
+        "reason": b.reason,
+        "since": unix(b.since),
+        "expires_at": b.expires.map(unix),
+    })
+}
+
+async fn get_bans(
+    State(st): State<ControlState>,
+    headers: HeaderMap,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let r = require_key(&st, &headers)?;
+    let bans: Vec<_> = running(&r)?.bans().iter().map(ban_json).collect();
+    Ok(Json(json!({ "bans": bans })))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PutBan {
+    #[serde(default)]
+    reason: String,
+    #[serde(default)]
+    duration_secs: Option<u64>,
+}
+
+fn parse_ip(s: &str) -> Result<IpAddr, ApiError> {
+    s.parse().map_err(|_| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_ip",
+            format!("{s:?} is not an IPv4 or IPv6 address"),
+        )
+    })
+}
+
+async fn put_ban(
+    State(st): State<ControlState>,
+    headers: HeaderMap,
+    Path(ip): Path<String>,
+    JsonBody(body): JsonBody<PutBan>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let r = require_key(&st, &headers)?;
+    let ip = parse_ip(&ip)?;
+    let body = body.unwrap_or_default();
+    if body.reason.len() > 1024 {
+        return Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "invalid_body",
+            "reason is over 1024 bytes",
+        ));
+    }
+    let expires = match body.duration_secs {
+        None => None,
+        Some(0) => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "bad_duration",
+                "duration_secs must be at least 1",
+            ));
+        }
+        Some(s) if s > MAX_BAN_SECS => {
+            return Err(ApiError::new(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "bad_duration",
+                format!("duration_secs is over {MAX_BAN_SECS}"),
+            ));
+        }
+        Some(s) => Some(SystemTime::now() + Duration::from_secs(s)),
+    };
+    let ban = Ban {
+        ip: normalize(ip),
+        reason: body.reason,
+        since: SystemTime::now(),
+        expires,
+    };
+    st.registry.ban(r.port, ban.clone()).await?;
+    info!("port {}: {} banned", r.port, ban.ip);
+    Ok(Json(ban_json(&ban)))
+}
+
+async fn delete_ban(
+    State(st): State<ControlState>,
+    headers: HeaderMap,
+    Path(ip): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let r = require_key(&st, &headers)?;
+    let ip = normalize(parse_ip(&ip)?);
+    st.registry.unban(r.port, ip).await?;
+    info!("port {}: {ip} unbanned", r.port);
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// An IPv4-mapped IPv6 address is the IPv4 address (that is how it arrives on the socket).
+fn normalize(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+async fn get_metrics(
+    State(st): State<ControlState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    require_relay_token(&st, &headers)?;
+    let servers = st.registry.all();
+    let mut out = PromText::new();
+    out.family(
+        "etrelay_servers_registered",
+        Kind::Gauge,
+        "Servers registered.",
+    )
+    .sample("etrelay_servers_registered", &[], servers.len() as u64);
+    let open: u64 = servers
+        .iter()
+        .filter_map(|r| r.handle.as_ref())
+        .map(|h| h.metrics().sessions_open.get())
+        .sum();
+    out.family(
+        "etrelay_sessions_open_total",
+        Kind::Gauge,
+        "Sessions open, all servers together.",
+    )
+    .sample("etrelay_sessions_open_total", &[], open);
+    let running: Vec<(u16, &ServerMetrics)> = servers
+        .iter()
+        .filter_map(|r| r.handle.as_ref().map(|h| (r.port, h.metrics())))
+        .collect();
+    ServerMetrics::render_all(&running, &mut out);
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        out.finish(),
+    )
+        .into_response())
+}

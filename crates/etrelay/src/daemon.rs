@@ -1,0 +1,139 @@
+//! Several servers in one process: `etrelay --ports … --control … --token-file … --state-dir …`.
+//!
+//! No server is relayed until registered through the control API; registered servers are
+//! relayed again after a restart. On SIGTERM/SIGINT every server sends its flatline first.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use guard::admission::Gate;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::control::{self, ControlState};
+use crate::registry::{Registry, RegistryConfig};
+
+/// What the multi-server daemon needs.
+#[derive(Debug, Clone)]
+pub struct DaemonConfig {
+    /// Ports, bind address, state dir, and the settings of every server.
+    pub registry: RegistryConfig,
+    /// Where the control API listens.
+    pub control: SocketAddr,
+    /// The relay token (at least 32 characters).
+    pub token: String,
+    /// Sessions open at once, all servers together.
+    pub max_sessions: usize,
+    /// Wait for each proof `getstatus`.
+    pub proof_timeout: Duration,
+}
+
+/// Runs until `shutdown` completes, then stops every server (flatlines first).
+///
+/// # Errors
+/// The state dir or a state file cannot be read.
+pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+    let root = CancellationToken::new();
+    let registry = Registry::open(
+        config.registry.clone(),
+        Gate::new(config.max_sessions),
+        &root,
+    )
+    .await
+    .map_err(|e| format!("cannot open the state: {e}"))?;
+    info!(
+        "ports {} on {}, state in {}",
+        ports_text(registry.ports()),
+        config.registry.bind,
+        config.registry.state_dir.display()
+    );
+    let state = ControlState::new(registry.clone(), &config.token, config.proof_timeout);
+    let api_cancel = root.child_token();
+    let api = tokio::spawn(control::serve(config.control, state, api_cancel.clone()));
+    shutdown.await;
+    api_cancel.cancel();
+    let _ = api.await;
+    registry.shutdown().await;
+    root.cancel();
+    Ok(())
+}
+
+/// `27960-27962,27975` for a list of ports.
+pub fn ports_text(ports: &[u16]) -> String {
+    let mut parts = Vec::new();
+    let mut i = 0;
+    while i < ports.len() {
+        let start = ports[i];
+        let mut end = start;
+        while i + 1 < ports.len() && ports[i + 1] == end.wrapping_add(1) {
+            i += 1;
+            end = ports[i];
+        }
+        parts.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
+        i += 1;
+    }
+    parts.join(",")
+}
+
+/// Parses `27960-27969,27975`: ranges and single ports, in order, no repeats, no port 0.
+///
+/// # Errors
+/// A message naming the bad part.
+pub fn parse_ports(s: &str) -> Result<Vec<u16>, String> {
+    let mut out: Vec<u16> = Vec::new();
+    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let a: u16 = a
+            .trim()
+            .parse()
+            .map_err(|_| format!("{part:?} is not a port or a range"))?;
+        let b: u16 = b
+            .trim()
+            .parse()
+            .map_err(|_| format!("{part:?} is not a port or a range"))?;
+        if a == 0 || b < a {
+            return Err(format!("{part:?} is not a valid range"));
+        }
+        if (b - a) as usize >= 4096 {
+            return Err(format!("{part:?}: at most 4096 ports"));
+        }
+        for p in a..=b {
+            if out.contains(&p) {
+                return Err(format!("port {p} is given twice"));
+            }
+            out.push(p);
+        }
+    }
+    if out.is_empty() {
+        return Err("no port given".into());
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn port_lists() {
+        assert_eq!(
+            parse_ports("27960-27962,27975").unwrap(),
+            vec![27960, 27961, 27962, 27975]
+        );
+        assert_eq!(parse_ports("27960").unwrap(), vec![27960]);
+        assert!(parse_ports("").is_err());
+        assert!(parse_ports("0").is_err());
+        assert!(parse_ports("27962-27960").is_err());
+        assert!(parse_ports("27960,27960").is_err());
+        assert!(parse_ports("x").is_err());
+        assert_eq!(
+            ports_text(&[27960, 27961, 27962, 27975]),
+            "27960-27962,27975"
+        );
+    }
+}
