@@ -1,0 +1,206 @@
+//! The admin tool against a real OpenArena server (real rcon and `sets`) behind the real
+//! daemon: register with proof, quakestat through the public port, sessions mapping a real
+//! client, a ban cutting it off, unban, leave.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::time::Duration;
+
+use common::daemon::{BIN, Daemon, ports};
+use common::*;
+use etrelay_testkit::{OpenArena, qstat, udp, unique_ip};
+
+/// Runs `etrelay admin <args>`; returns success, stdout and stderr.
+async fn admin(args: &[&str]) -> (bool, String, String) {
+    let out = tokio::time::timeout(
+        Duration::from_secs(30),
+        tokio::process::Command::new(BIN)
+            .arg("admin")
+            .args(args)
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .expect("admin command within 30 s")
+    .expect("run etrelay admin");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn s(p: &Path) -> String {
+    p.display().to_string()
+}
+
+#[tokio::test]
+async fn register_openarena_then_sessions_ban_unban_leave() {
+    assert!(
+        OpenArena::available() && qstat::available(),
+        "openarena-server and qstat are needed: run scripts/test, which installs them"
+    );
+    let oa = OpenArena::start(unique_ip(), "secret").expect("start OpenArena");
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let d = Daemon::start(&state, &ports(2), &["--game", "q3"]).await;
+    let token_file = state.with_extension("token");
+    let pw_file = dir.path().join("rcon.pw");
+    std::fs::write(&pw_file, "secret\n").unwrap();
+    let key_file = dir.path().join("server.key");
+    let control = format!("http://{}", d.control);
+    let (oa_addr, ctl, kf) = (oa.addr().to_string(), control.as_str(), s(&key_file));
+    let common = ["--control", ctl, "--key-file", kf.as_str()];
+
+    // Register: the key is created, the proof shown through real rcon, then cleared.
+    let (ok, out, err) = admin(&[
+        "register",
+        "--control",
+        ctl,
+        "--token-file",
+        &s(&token_file),
+        "--upstream",
+        &oa_addr,
+        "--rcon",
+        &oa_addr,
+        "--rcon-password-file",
+        &s(&pw_file),
+        "--key-file",
+        &kf,
+    ])
+    .await;
+    assert!(ok, "register failed: {out}{err}\n{}", d.log_text());
+    assert!(out.contains("(new)"), "{out}");
+    let mode = std::fs::metadata(&key_file).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600);
+    let key = std::fs::read_to_string(&key_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(key.len() >= 32);
+    let checker = client().await;
+    let status = ask(&checker, oa.addr(), &udp::oob(b"getstatus c")).await;
+    assert_eq!(
+        info_value(&status[0].1, "etrelay_proof"),
+        None,
+        "the proof was cleared"
+    );
+
+    // A real browser through the public port.
+    let public = d.public(27960);
+    let v = qstat::query_json("q3s", public).await.unwrap();
+    assert_eq!(v["status"], "online", "{v}");
+    assert_eq!(v["name"], "etrelay-test");
+
+    // A client's session, mapped to the port the server sees.
+    let player = client().await;
+    let r = ask(&player, public, &udp::oob(b"getchallenge 123 Quake3Arena")).await;
+    assert_eq!(r.len(), 1, "{}", d.log_text());
+    assert!(r[0].1.starts_with(b"\xff\xff\xff\xffchallengeResponse "));
+    let (ok, out, err) = admin(&[
+        "sessions", "--json", common[0], common[1], common[2], common[3],
+    ])
+    .await;
+    assert!(ok, "{err}");
+    let sessions: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let me = player.local_addr().unwrap().to_string();
+    assert!(
+        sessions["sessions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["client"] == me),
+        "{out}"
+    );
+    let (ok, table, _) = admin(&["sessions", common[0], common[1], common[2], common[3]]).await;
+    assert!(ok && table.contains(&me), "{table}");
+
+    // A ban cuts the client off; unban lets it back.
+    let ip = player.local_addr().unwrap().ip().to_string();
+    let (ok, out, err) = admin(&[
+        "ban",
+        &ip,
+        "--reason",
+        "aimbot",
+        "--duration",
+        "1h",
+        common[0],
+        common[1],
+        common[2],
+        common[3],
+    ])
+    .await;
+    assert!(ok, "{out}{err}");
+    assert!(
+        ask(&player, public, &udp::oob(b"getchallenge 124 Quake3Arena"))
+            .await
+            .is_empty()
+    );
+    let (ok, out, _) = admin(&["bans", common[0], common[1], common[2], common[3]]).await;
+    assert!(ok && out.contains(&ip) && out.contains("aimbot"), "{out}");
+    let (ok, _, err) = admin(&["unban", &ip, common[0], common[1], common[2], common[3]]).await;
+    assert!(ok, "{err}");
+    assert_eq!(
+        ask(&player, public, &udp::oob(b"getchallenge 125 Quake3Arena"))
+            .await
+            .len(),
+        1
+    );
+
+    // Status, then leave: the key is refused afterwards, with a clear message.
+    let (ok, out, _) = admin(&["status", common[0], common[1], common[2], common[3]]).await;
+    assert!(ok && out.contains("27960"), "{out}");
+    let (ok, _, err) = admin(&["leave", common[0], common[1], common[2], common[3]]).await;
+    assert!(ok, "{err}");
+    let (ok, _, err) = admin(&["status", common[0], common[1], common[2], common[3]]).await;
+    assert!(!ok);
+    assert!(err.contains("register"), "{err}");
+    assert!(
+        ask(&player, public, &udp::oob(b"getchallenge 126 Quake3Arena"))
+            .await
+            .is_empty()
+    );
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn a_wrong_rcon_password_registers_nothing() {
+    assert!(
+        OpenArena::available(),
+        "openarena-server is needed: run scripts/test"
+    );
+    let oa = OpenArena::start(unique_ip(), "secret").expect("start OpenArena");
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let d = Daemon::start(&state, &ports(1), &["--game", "q3"]).await;
+    let pw_file = dir.path().join("rcon.pw");
+    std::fs::write(&pw_file, "wrong").unwrap();
+    let oa_addr = oa.addr().to_string();
+    let (ok, _, err) = admin(&[
+        "register",
+        "--control",
+        &format!("http://{}", d.control),
+        "--token-file",
+        &s(&state.with_extension("token")),
+        "--upstream",
+        &oa_addr,
+        "--rcon",
+        &oa_addr,
+        "--rcon-password-file",
+        &s(&pw_file),
+        "--key-file",
+        &s(&dir.path().join("k")),
+    ])
+    .await;
+    assert!(!ok);
+    assert!(err.contains("rcon password"), "{err}");
+    assert!(
+        !state.join("servers.json").exists()
+            || !std::fs::read_to_string(state.join("servers.json"))
+                .unwrap()
+                .contains("port\"")
+    );
+    d.stop().await;
+}
