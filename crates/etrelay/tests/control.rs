@@ -456,3 +456,122 @@ async fn a_short_or_missing_token_stops_the_start() {
         assert!(err.contains("token"), "{err}");
     }
 }
+
+#[tokio::test]
+async fn ipv6_bans_and_bans_that_expire() {
+    let dir = state_dir();
+    let d = Daemon::start(&dir.path().join("state"), &ports(1), &[]).await;
+    let key = new_key();
+    let et = proven_server(&key);
+    assert_eq!(d.register(&key, et.addr(), None).await.0, 201);
+    let (status, ban) = d
+        .call(
+            Method::PUT,
+            "/bans/2001:db8::7",
+            &key,
+            Some(json!({"reason": "v6"})),
+        )
+        .await;
+    assert_eq!((status, ban["ip"].as_str()), (200, Some("2001:db8::7")));
+    assert_eq!(ban["expires_at"], serde_json::Value::Null);
+    // An IPv4-mapped address is the IPv4 address.
+    let (status, ban) = d
+        .call(Method::PUT, "/bans/::ffff:192.0.2.5", &key, None)
+        .await;
+    assert_eq!((status, ban["ip"].as_str()), (200, Some("192.0.2.5")));
+
+    // A one-second ban of a real client lets it back by itself.
+    let player = client().await;
+    let ip = player.local_addr().unwrap().ip().to_string();
+    let public = d.public(27960);
+    assert_eq!(
+        d.call(
+            Method::PUT,
+            &format!("/bans/{ip}"),
+            &key,
+            Some(json!({"duration_secs": 1}))
+        )
+        .await
+        .0,
+        200
+    );
+    assert!(
+        ask(&player, public, &udp::oob(b"getchallenge"))
+            .await
+            .is_empty()
+    );
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    assert_eq!(
+        ask(&player, public, &udp::oob(b"getchallenge")).await.len(),
+        1
+    );
+    let (_, bans) = d.call(Method::GET, "/bans", &key, None).await;
+    let listed: Vec<_> = bans["bans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["ip"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(listed.len(), 2, "the expired ban is forgotten: {listed:?}");
+    assert!(!listed.contains(&ip));
+    d.stop().await;
+}
+
+#[tokio::test]
+async fn kill_9_in_the_middle_of_writes_leaves_a_whole_state() {
+    let dir = state_dir();
+    let state = dir.path().join("state");
+    let ip = unique_ip();
+    let d = Daemon::start_on(ip, &state, &ports(1), &[]).await;
+    let key = new_key();
+    let et = proven_server(&key);
+    assert_eq!(d.register(&key, et.addr(), None).await.0, 201);
+    // Bans one after another, and a kill -9 somewhere in the middle of them.
+    let writer = {
+        let (http, url, key) = (d.http.clone(), d.url(""), key.clone());
+        tokio::spawn(async move {
+            let mut done = 0u32;
+            for i in 0..400u32 {
+                let ok = http
+                    .put(format!("{url}/bans/198.51.100.{}", i % 250))
+                    .bearer_auth(&key)
+                    .json(&json!({"reason": format!("r{i}")}))
+                    .send()
+                    .await
+                    .is_ok_and(|r| r.status() == 200);
+                if !ok {
+                    break;
+                }
+                done += 1;
+            }
+            done
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    d.kill9().await;
+    let done = writer.await.unwrap();
+    assert!(
+        done > 0 && done < 400,
+        "the kill came in the middle ({done} bans done)"
+    );
+    // Every state file is whole JSON, and the relay starts on it with the server and its bans.
+    for f in std::fs::read_dir(&state).unwrap() {
+        let f = f.unwrap().path();
+        let text = std::fs::read_to_string(&f).unwrap();
+        assert!(
+            serde_json::from_str::<serde_json::Value>(&text).is_ok(),
+            "{} is broken: {text}",
+            f.display()
+        );
+    }
+    let d = Daemon::start_on(ip, &state, &ports(1), &[]).await;
+    let (status, bans) = d.call(Method::GET, "/bans", &key, None).await;
+    assert_eq!(status, 200);
+    let n = bans["bans"].as_array().unwrap().len() as u32;
+    // Every ban answered 200 was saved before the answer; at most the one in flight is extra.
+    assert!(
+        n >= done.min(250) && n <= (done + 1).min(250),
+        "{n} bans after {done} answered"
+    );
+    d.stop().await;
+}
