@@ -7,12 +7,10 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 
 use rand::RngCore as _;
-use sha2::{Digest as _, Sha256};
 
 use super::AdminError;
-
-/// The relay refuses keys (and tokens) shorter than this.
-pub(crate) const MIN_KEY_LEN: usize = 32;
+pub(crate) use crate::proof::fingerprint;
+use crate::proof::{MIN_KEY as MIN_KEY_LEN, hex};
 
 /// Random bytes of a new key (written as twice as many hex characters).
 const KEY_BYTES: usize = 32;
@@ -55,13 +53,6 @@ pub(crate) fn load(path: &Path) -> Result<String, AdminError> {
             source,
         }),
     }
-}
-
-/// Lowercase hex of the first 16 bytes of SHA-256(key): what the game server shows in
-/// `etrelay_proof` while registering.
-pub(crate) fn fingerprint(key: &str) -> String {
-    let digest = Sha256::digest(key.as_bytes());
-    hex(&digest[..16])
 }
 
 /// Reads the relay token from `path` (trimmed).
@@ -164,15 +155,6 @@ fn bad_file(path: &Path, reason: &str) -> AdminError {
 /// Visible ASCII only: fits an `Authorization` header as is.
 fn is_header_safe(s: &str) -> bool {
     s.bytes().all(|b| b.is_ascii_graphic())
-}
-
-fn hex(bytes: &[u8]) -> String {
-    use std::fmt::Write as _;
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        let _ = write!(out, "{b:02x}");
-    }
-    out
 }
 
 #[cfg(test)]
