@@ -124,12 +124,16 @@ fn unauthorized() -> ApiError {
     )
 }
 
-/// A JSON body, at most [`MAX_BODY`] bytes, with every rejection as an [`ApiError`]. An empty
-/// body is `None`.
+/// A request body of at most [`MAX_BODY`] bytes, read but not yet parsed: handlers check the
+/// bearer token first, then [`Body::json`] parses it. Every rejection is an [`ApiError`].
 #[derive(Debug)]
-struct JsonBody<T>(Option<T>);
+struct Body {
+    /// `Some(false)` when a Content-Type other than JSON was given.
+    is_json: Option<bool>,
+    bytes: axum::body::Bytes,
+}
 
-impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
+impl<S: Send + Sync> FromRequest<S> for Body {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
@@ -157,29 +161,34 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for JsonBody<T> {
                     ApiError::new(StatusCode::BAD_REQUEST, "bad_body", r.body_text())
                 }
             })?;
-        if bytes.iter().all(u8::is_ascii_whitespace) {
-            return Ok(JsonBody(None));
+        Ok(Body { is_json, bytes })
+    }
+}
+
+impl Body {
+    /// The body as `T`; `None` for an empty body.
+    fn json<T: DeserializeOwned>(&self) -> Result<Option<T>, ApiError> {
+        if self.bytes.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
         }
-        if is_json == Some(false) {
+        if self.is_json == Some(false) {
             return Err(ApiError::new(
                 StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 "unsupported_media_type",
                 "the body must be application/json",
             ));
         }
-        serde_json::from_slice(&bytes)
-            .map(|v| JsonBody(Some(v)))
-            .map_err(|e| {
-                if e.is_data() {
-                    ApiError::new(
-                        StatusCode::UNPROCESSABLE_ENTITY,
-                        "invalid_body",
-                        e.to_string(),
-                    )
-                } else {
-                    ApiError::new(StatusCode::BAD_REQUEST, "bad_json", e.to_string())
-                }
-            })
+        serde_json::from_slice(&self.bytes).map(Some).map_err(|e| {
+            if e.is_data() {
+                ApiError::new(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "invalid_body",
+                    e.to_string(),
+                )
+            } else {
+                ApiError::new(StatusCode::BAD_REQUEST, "bad_json", e.to_string())
+            }
+        })
     }
 }
 
@@ -311,10 +320,10 @@ fn server_json(r: &Registered) -> ServerJson {
 async fn put_server(
     State(st): State<ControlState>,
     headers: HeaderMap,
-    JsonBody(body): JsonBody<PutServer>,
+    body: Body,
 ) -> Result<(StatusCode, Json<ServerJson>), ApiError> {
     require_relay_token(&st, &headers)?;
-    let body = body.ok_or_else(|| {
+    let body = body.json::<PutServer>()?.ok_or_else(|| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "invalid_body",
@@ -458,11 +467,11 @@ async fn put_ban(
     State(st): State<ControlState>,
     headers: HeaderMap,
     Path(ip): Path<String>,
-    JsonBody(body): JsonBody<PutBan>,
+    body: Body,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let r = require_key(&st, &headers)?;
     let ip = parse_ip(&ip)?;
-    let body = body.unwrap_or_default();
+    let body = body.json::<PutBan>()?.unwrap_or_default();
     if body.reason.len() > 1024 {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -538,11 +547,11 @@ async fn get_metrics(
         .map(|h| h.metrics().sessions_open.get())
         .sum();
     out.family(
-        "etrelay_sessions_open_total",
+        "etrelay_sessions_open_all",
         Kind::Gauge,
         "Sessions open, all servers together.",
     )
-    .sample("etrelay_sessions_open_total", &[], open);
+    .sample("etrelay_sessions_open_all", &[], open);
     let running: Vec<(u16, &ServerMetrics)> = servers
         .iter()
         .filter_map(|r| r.handle.as_ref().map(|h| (r.port, h.metrics())))

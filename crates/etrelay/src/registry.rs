@@ -228,6 +228,12 @@ impl Registry {
         let file: ServersFile =
             statefile::load_json(&inner.servers_path())?.unwrap_or(ServersFile { servers: vec![] });
         for rec in file.servers {
+            if !inner.config.ports.contains(&rec.port) {
+                warn!(
+                    "servers.json: port {} is not in --ports any more; still relayed until it leaves",
+                    rec.port
+                );
+            }
             let Some(key_hash) = parse_key_hash(&rec.key_sha256) else {
                 error!(
                     "servers.json: port {}: bad key_sha256, entry skipped",
@@ -525,11 +531,16 @@ async fn register(
             port: target,
             source,
         })?;
-    let bans: Vec<Ban> = existing
-        .as_ref()
-        .and_then(|e| e.handle.as_ref())
-        .map(|h| h.bans())
-        .unwrap_or_default();
+    // Its bans go with it (from the running server, or from its file if it was not relayed).
+    let bans: Vec<Ban> = match &existing {
+        Some(Registered {
+            handle: Some(h), ..
+        }) => h.bans(),
+        Some(e) => statefile::load_json::<BansFile>(&inner.bans_path(e.port))?
+            .map(|f| f.bans.into_iter().map(Ban::from).collect())
+            .unwrap_or_default(),
+        None => Vec::new(),
+    };
     let bans_file = BansFile {
         bans: bans.iter().map(BanRecord::from).collect(),
     };
@@ -563,7 +574,9 @@ async fn register(
         if let Some(h) = &e.handle {
             h.stop().await;
         }
-        remove_file(&inner.bans_path(e.port));
+        if e.port != target {
+            remove_file(&inner.bans_path(e.port));
+        }
         info!(
             "server {upstream} moved from port {} to {target} (new key)",
             e.port

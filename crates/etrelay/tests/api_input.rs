@@ -99,6 +99,8 @@ async fn every_route_refuses_bad_input_and_changes_nothing() {
         case(Method::PUT, "/server", Some("wrong-token-wrong-token-wrong-token"), good_server.as_bytes(), 401, "unauthorized"),
         case(Method::PUT, "/server", Some(key), good_server.as_bytes(), 401, "unauthorized"),
         case(Method::PUT, "/server", token, b"{not json", 400, "bad_json"),
+        case(Method::PUT, "/server", None, b"{not json", 401, "unauthorized"),
+        case(Method::PUT, "/bans/192.0.2.9", None, b"{oops", 401, "unauthorized"),
         case(Method::PUT, "/server", token, huge.as_bytes(), 413, "body_too_large"),
         case(Method::PUT, "/server", token, b"", 422, "invalid_body"),
         case(Method::PUT, "/server", token, br#"{"key": 5, "upstream": "127.0.0.1:1"}"#, 422, "invalid_body"),

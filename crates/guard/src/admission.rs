@@ -51,6 +51,21 @@ impl Gate {
         })
     }
 
+    /// Takes a slot only while fewer than `below` (and fewer than the limit) are in use: a
+    /// caller that must always leave room for another kind of work asks with `limit − 1`.
+    pub fn try_acquire_below(&self, below: usize) -> Option<Permit> {
+        let cap = below.min(self.inner.limit);
+        let taken = self
+            .inner
+            .in_use
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < cap).then_some(n + 1)
+            });
+        taken.ok().map(|_| Permit {
+            inner: Arc::clone(&self.inner),
+        })
+    }
+
     /// Slots in use now.
     pub fn in_use(&self) -> usize {
         self.inner.in_use.load(Ordering::Acquire)
@@ -90,6 +105,20 @@ mod tests {
         let other = gate.clone();
         let _p = gate.try_acquire().expect("slot");
         assert!(other.try_acquire().is_none());
+    }
+
+    #[test]
+    fn a_reserved_slot_stays_free_for_the_other_kind() {
+        let gate = Gate::new(4);
+        let inbound: Vec<_> = (0..5).filter_map(|_| gate.try_acquire_below(3)).collect();
+        assert_eq!(inbound.len(), 3);
+        let outbound = gate.try_acquire().expect("the reserved slot");
+        assert!(gate.try_acquire().is_none());
+        drop(outbound);
+        assert!(
+            gate.try_acquire_below(3).is_none(),
+            "inbound still capped at 3"
+        );
     }
 
     #[test]

@@ -106,6 +106,19 @@ impl<K: Hash + Eq + Clone, R: Rule> KeyedLimiter<K, R> {
         Ok(verdict)
     }
 
+    /// Changes the state of a remembered `key` outside of [`KeyedLimiter::check`] (a penalty
+    /// scored after the event was admitted). `None` when the key is not remembered.
+    pub fn update<T>(
+        &mut self,
+        key: &K,
+        now: Instant,
+        f: impl FnOnce(&R, &mut R::State) -> T,
+    ) -> Option<T> {
+        let entry = self.entries.get_mut(key)?;
+        entry.last_seen = now;
+        Some(f(&self.rule, &mut entry.state))
+    }
+
     /// The state of `key`, if remembered.
     pub fn get(&self, key: &K) -> Option<&R::State> {
         self.entries.get(key).map(|e| &e.state)

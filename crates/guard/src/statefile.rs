@@ -46,6 +46,19 @@ fn io_err(path: &Path) -> impl FnOnce(io::Error) -> StateFileError + '_ {
 /// Any I/O error, with the path it concerns. On error the previous file is untouched and the
 /// temporary file is removed when possible.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateFileError> {
+    write_atomic_mode(path, bytes, 0o644)
+}
+
+/// As [`write_atomic`], for a secret: the file is created with mode 0600.
+///
+/// # Errors
+/// As [`write_atomic`].
+pub fn write_atomic_private(path: &Path, bytes: &[u8]) -> Result<(), StateFileError> {
+    write_atomic_mode(path, bytes, 0o600)
+}
+
+fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StateFileError> {
+    use std::os::unix::fs::OpenOptionsExt;
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
@@ -56,10 +69,11 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), StateFileError> {
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
     let result = (|| {
+        let _ = fs::remove_file(&tmp);
         let mut f = OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
+            .mode(mode)
             .open(&tmp)
             .map_err(io_err(&tmp))?;
         f.write_all(bytes).map_err(io_err(&tmp))?;
@@ -129,6 +143,18 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names.len(), 1);
+    }
+
+    #[test]
+    fn private_files_are_0600() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("secret");
+        write_atomic_private(&path, b"k").unwrap();
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
     }
 
     #[test]

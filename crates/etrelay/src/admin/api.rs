@@ -7,7 +7,7 @@ use serde::Deserialize;
 #[derive(Debug, Deserialize)]
 pub(crate) struct Server {
     pub(crate) port: u16,
-    pub(crate) public: String,
+    pub(crate) public: Option<String>,
     pub(crate) upstream: String,
     pub(crate) registered_at: i64,
     pub(crate) probe: Probe,

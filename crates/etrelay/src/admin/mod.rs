@@ -426,7 +426,10 @@ async fn status(args: &ServerArgs) -> Result<String, AdminError> {
         ("upstream", table::clean(&server.upstream)),
         (
             "port",
-            format!("{} (public {})", server.port, table::clean(&server.public)),
+            match &server.public {
+                Some(public) => format!("{} (public {})", server.port, table::clean(public)),
+                None => format!("{} (not relayed: its port could not be bound)", server.port),
+            },
         ),
         ("registered", utc(Some(server.registered_at))),
         (
