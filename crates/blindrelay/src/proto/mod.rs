@@ -1,1 +1,126 @@
-//! placeholder
+//! The blindrelay wire formats, as pure functions and types: no I/O and no clock reads (callers
+//! pass the time in as Unix seconds, `now: u64`).
+//!
+//! The normative description is `docs/blindrelay-protocol.md`; every layout below quotes it.
+//!
+//! # Layout
+//! - [`envelope`]: the signed routing frame a hop `POST`s to the next (`BRE1` ‖ header ‖ blob ‖
+//!   signature), its decoder, signature and request digest.
+//! - [`onion`]: onion layers (X25519 + HKDF-SHA256 + XChaCha20-Poly1305), peeling one layer, and
+//!   building a whole route for a sender.
+//! - [`receipt`]: the terminal's signed delivery receipt, sealed back to the sender.
+//! - [`descriptor`]: a node's signed, expiring descriptor (JSON) and the endpoint address policy.
+//!
+//! # Logging ids
+//! Full node ids, route ids, keys and endpoints never go to logs. The only loggable form of a node
+//! id is its [`Prefix`]; the `Debug` impls of the types here print prefixes and lengths only.
+
+pub mod descriptor;
+pub mod envelope;
+pub mod onion;
+pub mod receipt;
+#[cfg(test)]
+mod vectors;
+
+use std::fmt;
+
+pub use descriptor::{
+    DESCRIPTOR_MAX_SKEW, DESCRIPTOR_TTL, Descriptor, DescriptorError, EndpointError,
+    MAX_ENDPOINT_LEN, endpoint_ip_is_public, is_public, parse_endpoint,
+};
+pub use envelope::{
+    AuthError, DecodeError, Envelope, HEADER_LEN, MAGIC, MAX_BLOB, MAX_ENVELOPE, SIG_LEN,
+};
+pub use onion::{
+    BuildError, Hop, Layer, PeelError, Route, build, max_payload, onion_key_is_usable, peel,
+    seal_layer,
+};
+pub use receipt::{
+    RECEIPT_LEN, RECEIPT_MAX_AGE, RECEIPT_MAX_SKEW, Receipt, ReceiptError, commitment,
+};
+
+/// A node's identity: its Ed25519 public key.
+pub type NodeId = [u8; 32];
+
+/// A per-hop route id, chosen at random by the sender for every hop of every route.
+pub type RouteId = [u8; 16];
+
+/// The loggable form of a node id: its first 4 bytes as 8 lowercase hex characters.
+///
+/// `Debug` prints the same as `Display`, so `?prefix` is safe too.
+#[derive(Clone, Copy)]
+pub struct Prefix<'a>(pub &'a NodeId);
+
+impl fmt::Display for Prefix<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in &self.0[..4] {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Prefix<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// Lowercase hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(bytes.len() * 2);
+    for &b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
+}
+
+/// Parses exactly `2 * N` hex digits (either case) into `N` bytes; `None` for any other input.
+pub fn from_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
+    fn nibble(c: u8) -> Option<u8> {
+        match c {
+            b'0'..=b'9' => Some(c - b'0'),
+            b'a'..=b'f' => Some(c - b'a' + 10),
+            b'A'..=b'F' => Some(c - b'A' + 10),
+            _ => None,
+        }
+    }
+    let s = s.as_bytes();
+    if s.len() != N * 2 {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (o, pair) in out.iter_mut().zip(s.chunks_exact(2)) {
+        *o = (nibble(pair[0])? << 4) | nibble(pair[1])?;
+    }
+    Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_prints_first_four_bytes() {
+        let mut id = [0xffu8; 32];
+        id[..4].copy_from_slice(&[0x01, 0xab, 0x00, 0x9f]);
+        assert_eq!(Prefix(&id).to_string(), "01ab009f");
+        assert_eq!(format!("{:?}", Prefix(&id)), "01ab009f");
+    }
+
+    #[test]
+    fn hex_round_trip() {
+        let bytes: [u8; 5] = [0x00, 0x01, 0x7f, 0x80, 0xff];
+        assert_eq!(hex(&bytes), "00017f80ff");
+        assert_eq!(from_hex::<5>("00017f80ff"), Some(bytes));
+        assert_eq!(from_hex::<5>("00017F80FF"), Some(bytes));
+        assert_eq!(from_hex::<5>("00017f80f"), None);
+        assert_eq!(from_hex::<5>("00017f80fff0"), None);
+        assert_eq!(from_hex::<5>("00017f80fg"), None);
+        assert_eq!(from_hex::<1>("+1"), None);
+        assert_eq!(from_hex::<0>(""), Some([]));
+        assert_eq!(hex(&[]), "");
+    }
+}

@@ -1,0 +1,313 @@
+//! Step 4 of the pipeline: the previous-hop rate limit, failure score and quarantine.
+//!
+//! Keyed by the previous hop's **authenticated** identity (its signature was checked in step 3;
+//! a frame that fails authentication is never charged to the identity it claims, so forged
+//! frames cannot quarantine an honest node). Per identity:
+//!
+//! - a fixed window of [`RATE_WINDOW`]: request [`RATE_LIMIT`]` + 1` inside it starts a
+//!   quarantine of [`QUARANTINE`];
+//! - a failure score over [`FAILURE_WINDOW`]: [`FAILURE_THRESHOLD`] scored failures start the
+//!   same quarantine. Only [`Scored`] reasons count; timeouts, lost acks, duplicate retries and
+//!   replay conflicts never do;
+//! - during a quarantine every request is refused as `quarantined`, and those refusals neither
+//!   count in the window nor restart the quarantine.
+//!
+//! The buckets live in [`guard::limiter::KeyedLimiter`]: at most [`MAX_BUCKETS`], idle ones
+//! forgotten, and a bucket is only ever dropped when it carries no memory — an active
+//! quarantine is never evicted to make room. When the table is full of active buckets, a new
+//! identity is refused (`rate_limited`) until one comes to rest.
+
+use std::time::{Duration, Instant};
+
+use guard::limiter::{Full, KeyedLimiter, Limits, Rule};
+
+use crate::proto::NodeId;
+
+/// Requests one previous hop may send per window…
+pub const RATE_LIMIT: u32 = 120;
+/// …of this length.
+pub const RATE_WINDOW: Duration = Duration::from_secs(60);
+/// Scored failures that start a quarantine…
+pub const FAILURE_THRESHOLD: u32 = 12;
+/// …within this window.
+pub const FAILURE_WINDOW: Duration = Duration::from_secs(300);
+/// Length of a quarantine.
+pub const QUARANTINE: Duration = Duration::from_secs(300);
+/// Most identities remembered.
+pub const MAX_BUCKETS: usize = 4096;
+
+/// Failures that count towards a quarantine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scored {
+    /// The previous hop is this node: a frame reflected back.
+    SelfLoop,
+    /// The next hop is the previous hop, or this node.
+    RouteLoop,
+    /// No hops left.
+    TtlExhausted,
+}
+
+/// One identity's state.
+#[derive(Debug, Clone, Copy)]
+pub struct HopState {
+    window_start: Instant,
+    count: u32,
+    fail_start: Instant,
+    score: u32,
+    quarantine_until: Option<Instant>,
+}
+
+impl HopState {
+    /// Seconds of quarantine left at `now` (0: none).
+    pub fn quarantine_remaining(&self, now: Instant) -> u64 {
+        self.quarantine_until.map_or(0, |u| {
+            u.saturating_duration_since(now).as_secs_f64().ceil() as u64
+        })
+    }
+}
+
+/// What step 4 says about a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Go on.
+    Allowed,
+    /// Over the rate: a quarantine starts now.
+    RateLimited,
+    /// A quarantine is running.
+    Quarantined,
+    /// The table is full of active identities: this new one is refused.
+    TableFull,
+}
+
+/// The rule over one identity's bucket.
+#[derive(Debug, Clone, Copy)]
+pub struct HopRule;
+
+impl Rule for HopRule {
+    type State = HopState;
+    type Verdict = Verdict;
+
+    fn fresh(&self, now: Instant) -> HopState {
+        HopState {
+            window_start: now,
+            count: 0,
+            fail_start: now,
+            score: 0,
+            quarantine_until: None,
+        }
+    }
+
+    fn check(&self, s: &mut HopState, now: Instant) -> Verdict {
+        if s.quarantine_until.is_some_and(|u| now < u) {
+            return Verdict::Quarantined;
+        }
+        s.quarantine_until = None;
+        if now.saturating_duration_since(s.window_start) >= RATE_WINDOW {
+            s.window_start = now;
+            s.count = 0;
+        }
+        s.count += 1;
+        if s.count > RATE_LIMIT {
+            s.quarantine_until = Some(now + QUARANTINE);
+            s.count = 0;
+            return Verdict::RateLimited;
+        }
+        Verdict::Allowed
+    }
+
+    fn at_rest(&self, s: &HopState, now: Instant) -> bool {
+        s.quarantine_until.is_none_or(|u| u <= now)
+            && now.saturating_duration_since(s.window_start) >= RATE_WINDOW
+            && (s.score == 0 || now.saturating_duration_since(s.fail_start) >= FAILURE_WINDOW)
+    }
+}
+
+/// The previous-hop guard.
+#[derive(Debug)]
+pub struct HopGuard {
+    buckets: KeyedLimiter<NodeId, HopRule>,
+}
+
+impl Default for HopGuard {
+    fn default() -> Self {
+        Self::new(MAX_BUCKETS)
+    }
+}
+
+impl HopGuard {
+    /// A guard remembering at most `max_buckets` identities.
+    pub fn new(max_buckets: usize) -> Self {
+        HopGuard {
+            buckets: KeyedLimiter::new(
+                HopRule,
+                Limits {
+                    max_keys: max_buckets,
+                    forget: RATE_WINDOW,
+                    sweep_gap: Duration::from_secs(1),
+                },
+            ),
+        }
+    }
+
+    /// Step 4 for an authenticated previous hop.
+    pub fn admit(&mut self, hop: &NodeId, now: Instant) -> Verdict {
+        match self.buckets.check(hop, now) {
+            Ok(v) => v,
+            Err(Full) => Verdict::TableFull,
+        }
+    }
+
+    /// Scores a failure against `hop`; true when it started a quarantine.
+    pub fn score(&mut self, hop: &NodeId, _why: Scored, now: Instant) -> bool {
+        self.buckets
+            .update(hop, now, |_, s| {
+                if now.saturating_duration_since(s.fail_start) >= FAILURE_WINDOW {
+                    s.fail_start = now;
+                    s.score = 0;
+                }
+                s.score += 1;
+                if s.score >= FAILURE_THRESHOLD {
+                    s.score = 0;
+                    s.quarantine_until = Some(now + QUARANTINE);
+                    true
+                } else {
+                    false
+                }
+            })
+            .unwrap_or(false)
+    }
+
+    /// Forgets identities at rest and idle.
+    pub fn sweep(&mut self, now: Instant) {
+        self.buckets.sweep(now);
+    }
+
+    /// Identities remembered.
+    pub fn len(&self) -> usize {
+        self.buckets.len()
+    }
+
+    /// True when none is remembered.
+    pub fn is_empty(&self) -> bool {
+        self.buckets.is_empty()
+    }
+
+    /// The state of one identity.
+    pub fn state(&self, hop: &NodeId) -> Option<&HopState> {
+        self.buckets.get(hop)
+    }
+
+    /// Every remembered identity and its state.
+    pub fn iter(&self) -> impl Iterator<Item = (&NodeId, &HopState)> {
+        self.buckets.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u32) -> NodeId {
+        let mut a = [0u8; 32];
+        a[..4].copy_from_slice(&n.to_be_bytes());
+        a
+    }
+
+    #[test]
+    fn rate_limit_starts_a_quarantine_that_expires() {
+        let t0 = Instant::now();
+        let mut g = HopGuard::default();
+        for _ in 0..RATE_LIMIT {
+            assert_eq!(g.admit(&id(1), t0), Verdict::Allowed);
+        }
+        assert_eq!(g.admit(&id(1), t0), Verdict::RateLimited);
+        // Refusals during the quarantine do not restart it.
+        for s in [1, 100, 299] {
+            assert_eq!(
+                g.admit(&id(1), t0 + Duration::from_secs(s)),
+                Verdict::Quarantined
+            );
+        }
+        assert_eq!(
+            g.state(&id(1))
+                .unwrap()
+                .quarantine_remaining(t0 + Duration::from_secs(299)),
+            1
+        );
+        assert_eq!(g.admit(&id(1), t0 + QUARANTINE), Verdict::Allowed);
+        // Others were never affected.
+        assert_eq!(g.admit(&id(2), t0), Verdict::Allowed);
+    }
+
+    #[test]
+    fn the_window_resets() {
+        let t0 = Instant::now();
+        let mut g = HopGuard::default();
+        for _ in 0..RATE_LIMIT {
+            g.admit(&id(1), t0);
+        }
+        assert_eq!(
+            g.admit(&id(1), t0 + Duration::from_secs(60)),
+            Verdict::Allowed
+        );
+        for _ in 1..RATE_LIMIT {
+            assert_eq!(
+                g.admit(&id(1), t0 + Duration::from_secs(61)),
+                Verdict::Allowed
+            );
+        }
+        assert_eq!(
+            g.admit(&id(1), t0 + Duration::from_secs(61)),
+            Verdict::RateLimited
+        );
+    }
+
+    #[test]
+    fn twelve_scored_failures_quarantine() {
+        let t0 = Instant::now();
+        let mut g = HopGuard::default();
+        assert_eq!(g.admit(&id(1), t0), Verdict::Allowed);
+        for _ in 0..11 {
+            assert!(!g.score(&id(1), Scored::RouteLoop, t0));
+        }
+        assert!(g.score(&id(1), Scored::TtlExhausted, t0));
+        assert_eq!(g.admit(&id(1), t0), Verdict::Quarantined);
+        // Failures spread over more than the window do not add up.
+        let mut g = HopGuard::default();
+        g.admit(&id(1), t0);
+        for i in 0..11 {
+            assert!(!g.score(&id(1), Scored::SelfLoop, t0 + Duration::from_secs(i)));
+        }
+        assert!(!g.score(&id(1), Scored::SelfLoop, t0 + FAILURE_WINDOW));
+    }
+
+    #[test]
+    fn idle_buckets_are_evicted_but_never_an_active_quarantine() {
+        let t0 = Instant::now();
+        let mut g = HopGuard::new(16);
+        // One quarantined identity…
+        for _ in 0..=RATE_LIMIT {
+            g.admit(&id(0), t0);
+        }
+        // …then 5 000 fresh ones, a minute apart in batches, try to flush it.
+        let mut refused = 0;
+        for i in 1..=5000u32 {
+            let now = t0 + Duration::from_secs(u64::from(i / 100) * 61 % 290);
+            if g.admit(&id(i), now) == Verdict::TableFull {
+                refused += 1;
+            }
+            assert!(g.len() <= 16);
+        }
+        assert!(refused > 0);
+        assert_eq!(
+            g.admit(&id(0), t0 + Duration::from_secs(295)),
+            Verdict::Quarantined
+        );
+        // Idle buckets at rest make room.
+        g.sweep(t0 + Duration::from_secs(400));
+        assert_eq!(
+            g.admit(&id(9999), t0 + Duration::from_secs(400)),
+            Verdict::Allowed
+        );
+    }
+}

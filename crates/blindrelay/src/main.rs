@@ -1,0 +1,233 @@
+//! `blindrelay`: the node and its operator's commands.
+
+#![deny(clippy::unwrap_used)]
+
+use std::io::{Read, Write};
+use std::process::ExitCode;
+
+use blindrelay::cli::{Cli, Command, RunArgs};
+use blindrelay::clock::Clock;
+use blindrelay::daemon::{self, RunConfig};
+use blindrelay::pipeline::RelayConfig;
+use blindrelay::proto::hex;
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+/// Prints a line to standard output; a closed pipe (`| head`) is not an error worth a panic.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
+/// Libraries whose logs could name addresses or URLs: silenced, whatever `RUST_LOG` says.
+const QUIET: &str =
+    "hyper=off,hyper_util=off,reqwest=off,h2=off,axum=off,tower=off,tower_http=off,rusqlite=off";
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let user = std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into());
+    let filter = EnvFilter::try_new(format!("{user},{QUIET}"))
+        .unwrap_or_else(|_| EnvFilter::new(format!("info,{QUIET}")));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            esay!("blindrelay: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            esay!("blindrelay: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(cmd: Command) -> Result<(), String> {
+    match cmd {
+        Command::Init {
+            state_dir,
+            endpoint,
+        } => {
+            let now = Clock::System.unix();
+            let id =
+                blindrelay::node::init(&state_dir, &endpoint, now).map_err(|e| e.to_string())?;
+            say!("{}", hex(&id));
+            Ok(())
+        }
+        Command::Run(args) => run_node(args).await,
+        Command::Send {
+            operator,
+            to,
+            hops,
+            file,
+        } => {
+            let mut payload = Vec::new();
+            if file == "-" {
+                std::io::stdin()
+                    .read_to_end(&mut payload)
+                    .map_err(|e| format!("stdin: {e}"))?;
+            } else {
+                payload = std::fs::read(&file).map_err(|e| format!("{file}: {e}"))?;
+            }
+            let url = format!(
+                "{}/v1/send?to={to}&hops={hops}",
+                operator.trim_end_matches('/')
+            );
+            let resp = http()
+                .post(url)
+                .body(payload)
+                .send()
+                .await
+                .map_err(|e| format!("operator API: {e}"))?;
+            let ok = resp.status().is_success();
+            let v: serde_json::Value = resp
+                .json()
+                .await
+                .map_err(|e| format!("operator API: {e}"))?;
+            if ok && v["delivered"] == true {
+                say!(
+                    "delivered to {} over {} hops, receipt verified",
+                    v["terminal"].as_str().unwrap_or("?"),
+                    v["hops"]
+                );
+                Ok(())
+            } else {
+                Err(format!(
+                    "not delivered: {}",
+                    v["message"]
+                        .as_str()
+                        .or(v["error"].as_str())
+                        .unwrap_or("unknown error")
+                ))
+            }
+        }
+        Command::Inbox {
+            operator,
+            read,
+            json,
+        } => {
+            let base = operator.trim_end_matches('/');
+            if let Some(id) = read {
+                let resp = http()
+                    .get(format!("{base}/v1/inbox/{id}"))
+                    .send()
+                    .await
+                    .map_err(|e| format!("operator API: {e}"))?;
+                if !resp.status().is_success() {
+                    return Err(format!("no message {id}"));
+                }
+                let bytes = resp
+                    .bytes()
+                    .await
+                    .map_err(|e| format!("operator API: {e}"))?;
+                std::io::stdout()
+                    .write_all(&bytes)
+                    .map_err(|e| e.to_string())?;
+                return Ok(());
+            }
+            let v: serde_json::Value = get_json(&format!("{base}/v1/inbox")).await?;
+            if json {
+                say!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else {
+                let items = v["items"].as_array().cloned().unwrap_or_default();
+                if items.is_empty() {
+                    say!("inbox empty");
+                }
+                say!("{:>6}  {:>12}  {:>8}", "ID", "RECEIVED", "BYTES");
+                for it in items {
+                    say!(
+                        "{:>6}  {:>12}  {:>8}",
+                        it["id"], it["received_at"], it["size"]
+                    );
+                }
+            }
+            Ok(())
+        }
+        Command::Status { operator, json } => {
+            let v = get_json(&format!("{}/v1/status", operator.trim_end_matches('/'))).await?;
+            if json {
+                say!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+            } else {
+                say!("node {}", v["node"].as_str().unwrap_or("?"));
+                if let Some(c) = v["counters"].as_object() {
+                    for (k, val) in c {
+                        say!("  {k:<40} {val}");
+                    }
+                }
+            }
+            Ok(())
+        }
+    }
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(std::time::Duration::from_secs(60))
+        .build()
+        .unwrap_or_default()
+}
+
+async fn get_json(url: &str) -> Result<serde_json::Value, String> {
+    let resp = http()
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| format!("operator API: {e}"))?;
+    resp.json().await.map_err(|e| format!("operator API: {e}"))
+}
+
+async fn run_node(args: RunArgs) -> Result<(), String> {
+    if !args.operator.ip().is_loopback() {
+        tracing::warn!("the operator API is not on a loopback address");
+    }
+    let mut relay = RelayConfig::new(args.allow_private_endpoints);
+    relay.window_limit = args.admission_per_minute;
+    relay.max_in_flight = args.max_in_flight;
+    if let Some(n) = args.crypto_slots {
+        relay.crypto_slots = n.max(2);
+    }
+    let relay = daemon::build(RunConfig {
+        state_dir: args.state_dir,
+        peers: args.peers,
+        replay_store: args.replay_store,
+        relay,
+        clock: Clock::System,
+    })
+    .map_err(|e| e.to_string())?;
+    let public = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot bind the relay listener: {}", e.kind()))?;
+    let operator = tokio::net::TcpListener::bind(args.operator)
+        .await
+        .map_err(|e| format!("cannot bind the operator listener: {}", e.kind()))?;
+    daemon::serve(relay, public, operator, shutdown()).await;
+    Ok(())
+}
+
+async fn shutdown() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match signal(SignalKind::terminate()) {
+        Ok(mut term) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = tokio::signal::ctrl_c() => {}
+            }
+        }
+        Err(_) => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

@@ -1,0 +1,185 @@
+//! Known peers: their signed descriptors, fetched from `--peer` URLs, verified, refreshed
+//! before they expire.
+//!
+//! A descriptor is kept only if its signature verifies; it is used only while unexpired, and
+//! its endpoint only if it is a public IP (unless `--allow-private-endpoints`). The table is
+//! bounded ([`MAX_PEERS`]). Nothing here is logged beyond 8-hex id prefixes: no URL, no address.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use crate::clock::Clock;
+use crate::proto::descriptor::{self, Descriptor};
+use crate::proto::{NodeId, Prefix};
+
+/// Most peers remembered.
+pub const MAX_PEERS: usize = 1024;
+/// Fetch again this long before a descriptor expires.
+pub const REFRESH_MARGIN: u64 = 600;
+/// Wait between fetch rounds while a peer has no valid descriptor.
+pub const RETRY: Duration = Duration::from_secs(1);
+/// Wait between fetch rounds once every peer has one.
+pub const ROUND: Duration = Duration::from_secs(60);
+
+/// Why a peer cannot be routed to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerError {
+    /// No descriptor.
+    Unknown,
+    /// Its descriptor expired.
+    Expired,
+    /// Its endpoint is not allowed.
+    Endpoint,
+}
+
+/// The peer table.
+#[derive(Debug)]
+pub struct Peers {
+    map: Mutex<HashMap<NodeId, Descriptor>>,
+    urls: Vec<String>,
+    allow_private: bool,
+    clock: Clock,
+    self_id: NodeId,
+}
+
+impl Peers {
+    /// A table fed from `urls`.
+    pub fn new(urls: Vec<String>, allow_private: bool, clock: Clock, self_id: NodeId) -> Self {
+        Peers {
+            map: Mutex::new(HashMap::new()),
+            urls,
+            allow_private,
+            clock,
+            self_id,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, Descriptor>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds a descriptor if it verifies now and is newer than the one held. True if kept.
+    pub fn insert(&self, d: Descriptor) -> bool {
+        let now = self.clock.unix();
+        if d.verify(now).is_err() || d.node_id == self.self_id {
+            return false;
+        }
+        let mut map = self.lock();
+        if map.len() >= MAX_PEERS && !map.contains_key(&d.node_id) {
+            map.retain(|_, v| v.expires_at > now);
+            if map.len() >= MAX_PEERS {
+                return false;
+            }
+        }
+        match map.get(&d.node_id) {
+            Some(old) if old.issued_at >= d.issued_at => false,
+            _ => {
+                map.insert(d.node_id, d);
+                true
+            }
+        }
+    }
+
+    /// The relay URL of `id`, if it can be routed to at `now`.
+    ///
+    /// # Errors
+    /// [`PeerError`].
+    pub fn route(&self, id: &NodeId, now: u64) -> Result<String, PeerError> {
+        let d = self.descriptor(id, now)?;
+        Ok(format!("{}/v1/relay", d.endpoint.trim_end_matches('/')))
+    }
+
+    /// The descriptor of `id`, if valid at `now` with an allowed endpoint.
+    ///
+    /// # Errors
+    /// [`PeerError`].
+    pub fn descriptor(&self, id: &NodeId, now: u64) -> Result<Descriptor, PeerError> {
+        let d = self.lock().get(id).cloned().ok_or(PeerError::Unknown)?;
+        if d.verify(now).is_err() {
+            return Err(PeerError::Expired);
+        }
+        let addr = descriptor::parse_endpoint(&d.endpoint).map_err(|_| PeerError::Endpoint)?;
+        if !self.allow_private && !descriptor::is_public(addr.ip()) {
+            return Err(PeerError::Endpoint);
+        }
+        Ok(d)
+    }
+
+    /// Every peer that can be routed to now.
+    pub fn routable(&self, now: u64) -> Vec<Descriptor> {
+        let ids: Vec<NodeId> = self.lock().keys().copied().collect();
+        ids.iter()
+            .filter_map(|id| self.descriptor(id, now).ok())
+            .collect()
+    }
+
+    /// Every descriptor held, valid or not (status).
+    pub fn all(&self) -> Vec<Descriptor> {
+        self.lock().values().cloned().collect()
+    }
+
+    /// Fetches every `--peer` URL whose descriptor is missing or about to expire.
+    pub async fn refresh(&self, http: &reqwest::Client) -> bool {
+        let mut complete = true;
+        for url in &self.urls {
+            let now = self.clock.unix();
+            let fresh = self.lock().values().any(|d| {
+                d.endpoint.trim_end_matches('/') == url.trim_end_matches('/')
+                    && d.expires_at > now + REFRESH_MARGIN
+            });
+            if fresh {
+                continue;
+            }
+            match fetch(http, url).await {
+                Some(d) => {
+                    let id = d.node_id;
+                    if self.insert(d) {
+                        debug!(peer = %Prefix(&id), "peer descriptor stored");
+                    } else {
+                        complete = false;
+                    }
+                }
+                None => complete = false,
+            }
+        }
+        complete
+    }
+
+    /// Keeps the table fresh until `cancel`.
+    pub async fn run(self: Arc<Self>, http: reqwest::Client, cancel: CancellationToken) {
+        let mut announced = false;
+        loop {
+            let complete = self.refresh(&http).await;
+            if complete && !announced && !self.urls.is_empty() {
+                info!("descriptors of all {} peers fetched", self.urls.len());
+                announced = true;
+            }
+            let wait = if complete { ROUND } else { RETRY };
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+}
+
+async fn fetch(http: &reqwest::Client, url: &str) -> Option<Descriptor> {
+    let resp = http
+        .get(format!("{}/v1/descriptor", url.trim_end_matches('/')))
+        .timeout(Duration::from_secs(5))
+        .send()
+        .await
+        .ok()?;
+    if !resp.status().is_success() {
+        return None;
+    }
+    let bytes = resp.bytes().await.ok()?;
+    if bytes.len() > 4096 {
+        return None;
+    }
+    serde_json::from_slice(&bytes).ok()
+}

@@ -1,0 +1,556 @@
+//! Node descriptors (`GET /v1/descriptor`) and the endpoint address policy.
+//!
+//! ```json
+//! {"node_id": "<64 hex>", "onion_key": "<64 hex>", "endpoint": "http://192.0.2.10:7001",
+//!  "issued_at": 1764450000, "expires_at": 1764453600, "signature": "<128 hex>"}
+//! ```
+//!
+//! Signed bytes: `blindrelay/descriptor/v1` ‖ node_id(32) ‖ onion_key(32) ‖ u16 len(endpoint) ‖
+//! endpoint (UTF-8) ‖ issued_at u64 ‖ expires_at u64, all big-endian. Valid when the signature
+//! verifies under `node_id` and `issued_at − 120 s ≤ now < expires_at`.
+//!
+//! An endpoint is `http://IPv4:PORT` or `http://[IPv6]:PORT`, optionally followed by `/`. Whether
+//! a private address is acceptable is the caller's policy: [`parse_endpoint`] parses,
+//! [`is_public`] classifies, [`endpoint_ip_is_public`] does both.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use serde::{Deserialize, Serialize};
+
+use super::onion::onion_key_is_usable;
+use super::{NodeId, Prefix};
+
+/// How long a descriptor is valid after it is issued, in seconds.
+pub const DESCRIPTOR_TTL: u64 = 3600;
+/// How far a descriptor's `issued_at` may be ahead of the verifier's clock, in seconds.
+pub const DESCRIPTOR_MAX_SKEW: u64 = 120;
+/// Longest endpoint, in bytes.
+pub const MAX_ENDPOINT_LEN: usize = 255;
+
+const SIGN_DOMAIN: &[u8] = b"blindrelay/descriptor/v1";
+
+/// A node's signed, expiring self-description. The JSON form carries byte fields as lowercase hex
+/// and rejects unknown fields.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Descriptor {
+    /// The node's identity, which signs the descriptor.
+    #[serde(with = "hex_array")]
+    pub node_id: NodeId,
+    /// The node's current X25519 onion public key.
+    #[serde(with = "hex_array")]
+    pub onion_key: [u8; 32],
+    /// Where to `POST` envelopes: `http://IP:PORT`.
+    pub endpoint: String,
+    /// Unix seconds at which the node signed this descriptor.
+    pub issued_at: u64,
+    /// Unix seconds from which this descriptor is no longer valid.
+    pub expires_at: u64,
+    /// Ed25519 signature by `node_id`.
+    #[serde(with = "hex_array")]
+    pub signature: [u8; 64],
+}
+
+/// Why a descriptor is not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum DescriptorError {
+    /// The endpoint is longer than [`MAX_ENDPOINT_LEN`] bytes.
+    #[error("descriptor endpoint too long")]
+    EndpointTooLong,
+    /// `issued_at` is more than [`DESCRIPTOR_MAX_SKEW`] seconds ahead of `now`.
+    #[error("descriptor not yet valid")]
+    NotYetValid,
+    /// `now` is at or past `expires_at`.
+    #[error("descriptor expired")]
+    Expired,
+    /// `node_id` is not a usable Ed25519 key, or the signature does not verify under it.
+    #[error("descriptor signature invalid")]
+    BadSignature,
+    /// The onion key is a small-order X25519 point: layers sealed to it would be readable by
+    /// anyone.
+    #[error("descriptor onion key unusable")]
+    WeakOnionKey,
+}
+
+impl Descriptor {
+    /// Signs a descriptor valid from `issued_at` for `ttl` seconds (normally [`DESCRIPTOR_TTL`]).
+    ///
+    /// An endpoint over [`MAX_ENDPOINT_LEN`] bytes still signs, but never verifies.
+    pub fn sign(
+        key: &SigningKey,
+        onion_key: [u8; 32],
+        endpoint: impl Into<String>,
+        issued_at: u64,
+        ttl: u64,
+    ) -> Descriptor {
+        let mut descriptor = Descriptor {
+            node_id: key.verifying_key().to_bytes(),
+            onion_key,
+            endpoint: endpoint.into(),
+            issued_at,
+            expires_at: issued_at.saturating_add(ttl),
+            signature: [0; 64],
+        };
+        descriptor.signature = key.sign(&descriptor.signing_bytes()).to_bytes();
+        descriptor
+    }
+
+    /// What the node signs.
+    pub fn signing_bytes(&self) -> Vec<u8> {
+        let endpoint = self.endpoint.as_bytes();
+        let mut out = Vec::with_capacity(SIGN_DOMAIN.len() + 32 + 32 + 2 + endpoint.len() + 16);
+        out.extend_from_slice(SIGN_DOMAIN);
+        out.extend_from_slice(&self.node_id);
+        out.extend_from_slice(&self.onion_key);
+        // Saturating: an over-long endpoint is rejected by `verify` before this matters.
+        let len = u16::try_from(endpoint.len()).unwrap_or(u16::MAX);
+        out.extend_from_slice(&len.to_be_bytes());
+        out.extend_from_slice(endpoint);
+        out.extend_from_slice(&self.issued_at.to_be_bytes());
+        out.extend_from_slice(&self.expires_at.to_be_bytes());
+        out
+    }
+
+    /// Checks the endpoint length, the validity window `issued_at − 120 ≤ now < expires_at`, the
+    /// signature under `node_id`, and that the onion key is usable. The endpoint's address
+    /// policy is separate: see [`endpoint_ip_is_public`].
+    ///
+    /// # Errors
+    /// The first [`DescriptorError`] that applies, in that order.
+    pub fn verify(&self, now: u64) -> Result<(), DescriptorError> {
+        if self.endpoint.len() > MAX_ENDPOINT_LEN {
+            return Err(DescriptorError::EndpointTooLong);
+        }
+        if self.issued_at.saturating_sub(DESCRIPTOR_MAX_SKEW) > now {
+            return Err(DescriptorError::NotYetValid);
+        }
+        if now >= self.expires_at {
+            return Err(DescriptorError::Expired);
+        }
+        let key =
+            VerifyingKey::from_bytes(&self.node_id).map_err(|_| DescriptorError::BadSignature)?;
+        if key.is_weak() {
+            return Err(DescriptorError::BadSignature);
+        }
+        key.verify_strict(
+            &self.signing_bytes(),
+            &Signature::from_bytes(&self.signature),
+        )
+        .map_err(|_| DescriptorError::BadSignature)?;
+        if !onion_key_is_usable(&self.onion_key) {
+            return Err(DescriptorError::WeakOnionKey);
+        }
+        Ok(())
+    }
+}
+
+/// Prints the node's prefix and the validity window; never the endpoint or keys.
+impl fmt::Debug for Descriptor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Descriptor")
+            .field("node_id", &Prefix(&self.node_id))
+            .field("issued_at", &self.issued_at)
+            .field("expires_at", &self.expires_at)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Serde for fixed-size byte arrays as hex strings (lowercase out, either case in).
+mod hex_array {
+    use serde::{Deserialize, Deserializer, Serializer, de::Error};
+
+    pub(super) fn serialize<S: Serializer, const N: usize>(
+        bytes: &[u8; N],
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(&crate::proto::hex(bytes))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>, const N: usize>(
+        deserializer: D,
+    ) -> Result<[u8; N], D::Error> {
+        let s = String::deserialize(deserializer)?;
+        crate::proto::from_hex(&s)
+            .ok_or_else(|| D::Error::custom(format_args!("expected {} hex digits", N * 2)))
+    }
+}
+
+/// Why an endpoint URL is not acceptable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum EndpointError {
+    /// The scheme is not `http://`.
+    #[error("endpoint is not http")]
+    NotHttp,
+    /// The host is not an IP literal (DNS names are not accepted).
+    #[error("endpoint host is not an IP address")]
+    NotAnIp,
+    /// Userinfo, a missing or invalid port, or a path other than `/`, a query or a fragment.
+    #[error("endpoint malformed")]
+    Malformed,
+    /// The address is not publicly routable (see [`is_public`]).
+    #[error("endpoint address is not public")]
+    NotPublic,
+}
+
+/// Parses `http://IPv4:PORT` or `http://[IPv6]:PORT`, with an optional trailing `/`.
+///
+/// # Errors
+/// [`EndpointError::NotHttp`], [`EndpointError::NotAnIp`] or [`EndpointError::Malformed`].
+pub fn parse_endpoint(url: &str) -> Result<SocketAddr, EndpointError> {
+    let rest = url.strip_prefix("http://").ok_or(EndpointError::NotHttp)?;
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    if !(tail.is_empty() || tail == "/") || authority.contains('@') {
+        return Err(EndpointError::Malformed);
+    }
+    let (ip, port) = match authority.strip_prefix('[') {
+        Some(bracketed) => {
+            let (host, after) = bracketed.split_once(']').ok_or(EndpointError::Malformed)?;
+            let ip = host
+                .parse::<Ipv6Addr>()
+                .map_err(|_| EndpointError::NotAnIp)?;
+            (IpAddr::V6(ip), after.strip_prefix(':'))
+        }
+        None => {
+            let (host, port) = match authority.rsplit_once(':') {
+                Some((host, port)) => (host, Some(port)),
+                None => (authority, None),
+            };
+            let ip = host
+                .parse::<Ipv4Addr>()
+                .map_err(|_| EndpointError::NotAnIp)?;
+            (IpAddr::V4(ip), port)
+        }
+    };
+    let port = port
+        .filter(|p| (1..=5).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
+        .and_then(|p| p.parse::<u16>().ok())
+        .filter(|&p| p != 0)
+        .ok_or(EndpointError::Malformed)?;
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// Whether `ip` is publicly routable.
+///
+/// IPv4 rejects 0/8, 10/8, 100.64/10, 127/8, 169.254/16, 172.16/12, 192.0.0/24, 192.0.2/24,
+/// 192.168/16, 198.18/15, 198.51.100/24, 203.0.113/24 and everything from 224/4 up. IPv6 accepts
+/// only global unicast 2000::/3, minus documentation 2001:db8::/32; IPv4-mapped addresses
+/// (`::ffff:a.b.c.d`) and 6to4 addresses (2002::/16) are judged by the IPv4 address they carry.
+pub fn is_public(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => is_public_v4(v4),
+        IpAddr::V6(v6) => {
+            if let Some(v4) = v6.to_ipv4_mapped() {
+                return is_public_v4(v4);
+            }
+            let s = v6.segments();
+            if s[0] & 0xe000 != 0x2000 {
+                return false;
+            }
+            if s[0] == 0x2001 && s[1] == 0x0db8 {
+                return false;
+            }
+            if s[0] == 0x2002 {
+                let [a, b] = s[1].to_be_bytes();
+                let [c, d] = s[2].to_be_bytes();
+                return is_public_v4(Ipv4Addr::new(a, b, c, d));
+            }
+            true
+        }
+    }
+}
+
+fn is_public_v4(ip: Ipv4Addr) -> bool {
+    let [a, b, c, _] = ip.octets();
+    let reserved = a == 0
+        || a == 10
+        || (a == 100 && b & 0xc0 == 64)
+        || a == 127
+        || (a == 169 && b == 254)
+        || (a == 172 && b & 0xf0 == 16)
+        || (a == 192 && b == 0 && c == 0)
+        || (a == 192 && b == 0 && c == 2)
+        || (a == 192 && b == 168)
+        || (a == 198 && b & 0xfe == 18)
+        || (a == 198 && b == 51 && c == 100)
+        || (a == 203 && b == 0 && c == 113)
+        || a >= 224;
+    !reserved
+}
+
+/// [`parse_endpoint`], then [`is_public`].
+///
+/// # Errors
+/// Those of [`parse_endpoint`], and [`EndpointError::NotPublic`].
+pub fn endpoint_ip_is_public(url: &str) -> Result<SocketAddr, EndpointError> {
+    let addr = parse_endpoint(url)?;
+    if is_public(addr.ip()) {
+        Ok(addr)
+    } else {
+        Err(EndpointError::NotPublic)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use x25519_dalek::{PublicKey, StaticSecret};
+
+    const NOW: u64 = 1_764_450_000;
+
+    fn key() -> SigningKey {
+        SigningKey::from_bytes(&[0x22; 32])
+    }
+
+    fn onion_key() -> [u8; 32] {
+        PublicKey::from(&StaticSecret::from([0x33; 32])).to_bytes()
+    }
+
+    fn sample() -> Descriptor {
+        Descriptor::sign(
+            &key(),
+            onion_key(),
+            "http://192.0.2.10:7001",
+            NOW,
+            DESCRIPTOR_TTL,
+        )
+    }
+
+    #[test]
+    fn sign_and_verify() {
+        let d = sample();
+        assert_eq!(d.node_id, key().verifying_key().to_bytes());
+        assert_eq!(d.expires_at, NOW + 3600);
+        assert_eq!(d.verify(NOW), Ok(()));
+        assert_eq!(d.verify(NOW - 120), Ok(()));
+        assert_eq!(d.verify(NOW + 3599), Ok(()));
+    }
+
+    #[test]
+    fn validity_window() {
+        let d = sample();
+        assert_eq!(d.verify(NOW + 3600), Err(DescriptorError::Expired));
+        assert_eq!(d.verify(u64::MAX), Err(DescriptorError::Expired));
+        assert_eq!(d.verify(NOW - 121), Err(DescriptorError::NotYetValid));
+        assert_eq!(d.verify(0), Err(DescriptorError::NotYetValid));
+        let zero = Descriptor::sign(&key(), onion_key(), "http://8.8.8.8:1", 0, 0);
+        assert_eq!(zero.verify(0), Err(DescriptorError::Expired));
+    }
+
+    #[test]
+    fn tampering_fails() {
+        let d = sample();
+        let mut t = d.clone();
+        t.endpoint = "http://192.0.2.11:7001".into();
+        assert_eq!(t.verify(NOW), Err(DescriptorError::BadSignature));
+        let mut t = d.clone();
+        t.onion_key[0] ^= 1;
+        assert_eq!(t.verify(NOW), Err(DescriptorError::BadSignature));
+        let mut t = d.clone();
+        t.expires_at += 1;
+        assert_eq!(t.verify(NOW), Err(DescriptorError::BadSignature));
+        let mut t = d.clone();
+        t.issued_at -= 1;
+        assert_eq!(t.verify(NOW), Err(DescriptorError::BadSignature));
+        let mut t = d.clone();
+        t.signature[63] ^= 1;
+        assert_eq!(t.verify(NOW), Err(DescriptorError::BadSignature));
+        let mut t = d.clone();
+        t.node_id = SigningKey::from_bytes(&[0x23; 32])
+            .verifying_key()
+            .to_bytes();
+        assert_eq!(t.verify(NOW), Err(DescriptorError::BadSignature));
+        let mut t = d;
+        t.node_id = [0; 32];
+        t.node_id[0] = 2; // not a point
+        assert_eq!(t.verify(NOW), Err(DescriptorError::BadSignature));
+    }
+
+    #[test]
+    fn endpoint_length_and_weak_onion_key() {
+        let long = format!("http://8.8.8.8:80/{}", "a".repeat(240));
+        assert_eq!(long.len(), 258);
+        let d = Descriptor::sign(&key(), onion_key(), long, NOW, DESCRIPTOR_TTL);
+        assert_eq!(d.verify(NOW), Err(DescriptorError::EndpointTooLong));
+        let max = "a".repeat(255);
+        let d = Descriptor::sign(&key(), onion_key(), max, NOW, DESCRIPTOR_TTL);
+        assert_eq!(d.verify(NOW), Ok(()));
+        let d = Descriptor::sign(&key(), [0; 32], "http://8.8.8.8:80", NOW, DESCRIPTOR_TTL);
+        assert_eq!(d.verify(NOW), Err(DescriptorError::WeakOnionKey));
+    }
+
+    #[test]
+    fn signing_bytes_layout() {
+        let d = sample();
+        let mut expected = b"blindrelay/descriptor/v1".to_vec();
+        expected.extend_from_slice(&d.node_id);
+        expected.extend_from_slice(&d.onion_key);
+        expected.extend_from_slice(&[0, 22]);
+        expected.extend_from_slice(b"http://192.0.2.10:7001");
+        expected.extend_from_slice(&NOW.to_be_bytes());
+        expected.extend_from_slice(&(NOW + 3600).to_be_bytes());
+        assert_eq!(d.signing_bytes(), expected);
+    }
+
+    #[test]
+    fn json_round_trip() {
+        let d = sample();
+        let json = serde_json::to_string(&d).expect("serializes");
+        let value: serde_json::Value = serde_json::from_str(&json).expect("json");
+        assert_eq!(value["node_id"], crate::proto::hex(&d.node_id));
+        assert_eq!(value["signature"].as_str().map(str::len), Some(128));
+        assert_eq!(value["issued_at"], NOW);
+        assert_eq!(value["endpoint"], "http://192.0.2.10:7001");
+        let back: Descriptor = serde_json::from_str(&json).expect("deserializes");
+        assert_eq!(back, d);
+        assert_eq!(back.verify(NOW), Ok(()));
+    }
+
+    #[test]
+    fn json_rejects_bad_input() {
+        let json = serde_json::to_value(sample()).expect("serializes");
+        let mut extra = json.clone();
+        extra["extra"] = 1.into();
+        assert!(serde_json::from_value::<Descriptor>(extra).is_err());
+        let mut short = json.clone();
+        short["node_id"] = "abcd".into();
+        assert!(serde_json::from_value::<Descriptor>(short).is_err());
+        let mut not_hex = json.clone();
+        not_hex["onion_key"] = "zz".repeat(32).into();
+        assert!(serde_json::from_value::<Descriptor>(not_hex).is_err());
+        let mut missing = json;
+        missing
+            .as_object_mut()
+            .expect("object")
+            .remove("expires_at");
+        assert!(serde_json::from_value::<Descriptor>(missing).is_err());
+    }
+
+    #[test]
+    fn debug_is_log_safe() {
+        let d = sample();
+        let text = format!("{d:?}");
+        assert!(!text.contains("192.0.2.10"));
+        assert!(!text.contains(&crate::proto::hex(&d.node_id)));
+        assert!(text.contains(&crate::proto::hex(&d.node_id[..4])));
+    }
+
+    #[test]
+    fn endpoint_policy_table() {
+        use EndpointError::*;
+        let cases: &[(&str, Result<&str, EndpointError>)] = &[
+            // Public.
+            ("http://8.8.8.8:80", Ok("8.8.8.8:80")),
+            ("http://8.8.8.8:80/", Ok("8.8.8.8:80")),
+            ("http://1.1.1.1:65535", Ok("1.1.1.1:65535")),
+            ("http://[2606:4700::1]:443", Ok("[2606:4700::1]:443")),
+            ("http://[::ffff:8.8.8.8]:80", Ok("[::ffff:8.8.8.8]:80")),
+            ("http://100.63.255.255:1", Ok("100.63.255.255:1")),
+            ("http://100.128.0.0:1", Ok("100.128.0.0:1")),
+            ("http://172.15.255.255:1", Ok("172.15.255.255:1")),
+            ("http://172.32.0.0:1", Ok("172.32.0.0:1")),
+            ("http://198.17.255.255:1", Ok("198.17.255.255:1")),
+            ("http://198.20.0.0:1", Ok("198.20.0.0:1")),
+            ("http://192.0.1.1:1", Ok("192.0.1.1:1")),
+            ("http://223.255.255.255:1", Ok("223.255.255.255:1")),
+            ("http://[2002:808:808::1]:1", Ok("[2002:808:808::1]:1")),
+            // Reserved IPv4 ranges, first and last address of each.
+            ("http://0.0.0.0:1", Err(NotPublic)),
+            ("http://0.255.255.255:1", Err(NotPublic)),
+            ("http://10.0.0.0:1", Err(NotPublic)),
+            ("http://10.255.255.255:1", Err(NotPublic)),
+            ("http://127.0.0.1:1", Err(NotPublic)),
+            ("http://127.255.255.255:1", Err(NotPublic)),
+            ("http://100.64.0.0:1", Err(NotPublic)),
+            ("http://100.127.255.255:1", Err(NotPublic)),
+            ("http://169.254.0.0:1", Err(NotPublic)),
+            ("http://169.254.255.255:1", Err(NotPublic)),
+            ("http://172.16.0.0:1", Err(NotPublic)),
+            ("http://172.31.255.255:1", Err(NotPublic)),
+            ("http://192.0.0.0:1", Err(NotPublic)),
+            ("http://192.0.0.255:1", Err(NotPublic)),
+            ("http://192.0.2.1:1", Err(NotPublic)),
+            ("http://192.0.2.255:1", Err(NotPublic)),
+            ("http://192.168.0.0:1", Err(NotPublic)),
+            ("http://192.168.255.255:1", Err(NotPublic)),
+            ("http://198.18.0.0:1", Err(NotPublic)),
+            ("http://198.19.255.255:1", Err(NotPublic)),
+            ("http://198.51.100.0:1", Err(NotPublic)),
+            ("http://198.51.100.255:1", Err(NotPublic)),
+            ("http://203.0.113.0:1", Err(NotPublic)),
+            ("http://203.0.113.255:1", Err(NotPublic)),
+            ("http://224.0.0.1:1", Err(NotPublic)),
+            ("http://239.255.255.255:1", Err(NotPublic)),
+            ("http://240.0.0.1:1", Err(NotPublic)),
+            ("http://255.255.255.255:1", Err(NotPublic)),
+            // IPv6 outside 2000::/3, documentation, mapped and 6to4 private.
+            ("http://[::1]:1", Err(NotPublic)),
+            ("http://[::]:1", Err(NotPublic)),
+            ("http://[fe80::1]:1", Err(NotPublic)),
+            ("http://[fc00::1]:1", Err(NotPublic)),
+            ("http://[fd12:3456::1]:1", Err(NotPublic)),
+            ("http://[ff02::1]:1", Err(NotPublic)),
+            ("http://[64:ff9b::7f00:1]:1", Err(NotPublic)),
+            ("http://[2001:db8::1]:1", Err(NotPublic)),
+            ("http://[2001:db8:ffff::1]:1", Err(NotPublic)),
+            ("http://[::ffff:127.0.0.1]:1", Err(NotPublic)),
+            ("http://[::ffff:10.1.2.3]:1", Err(NotPublic)),
+            ("http://[2002:7f00:1::1]:1", Err(NotPublic)),
+            ("http://[2002:c0a8:101::1]:1", Err(NotPublic)),
+            // Scheme.
+            ("https://8.8.8.8:443", Err(NotHttp)),
+            ("HTTP://8.8.8.8:80", Err(NotHttp)),
+            ("ftp://8.8.8.8:21", Err(NotHttp)),
+            ("8.8.8.8:80", Err(NotHttp)),
+            ("", Err(NotHttp)),
+            // Host must be an IP literal.
+            ("http://example.com:80", Err(NotAnIp)),
+            ("http://localhost:80", Err(NotAnIp)),
+            ("http://example.com", Err(NotAnIp)),
+            ("http://8.8.8.8.nip.io:80", Err(NotAnIp)),
+            ("http://010.0.0.1:80", Err(NotAnIp)),
+            ("http://127.1:80", Err(NotAnIp)),
+            ("http://2130706433:80", Err(NotAnIp)),
+            ("http://::1:80", Err(NotAnIp)),
+            ("http://[8.8.8.8]:80", Err(NotAnIp)),
+            ("http://[fe80::1%eth0]:80", Err(NotAnIp)),
+            ("http://:80", Err(NotAnIp)),
+            // Malformed.
+            ("http://user@8.8.8.8:80", Err(Malformed)),
+            ("http://user:pw@8.8.8.8:80", Err(Malformed)),
+            ("http://8.8.8.8", Err(Malformed)),
+            ("http://8.8.8.8:", Err(Malformed)),
+            ("http://8.8.8.8:0", Err(Malformed)),
+            ("http://8.8.8.8:65536", Err(Malformed)),
+            ("http://8.8.8.8:+80", Err(Malformed)),
+            ("http://8.8.8.8:080080", Err(Malformed)),
+            ("http://8.8.8.8:80/path", Err(Malformed)),
+            ("http://8.8.8.8:80//", Err(Malformed)),
+            ("http://8.8.8.8:80?q", Err(Malformed)),
+            ("http://8.8.8.8:80#f", Err(Malformed)),
+            ("http://[2606:4700::1]", Err(Malformed)),
+            ("http://[2606:4700::1]80", Err(Malformed)),
+            ("http://[2606:4700::1:80", Err(Malformed)),
+        ];
+        for (url, expected) in cases {
+            let got = endpoint_ip_is_public(url);
+            let expected = expected.map(|s| s.parse::<SocketAddr>().expect("test addr"));
+            assert_eq!(got, expected, "{url}");
+        }
+    }
+
+    #[test]
+    fn private_endpoints_still_parse() {
+        assert_eq!(
+            parse_endpoint("http://127.0.0.1:7001"),
+            Ok("127.0.0.1:7001".parse().expect("addr"))
+        );
+        assert!(!is_public("127.0.0.1".parse().expect("ip")));
+        assert!(is_public("8.8.8.8".parse().expect("ip")));
+        assert!(!is_public("::ffff:127.0.0.1".parse().expect("ip")));
+        assert!(!is_public("2001:db8::1".parse().expect("ip")));
+        assert!(is_public("2606:4700::1".parse().expect("ip")));
+    }
+}

@@ -1,0 +1,399 @@
+//! The terminal's durable inbox: payloads delivered to this node, committed to SQLite before
+//! the delivery receipt is signed.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use rusqlite::{Connection, OptionalExtension, params};
+
+use super::{ReplayError, SqliteContext, sql_time, sqlite};
+
+/// Items an inbox holds at most.
+pub const INBOX_MAX_ITEMS: usize = 10_000;
+/// Payload bytes an inbox holds at most (256 MiB).
+pub const INBOX_MAX_BYTES: u64 = 256 * 1024 * 1024;
+
+const TABLE: &str = "inbox_items";
+
+/// One stored payload, without its bytes.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct InboxItem {
+    /// Assigned by [`Inbox::store`], increasing, never reused.
+    pub id: u64,
+    /// As given to [`Inbox::store`] (Unix seconds).
+    pub received_at: u64,
+    /// Payload length in bytes.
+    pub size: usize,
+}
+
+struct Inner {
+    conn: Connection,
+    items: usize,
+    bytes: u64,
+}
+
+/// The terminal's inbox in its own SQLite file. `Send + Sync`; calls are serialized by an
+/// internal mutex and block while SQLite works.
+pub struct Inbox {
+    path: PathBuf,
+    max_items: usize,
+    max_bytes: u64,
+    inner: Mutex<Inner>,
+}
+
+impl fmt::Debug for Inbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Inbox")
+            .field("path", &self.path)
+            .field("max_items", &self.max_items)
+            .field("max_bytes", &self.max_bytes)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Inbox {
+    /// Opens (or creates) the inbox at `path`, capped at [`INBOX_MAX_ITEMS`] items and
+    /// [`INBOX_MAX_BYTES`] payload bytes.
+    pub fn open(path: &Path) -> Result<Self, ReplayError> {
+        Self::open_with_limits(path, INBOX_MAX_ITEMS, INBOX_MAX_BYTES)
+    }
+
+    /// [`Inbox::open`] with other caps.
+    pub fn open_with_limits(
+        path: &Path,
+        max_items: usize,
+        max_bytes: u64,
+    ) -> Result<Self, ReplayError> {
+        let conn = sqlite::open_durable(path)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS inbox_items (
+                id INTEGER PRIMARY KEY AUTOINCREMENT,
+                received_at INTEGER NOT NULL,
+                size INTEGER NOT NULL,
+                payload BLOB NOT NULL,
+                CHECK (size = length(payload))
+            );",
+        )
+        .ctx("create the inbox_items table")?;
+        let (items, bytes): (i64, i64) = conn
+            .query_row(
+                "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM inbox_items",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .ctx("count inbox items")?;
+        let corrupt = |what| ReplayError::Corrupt { table: TABLE, what };
+        let items = usize::try_from(items).map_err(|_| corrupt("item count"))?;
+        let bytes = u64::try_from(bytes).map_err(|_| corrupt("total size"))?;
+        tracing::info!(items, bytes, "inbox opened");
+        Ok(Self {
+            path: path.to_path_buf(),
+            max_items,
+            max_bytes,
+            inner: Mutex::new(Inner { conn, items, bytes }),
+        })
+    }
+
+    /// Stores `payload` and returns its id once the row is committed to disk. Fails with
+    /// [`ReplayError::InboxFull`], storing nothing, when the item or byte cap would be exceeded.
+    pub fn store(&self, payload: &[u8], received_at: u64) -> Result<u64, ReplayError> {
+        let received_at = sql_time(received_at)?;
+        let size = payload.len() as u64;
+        let mut inner = self.lock();
+        if inner.items >= self.max_items
+            || inner
+                .bytes
+                .checked_add(size)
+                .is_none_or(|total| total > self.max_bytes)
+        {
+            return Err(ReplayError::InboxFull);
+        }
+        let size_sql = i64::try_from(size).map_err(|_| ReplayError::InboxFull)?;
+        // One statement in autocommit mode: one transaction, synced (synchronous=FULL) when
+        // execute returns.
+        inner
+            .conn
+            .prepare_cached(
+                "INSERT INTO inbox_items (received_at, size, payload) VALUES (?1, ?2, ?3)",
+            )
+            .and_then(|mut stmt| stmt.execute(params![received_at, size_sql, payload]))
+            .ctx("store an inbox item")?;
+        let id = inner.conn.last_insert_rowid();
+        inner.items += 1;
+        inner.bytes += size;
+        u64::try_from(id).map_err(|_| ReplayError::Corrupt {
+            table: TABLE,
+            what: "negative id",
+        })
+    }
+
+    /// Every item, oldest (first stored) first.
+    pub fn list(&self) -> Result<Vec<InboxItem>, ReplayError> {
+        let inner = self.lock();
+        let mut stmt = inner
+            .conn
+            .prepare_cached("SELECT id, received_at, size FROM inbox_items ORDER BY id")
+            .ctx("prepare listing the inbox")?;
+        let mut rows = stmt.query([]).ctx("list the inbox")?;
+        let mut items = Vec::new();
+        let corrupt = |what| ReplayError::Corrupt { table: TABLE, what };
+        while let Some(row) = rows.next().ctx("list the inbox")? {
+            let id: i64 = row.get(0).ctx("read id")?;
+            let received_at: i64 = row.get(1).ctx("read received_at")?;
+            let size: i64 = row.get(2).ctx("read size")?;
+            items.push(InboxItem {
+                id: u64::try_from(id).map_err(|_| corrupt("negative id"))?,
+                received_at: u64::try_from(received_at)
+                    .map_err(|_| corrupt("negative received_at"))?,
+                size: usize::try_from(size).map_err(|_| corrupt("size out of range"))?,
+            });
+        }
+        Ok(items)
+    }
+
+    /// The payload stored under `id`, if any.
+    pub fn get(&self, id: u64) -> Result<Option<Vec<u8>>, ReplayError> {
+        let Ok(id) = i64::try_from(id) else {
+            return Ok(None);
+        };
+        let inner = self.lock();
+        inner
+            .conn
+            .prepare_cached("SELECT payload FROM inbox_items WHERE id = ?1")
+            .and_then(|mut stmt| stmt.query_row([id], |row| row.get(0)).optional())
+            .ctx("read an inbox item")
+    }
+
+    /// Removes the item `id` (committed before it returns), freeing its room. `false` if there
+    /// was no such item.
+    pub fn remove(&self, id: u64) -> Result<bool, ReplayError> {
+        let Ok(id) = i64::try_from(id) else {
+            return Ok(false);
+        };
+        let mut inner = self.lock();
+        let size: Option<i64> = inner
+            .conn
+            .query_row(
+                "DELETE FROM inbox_items WHERE id = ?1 RETURNING size",
+                [id],
+                |row| row.get(0),
+            )
+            .optional()
+            .ctx("remove an inbox item")?;
+        let Some(size) = size else {
+            return Ok(false);
+        };
+        inner.items = inner.items.saturating_sub(1);
+        inner.bytes = inner.bytes.saturating_sub(u64::try_from(size).unwrap_or(0));
+        Ok(true)
+    }
+
+    /// How many items the inbox holds.
+    pub fn len(&self) -> Result<usize, ReplayError> {
+        Ok(self.lock().items)
+    }
+
+    /// Whether the inbox holds no item.
+    pub fn is_empty(&self) -> Result<bool, ReplayError> {
+        Ok(self.lock().items == 0)
+    }
+
+    /// Payload bytes the inbox holds.
+    pub fn bytes(&self) -> u64 {
+        self.lock().bytes
+    }
+
+    /// Counters are only changed after the matching SQLite write succeeded.
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> tempfile::TempDir {
+        tempfile::tempdir().unwrap()
+    }
+
+    #[test]
+    fn store_list_get_survive_reopen() {
+        let dir = dir();
+        let path = dir.path().join("inbox.db");
+        let inbox = Inbox::open(&path).unwrap();
+        assert!(inbox.is_empty().unwrap());
+        let a = inbox.store(b"first payload", 1_000).unwrap();
+        let b = inbox.store(b"", 1_001).unwrap();
+        let c = inbox.store(&[0xff; 4096], 999).unwrap();
+        assert!(a < b && b < c);
+        assert_eq!(inbox.len().unwrap(), 3);
+        assert_eq!(inbox.bytes(), 13 + 4096);
+        drop(inbox);
+
+        let inbox = Inbox::open(&path).unwrap();
+        assert_eq!(inbox.len().unwrap(), 3);
+        assert_eq!(inbox.bytes(), 13 + 4096);
+        assert_eq!(
+            inbox.list().unwrap(),
+            vec![
+                InboxItem {
+                    id: a,
+                    received_at: 1_000,
+                    size: 13
+                },
+                InboxItem {
+                    id: b,
+                    received_at: 1_001,
+                    size: 0
+                },
+                InboxItem {
+                    id: c,
+                    received_at: 999,
+                    size: 4096
+                },
+            ]
+        );
+        assert_eq!(
+            inbox.get(a).unwrap().as_deref(),
+            Some(&b"first payload"[..])
+        );
+        assert_eq!(inbox.get(b).unwrap(), Some(Vec::new()));
+        assert_eq!(inbox.get(c).unwrap(), Some(vec![0xff; 4096]));
+        assert_eq!(inbox.get(c + 1).unwrap(), None);
+        assert_eq!(inbox.get(u64::MAX).unwrap(), None);
+        let d = inbox.store(b"after reopen", 1_002).unwrap();
+        assert!(d > c);
+        assert_eq!(
+            serde_json::to_string(&inbox.list().unwrap()[3]).unwrap(),
+            format!(r#"{{"id":{d},"received_at":1002,"size":12}}"#)
+        );
+    }
+
+    #[test]
+    fn a_stored_item_is_committed_before_store_returns() {
+        let dir = dir();
+        let path = dir.path().join("inbox.db");
+        let inbox = Inbox::open(&path).unwrap();
+        let id = inbox.store(b"durable", 5).unwrap();
+        // Another connection, while the inbox is still open, sees the row.
+        let other = Connection::open(&path).unwrap();
+        let payload: Vec<u8> = other
+            .query_row(
+                "SELECT payload FROM inbox_items WHERE id = ?1",
+                [id as i64],
+                |r| r.get(0),
+            )
+            .unwrap();
+        assert_eq!(payload, b"durable");
+    }
+
+    #[test]
+    fn a_full_inbox_stores_nothing_until_room_is_freed() {
+        let dir = dir();
+        let path = dir.path().join("inbox.db");
+        let inbox = Inbox::open_with_limits(&path, 3, 1_000).unwrap();
+        let first = inbox.store(b"1", 1).unwrap();
+        inbox.store(b"2", 2).unwrap();
+        inbox.store(b"3", 3).unwrap();
+        assert!(matches!(inbox.store(b"4", 4), Err(ReplayError::InboxFull)));
+        assert_eq!(inbox.len().unwrap(), 3);
+        assert_eq!(inbox.list().unwrap().len(), 3);
+        drop(inbox);
+
+        // Still full after a reopen: the counts come from the file.
+        let inbox = Inbox::open_with_limits(&path, 3, 1_000).unwrap();
+        assert!(matches!(inbox.store(b"4", 4), Err(ReplayError::InboxFull)));
+        assert!(inbox.remove(first).unwrap());
+        assert!(!inbox.remove(first).unwrap());
+        let fourth = inbox.store(b"4", 4).unwrap();
+        assert!(fourth > first);
+        assert_eq!(
+            inbox
+                .list()
+                .unwrap()
+                .iter()
+                .map(|i| i.received_at)
+                .collect::<Vec<_>>(),
+            vec![2, 3, 4]
+        );
+    }
+
+    #[test]
+    fn the_byte_cap_counts_payload_bytes() {
+        let dir = dir();
+        let path = dir.path().join("inbox.db");
+        let inbox = Inbox::open_with_limits(&path, 100, 10).unwrap();
+        inbox.store(&[1; 6], 1).unwrap();
+        assert!(matches!(
+            inbox.store(&[2; 5], 2),
+            Err(ReplayError::InboxFull)
+        ));
+        inbox.store(&[3; 4], 3).unwrap();
+        assert_eq!(inbox.bytes(), 10);
+        assert!(matches!(
+            inbox.store(&[4; 1], 4),
+            Err(ReplayError::InboxFull)
+        ));
+        // An empty payload still fits the byte cap.
+        inbox.store(&[], 5).unwrap();
+        assert!(matches!(
+            inbox.store(&[0; 11], 6),
+            Err(ReplayError::InboxFull)
+        ));
+        drop(inbox);
+        let inbox = Inbox::open_with_limits(&path, 100, 10).unwrap();
+        assert_eq!(inbox.bytes(), 10);
+        assert_eq!(inbox.len().unwrap(), 3);
+        assert!(matches!(
+            inbox.store(&[4; 1], 4),
+            Err(ReplayError::InboxFull)
+        ));
+    }
+
+    #[test]
+    fn the_default_caps_are_the_documented_ones() {
+        let dir = dir();
+        let inbox = Inbox::open(&dir.path().join("inbox.db")).unwrap();
+        assert_eq!(inbox.max_items, 10_000);
+        assert_eq!(inbox.max_bytes, 256 * 1024 * 1024);
+        // A payload larger than the whole byte cap is refused outright.
+        let huge = vec![0u8; (INBOX_MAX_BYTES + 1) as usize];
+        assert!(matches!(inbox.store(&huge, 1), Err(ReplayError::InboxFull)));
+        assert_eq!(inbox.len().unwrap(), 0);
+    }
+
+    #[test]
+    fn times_beyond_sqlite_integers_are_refused() {
+        let dir = dir();
+        let inbox = Inbox::open(&dir.path().join("inbox.db")).unwrap();
+        assert!(matches!(
+            inbox.store(b"x", u64::MAX),
+            Err(ReplayError::TimeOutOfRange(u64::MAX))
+        ));
+        assert!(inbox.is_empty().unwrap());
+    }
+
+    #[test]
+    fn the_connection_is_wal_synchronous_full() {
+        let dir = dir();
+        let inbox = Inbox::open(&dir.path().join("inbox.db")).unwrap();
+        let inner = inbox.lock();
+        let mode: String = inner
+            .conn
+            .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+            .unwrap();
+        let sync: i64 = inner
+            .conn
+            .query_row("PRAGMA synchronous", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!((mode.as_str(), sync), ("wal", 2));
+    }
+
+    #[test]
+    fn inbox_is_send_and_sync() {
+        fn check<T: Send + Sync>() {}
+        check::<Inbox>();
+    }
+}

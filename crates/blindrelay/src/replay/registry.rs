@@ -1,0 +1,492 @@
+//! The route replay registry.
+//!
+//! Each entry is keyed by the route id and holds the digest of the request that reserved it, the
+//! reservation time and either "in flight" or the final response. An entry is *live* while
+//! `now < reserved_at + window`; a live route id can never run a second time, whatever the
+//! outcome of its first run (success and failure responses are both kept). When no slot is free
+//! the registry refuses new routes ([`Outcome::Capacity`]) rather than evicting a live
+//! reservation; entries whose window has ended are purged lazily on each call, so capacity frees
+//! itself.
+//!
+//! Decisions are taken on an in-memory mirror (a `HashMap` plus an expiry-ordered set), so a
+//! `reserve` costs one durable write and no read. The SQLite variant writes the reservation (or
+//! the completion) and commits it (`synchronous=FULL`) before the call returns; rows of purged
+//! entries are deleted in the same transaction as the next write. A SQLite file belongs to one
+//! registry at a time: two registries (or processes) on the same file would not see each other's
+//! decisions.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fmt;
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+
+use rusqlite::{Connection, TransactionBehavior, params};
+
+use super::{ReplayError, SqliteContext, sql_time, sqlite};
+
+/// A hop's route id, as in the envelope.
+pub type RouteId = [u8; 16];
+/// The request digest: SHA-256(`blindrelay/request/v1` ‖ the whole envelope).
+pub type Digest = [u8; 32];
+
+/// Live routes a registry holds at most (design: `BLIND_RELAY_ROUTE_REPLAY_CAPACITY`).
+pub const CAPACITY: usize = 8192;
+/// A route stays reserved this long after its reservation (design:
+/// `BLIND_RELAY_ROUTE_REPLAY_TTL_SECS`).
+pub const WINDOW_SECS: u64 = 600;
+/// A stored response is replayed only while it is at most this old: its delivery receipt is only
+/// valid for 120 s (design: `BLIND_RELAY_DELIVERY_RECEIPT_MAX_AGE_SECS`).
+pub const RESPONSE_MAX_AGE_SECS: u64 = 120;
+
+/// The status stored for a route that was in flight when the process stopped.
+pub const INTERRUPTED_STATUS: u16 = 503;
+/// The body stored for a route that was in flight when the process stopped.
+pub const INTERRUPTED_BODY: &[u8] = br#"{"error":"route_interrupted"}"#;
+
+const TABLE: &str = "replay_routes";
+const STATE_IN_FLIGHT: i64 = 0;
+const STATE_COMPLETED: i64 = 1;
+
+/// The final response of a route, replayed to duplicates while it is fresh.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResponse {
+    /// HTTP status.
+    pub status: u16,
+    /// Response body, exactly as first sent.
+    pub body: Vec<u8>,
+    /// When the route completed (Unix seconds).
+    pub completed_at: u64,
+}
+
+/// What [`ReplayRegistry::reserve`] decided.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Reserved for this request: go on, then call [`ReplayRegistry::complete`].
+    New,
+    /// Same request, completed, response at most 120 s old: replay it (`duplicate_route`).
+    Duplicate(StoredResponse),
+    /// Same request, still being handled: 503 `route_in_flight`.
+    InFlight,
+    /// Another request (the digest differs) with this route id: 400 `replay_conflict`.
+    Conflict,
+    /// Same request, stored response older than 120 s: 409 `replay_response_expired`. The route
+    /// stays reserved until its window ends.
+    Expired,
+    /// Every slot holds a live route: 503 `replay_capacity`.
+    Capacity,
+}
+
+impl Outcome {
+    /// The HTTP status and error reason to answer with, for the outcomes that reject the request.
+    /// `None` for [`Outcome::New`] (handle the request) and [`Outcome::Duplicate`] (replay the
+    /// stored response).
+    pub fn rejection(&self) -> Option<(u16, &'static str)> {
+        match self {
+            Outcome::New | Outcome::Duplicate(_) => None,
+            Outcome::InFlight => Some((503, "route_in_flight")),
+            Outcome::Conflict => Some((400, "replay_conflict")),
+            Outcome::Expired => Some((409, "replay_response_expired")),
+            Outcome::Capacity => Some((503, "replay_capacity")),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum State {
+    InFlight,
+    Completed(StoredResponse),
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    digest: Digest,
+    reserved_at: u64,
+    state: State,
+}
+
+struct Inner {
+    entries: HashMap<RouteId, Entry>,
+    /// `(end of window, route id)` of every entry, soonest first.
+    expiry: BTreeSet<(u64, RouteId)>,
+    /// Purged from memory, still to delete from SQLite with the next write.
+    pending_deletes: Vec<RouteId>,
+    db: Option<Connection>,
+}
+
+/// The route replay registry: SQLite-backed ([`ReplayRegistry::open_sqlite`]) or in memory
+/// ([`ReplayRegistry::memory`]), with the same rules. `Send + Sync`; calls are serialized by an
+/// internal mutex and block while SQLite writes.
+pub struct ReplayRegistry {
+    capacity: usize,
+    window_secs: u64,
+    persistent: bool,
+    inner: Mutex<Inner>,
+}
+
+impl fmt::Debug for ReplayRegistry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReplayRegistry")
+            .field("persistent", &self.persistent)
+            .field("capacity", &self.capacity)
+            .field("window_secs", &self.window_secs)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ReplayRegistry {
+    /// Opens (or creates) the registry in the SQLite file at `path`. Rows whose window has ended
+    /// at `now` are deleted; rows still in flight (the process stopped while handling them) are
+    /// completed with [`INTERRUPTED_STATUS`] and [`INTERRUPTED_BODY`] at `now`, so a duplicate
+    /// never runs twice and always gets the same answer. Live rows are all kept, even beyond
+    /// `capacity` (new routes are then refused until enough windows end).
+    pub fn open_sqlite(
+        path: &Path,
+        capacity: usize,
+        window_secs: u64,
+        now: u64,
+    ) -> Result<Self, ReplayError> {
+        let now_sql = sql_time(now)?;
+        let mut conn = sqlite::open_durable(path)?;
+        conn.execute_batch(
+            "CREATE TABLE IF NOT EXISTS replay_routes (
+                route_id BLOB PRIMARY KEY NOT NULL CHECK (length(route_id) = 16),
+                digest BLOB NOT NULL CHECK (length(digest) = 32),
+                reserved_at INTEGER NOT NULL,
+                state INTEGER NOT NULL CHECK (state IN (0, 1)),
+                status INTEGER,
+                body BLOB,
+                completed_at INTEGER,
+                CHECK ((state = 0 AND status IS NULL AND body IS NULL AND completed_at IS NULL)
+                    OR (state = 1 AND status IS NOT NULL AND body IS NOT NULL
+                        AND completed_at IS NOT NULL))
+            );",
+        )
+        .ctx("create the replay_routes table")?;
+
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .ctx("begin loading the replay registry")?;
+        // Live while now < reserved_at + window, i.e. expired when reserved_at <= now - window.
+        let expired = match now.checked_sub(window_secs) {
+            Some(cutoff) => tx
+                .execute(
+                    "DELETE FROM replay_routes WHERE reserved_at <= ?1",
+                    [sql_time(cutoff)?],
+                )
+                .ctx("delete expired routes")?,
+            None => 0,
+        };
+        let interrupted = tx
+            .execute(
+                "UPDATE replay_routes SET state = ?1, status = ?2, body = ?3, completed_at = ?4
+                 WHERE state = ?5",
+                params![
+                    STATE_COMPLETED,
+                    INTERRUPTED_STATUS,
+                    INTERRUPTED_BODY,
+                    now_sql,
+                    STATE_IN_FLIGHT
+                ],
+            )
+            .ctx("complete interrupted routes")?;
+        let mut inner = Inner {
+            entries: HashMap::new(),
+            expiry: BTreeSet::new(),
+            pending_deletes: Vec::new(),
+            db: None,
+        };
+        {
+            let mut stmt = tx
+                .prepare(
+                    "SELECT route_id, digest, reserved_at, state, status, body, completed_at
+                     FROM replay_routes",
+                )
+                .ctx("prepare loading routes")?;
+            let mut rows = stmt.query([]).ctx("load routes")?;
+            while let Some(row) = rows.next().ctx("load routes")? {
+                let (route_id, entry) = entry_from_row(row)?;
+                inner.insert(route_id, entry, window_secs);
+            }
+        }
+        tx.commit().ctx("commit loading the replay registry")?;
+        inner.db = Some(conn);
+        tracing::info!(
+            live = inner.entries.len(),
+            expired,
+            interrupted,
+            "replay registry loaded"
+        );
+        Ok(Self {
+            capacity,
+            window_secs,
+            persistent: true,
+            inner: Mutex::new(inner),
+        })
+    }
+
+    /// A registry in memory only: the same rules, forgotten at restart.
+    pub fn memory(capacity: usize, window_secs: u64) -> Self {
+        Self {
+            capacity,
+            window_secs,
+            persistent: false,
+            inner: Mutex::new(Inner {
+                entries: HashMap::new(),
+                expiry: BTreeSet::new(),
+                pending_deletes: Vec::new(),
+                db: None,
+            }),
+        }
+    }
+
+    /// Decides what to do with a request for `route_id` whose digest is `digest`. On
+    /// [`Outcome::New`] the reservation is committed (SQLite) before this returns; every other
+    /// outcome changes nothing but purging ended windows. If the write fails the error is
+    /// returned and nothing is reserved: answer the request with an error, do not handle it.
+    pub fn reserve(
+        &self,
+        route_id: RouteId,
+        digest: Digest,
+        now: u64,
+    ) -> Result<Outcome, ReplayError> {
+        let now_sql = sql_time(now)?;
+        let mut inner = self.lock();
+        inner.purge(now);
+        if let Some(entry) = inner.entries.get(&route_id) {
+            if entry.digest != digest {
+                return Ok(Outcome::Conflict);
+            }
+            return Ok(match &entry.state {
+                State::InFlight => Outcome::InFlight,
+                State::Completed(response) => {
+                    if now.saturating_sub(response.completed_at) <= RESPONSE_MAX_AGE_SECS {
+                        Outcome::Duplicate(response.clone())
+                    } else {
+                        Outcome::Expired
+                    }
+                }
+            });
+        }
+        if inner.entries.len() >= self.capacity {
+            return Ok(Outcome::Capacity);
+        }
+        inner.write("reserve a route", |tx| {
+            let changed = tx
+                .prepare_cached(
+                    "INSERT INTO replay_routes (route_id, digest, reserved_at, state)
+                     VALUES (?1, ?2, ?3, ?4)",
+                )
+                .and_then(|mut stmt| {
+                    stmt.execute(params![
+                        &route_id[..],
+                        &digest[..],
+                        now_sql,
+                        STATE_IN_FLIGHT
+                    ])
+                })
+                .ctx("insert a route reservation")?;
+            debug_assert_eq!(changed, 1);
+            Ok(())
+        })?;
+        inner.insert(
+            route_id,
+            Entry {
+                digest,
+                reserved_at: now,
+                state: State::InFlight,
+            },
+            self.window_secs,
+        );
+        Ok(Outcome::New)
+    }
+
+    /// Stores the final response of the route reserved by `reserve(route_id, digest, ..)`, a
+    /// success or a failure alike: the route stays reserved until its window ends either way.
+    /// Committed (SQLite) before this returns. Fails with [`ReplayError::NotInFlight`] unless the
+    /// route has a live reservation in flight for this digest. If the write fails the route stays
+    /// in flight until its window ends (duplicates get [`Outcome::InFlight`]; it never runs
+    /// again), and after a restart it replays [`INTERRUPTED_BODY`].
+    pub fn complete(
+        &self,
+        route_id: RouteId,
+        digest: Digest,
+        status: u16,
+        body: &[u8],
+        now: u64,
+    ) -> Result<(), ReplayError> {
+        let now_sql = sql_time(now)?;
+        let mut inner = self.lock();
+        inner.purge(now);
+        match inner.entries.get(&route_id) {
+            Some(entry) if entry.digest == digest && matches!(entry.state, State::InFlight) => {}
+            _ => return Err(ReplayError::NotInFlight),
+        }
+        inner.write("complete a route", |tx| {
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE replay_routes SET state = ?1, status = ?2, body = ?3, completed_at = ?4
+                     WHERE route_id = ?5 AND state = ?6",
+                )
+                .and_then(|mut stmt| {
+                    stmt.execute(params![
+                        STATE_COMPLETED,
+                        status,
+                        body,
+                        now_sql,
+                        &route_id[..],
+                        STATE_IN_FLIGHT
+                    ])
+                })
+                .ctx("store a route's response")?;
+            if changed == 1 {
+                Ok(())
+            } else {
+                // The file disagrees with the mirror: someone else writes to it.
+                Err(ReplayError::Corrupt {
+                    table: TABLE,
+                    what: "the reservation to complete is missing",
+                })
+            }
+        })?;
+        if let Some(entry) = inner.entries.get_mut(&route_id) {
+            entry.state = State::Completed(StoredResponse {
+                status,
+                body: body.to_vec(),
+                completed_at: now,
+            });
+        }
+        Ok(())
+    }
+
+    /// How many routes are live (reserved, in flight or completed) at `now`.
+    pub fn live(&self, now: u64) -> usize {
+        let mut inner = self.lock();
+        inner.purge(now);
+        inner.entries.len()
+    }
+
+    /// Whether reservations survive a restart (SQLite).
+    pub fn is_persistent(&self) -> bool {
+        self.persistent
+    }
+
+    /// The mirror is only changed after the matching SQLite write succeeded, and each change
+    /// is a single insert or update, so a panic elsewhere cannot leave it half-written.
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// What a restart of the memory store would keep: the same conversion `open_sqlite` applies
+    /// to the file (test support, to compare both stores across a restart).
+    #[cfg(test)]
+    fn simulate_restart(&self, now: u64) {
+        let mut inner = self.lock();
+        inner.purge(now);
+        for entry in inner.entries.values_mut() {
+            if matches!(entry.state, State::InFlight) {
+                entry.state = State::Completed(StoredResponse {
+                    status: INTERRUPTED_STATUS,
+                    body: INTERRUPTED_BODY.to_vec(),
+                    completed_at: now,
+                });
+            }
+        }
+    }
+}
+
+impl Inner {
+    fn insert(&mut self, route_id: RouteId, entry: Entry, window_secs: u64) {
+        self.expiry
+            .insert((entry.reserved_at.saturating_add(window_secs), route_id));
+        self.entries.insert(route_id, entry);
+    }
+
+    /// Drops the entries whose window has ended at `now`.
+    fn purge(&mut self, now: u64) {
+        while let Some(&(ends_at, route_id)) = self.expiry.first() {
+            if ends_at > now {
+                break;
+            }
+            self.expiry.pop_first();
+            self.entries.remove(&route_id);
+            if self.db.is_some() {
+                self.pending_deletes.push(route_id);
+            }
+        }
+    }
+
+    /// Runs `write` in one immediate transaction, after deleting the rows of purged entries, and
+    /// commits. Nothing to do for the memory store.
+    fn write(
+        &mut self,
+        what: &'static str,
+        write: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<(), ReplayError>,
+    ) -> Result<(), ReplayError> {
+        let Inner {
+            db,
+            pending_deletes,
+            ..
+        } = self;
+        let Some(conn) = db.as_mut() else {
+            return Ok(());
+        };
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .ctx(what)?;
+        if !pending_deletes.is_empty() {
+            let mut stmt = tx
+                .prepare_cached("DELETE FROM replay_routes WHERE route_id = ?1")
+                .ctx("prepare deleting expired routes")?;
+            for route_id in pending_deletes.iter() {
+                stmt.execute([&route_id[..]])
+                    .ctx("delete an expired route")?;
+            }
+        }
+        write(&tx)?;
+        tx.commit().ctx(what)?;
+        pending_deletes.clear();
+        Ok(())
+    }
+}
+
+fn entry_from_row(row: &rusqlite::Row<'_>) -> Result<(RouteId, Entry), ReplayError> {
+    let corrupt = |what| ReplayError::Corrupt { table: TABLE, what };
+    let route_id: Vec<u8> = row.get(0).ctx("read route_id")?;
+    let route_id =
+        RouteId::try_from(route_id.as_slice()).map_err(|_| corrupt("route_id length"))?;
+    let digest: Vec<u8> = row.get(1).ctx("read digest")?;
+    let digest = Digest::try_from(digest.as_slice()).map_err(|_| corrupt("digest length"))?;
+    let reserved_at: i64 = row.get(2).ctx("read reserved_at")?;
+    let reserved_at = u64::try_from(reserved_at).map_err(|_| corrupt("negative reserved_at"))?;
+    let state: i64 = row.get(3).ctx("read state")?;
+    let state = match state {
+        STATE_IN_FLIGHT => State::InFlight,
+        STATE_COMPLETED => {
+            let status: Option<i64> = row.get(4).ctx("read status")?;
+            let body: Option<Vec<u8>> = row.get(5).ctx("read body")?;
+            let completed_at: Option<i64> = row.get(6).ctx("read completed_at")?;
+            let (Some(status), Some(body), Some(completed_at)) = (status, body, completed_at)
+            else {
+                return Err(corrupt("completed without a response"));
+            };
+            State::Completed(StoredResponse {
+                status: u16::try_from(status).map_err(|_| corrupt("status out of range"))?,
+                body,
+                completed_at: u64::try_from(completed_at)
+                    .map_err(|_| corrupt("negative completed_at"))?,
+            })
+        }
+        _ => return Err(corrupt("unknown state")),
+    };
+    Ok((
+        route_id,
+        Entry {
+            digest,
+            reserved_at,
+            state,
+        },
+    ))
+}
+
+#[cfg(test)]
+mod tests;
