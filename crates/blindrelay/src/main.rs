@@ -41,14 +41,14 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            esay!("blindrelay: cannot start the runtime: {e}");
+            eprintln!("blindrelay: cannot start the runtime: {e}");
             return ExitCode::FAILURE;
         }
     };
     match rt.block_on(run(cli.command)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            esay!("blindrelay: {e}");
+            eprintln!("blindrelay: {e}");
             ExitCode::FAILURE
         }
     }
