@@ -149,7 +149,9 @@ async fn run(cmd: Command) -> Result<(), String> {
                 for it in items {
                     say!(
                         "{:>6}  {:>12}  {:>8}",
-                        it["id"], it["received_at"], it["size"]
+                        it["id"],
+                        it["received_at"],
+                        it["size"]
                     );
                 }
             }

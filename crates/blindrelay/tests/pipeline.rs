@@ -1,0 +1,1005 @@
+//! The admission pipeline in process, with a hand-driven clock: each step's refusal and its one
+//! counter, the order of the steps, the request gate, crypto admission, the previous-hop guard,
+//! every replay outcome (also across a restart), retries, and receipts. Nodes listen on fresh
+//! 127.x.y.z addresses with ports from the OS.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use blindrelay::clock::{Clock, ManualClock};
+use blindrelay::counters::Snapshot;
+use blindrelay::daemon::{self, ReplayStore, RunConfig};
+use blindrelay::pipeline::{Relay, RelayConfig, Reply};
+use blindrelay::proto::envelope::Envelope;
+use blindrelay::proto::onion::{self, Layer};
+use blindrelay::proto::{NodeId, RouteId};
+use ed25519_dalek::SigningKey;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+const T0: u64 = 1_800_000_000;
+
+fn fresh_ip() -> Ipv4Addr {
+    static N: AtomicU32 = AtomicU32::new(1);
+    let n = N.fetch_add(1, Ordering::Relaxed);
+    let p = std::process::id();
+    Ipv4Addr::new(
+        127,
+        200 + (p % 50) as u8,
+        (n >> 8) as u8,
+        (n & 0xff) as u8 | 1,
+    )
+}
+
+/// One node running in this process.
+struct Node {
+    relay: Arc<Relay>,
+    addr: SocketAddr,
+    dir: PathBuf,
+    _tmp: Option<tempfile::TempDir>,
+    stop: CancellationToken,
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn start_in(
+    dir: &Path,
+    clock: &Clock,
+    tweak: impl FnOnce(&mut RelayConfig),
+    init: bool,
+) -> (Arc<Relay>, SocketAddr, CancellationToken) {
+    let ip = fresh_ip();
+    let public = TcpListener::bind((ip, 0)).await.unwrap();
+    let operator = TcpListener::bind((ip, 0)).await.unwrap();
+    let addr = public.local_addr().unwrap();
+    if init {
+        blindrelay::node::init(dir, &format!("http://{addr}"), clock.unix()).unwrap();
+    }
+    let mut cfg = RelayConfig::new(true);
+    tweak(&mut cfg);
+    let relay = daemon::build(RunConfig {
+        state_dir: dir.to_owned(),
+        peers: vec![],
+        replay_store: ReplayStore::Sqlite,
+        relay: cfg,
+        clock: clock.clone(),
+    })
+    .unwrap();
+    let stop = CancellationToken::new();
+    let s = stop.clone();
+    tokio::spawn(daemon::serve(
+        Arc::clone(&relay),
+        public,
+        operator,
+        async move { s.cancelled().await },
+    ));
+    (relay, addr, stop)
+}
+
+async fn node(clock: &Clock, tweak: impl FnOnce(&mut RelayConfig)) -> Node {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("node");
+    let (relay, addr, stop) = start_in(&dir, clock, tweak, true).await;
+    Node {
+        relay,
+        addr,
+        dir,
+        _tmp: Some(tmp),
+        stop,
+    }
+}
+
+fn manual() -> (Arc<ManualClock>, Clock) {
+    let m = ManualClock::new(T0);
+    (Arc::clone(&m), Clock::Manual(m))
+}
+
+fn key() -> SigningKey {
+    SigningKey::from_bytes(&rand::random())
+}
+
+fn id(k: &SigningKey) -> NodeId {
+    k.verifying_key().to_bytes()
+}
+
+/// Makes `b` a known peer of `a`.
+fn introduce(a: &Node, b: &Node) {
+    let now = a.relay.clock.unix();
+    assert!(a.relay.peers.insert(b.relay.node.descriptor(now)));
+}
+
+/// A terminal layer for `n` holding `payload`.
+fn terminal_blob(n: &Node, payload: &[u8]) -> Vec<u8> {
+    onion::seal_layer(
+        n.relay.node.id(),
+        &n.relay.node.onion_public(),
+        &Layer::Terminal {
+            receipt_key: [7; 32],
+            payload: payload.to_vec(),
+        },
+    )
+}
+
+/// A forward layer for `n` naming `next`.
+fn forward_blob(n: &Node, next: NodeId, inner: Vec<u8>) -> Vec<u8> {
+    onion::seal_layer(
+        n.relay.node.id(),
+        &n.relay.node.onion_public(),
+        &Layer::Forward {
+            next_hop: next,
+            next_route_id: rand::random(),
+            inner,
+        },
+    )
+}
+
+fn frame(by: &SigningKey, to: &Node, route: RouteId, ttl: u8, ts: u64, blob: Vec<u8>) -> Envelope {
+    Envelope::sign(route, *to.relay.node.id(), ttl, ts, blob, by)
+}
+
+async fn submit(n: &Node, bytes: Vec<u8>) -> Reply {
+    match n.relay.admit() {
+        Ok(a) => n.relay.process(a, bytes).await,
+        Err(r) => r,
+    }
+}
+
+fn reason(r: &Reply) -> String {
+    let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+    v["error"]
+        .as_str()
+        .or(v["outcome"].as_str())
+        .unwrap_or("?")
+        .to_string()
+}
+
+/// The counters that moved between two snapshots.
+fn moved(before: &Snapshot, after: &Snapshot) -> Vec<(String, u64)> {
+    let b = serde_json::to_value(before).unwrap();
+    let a = serde_json::to_value(after).unwrap();
+    let mut out = Vec::new();
+    for (k, v) in a.as_object().unwrap() {
+        if k.starts_with("last_") {
+            continue;
+        }
+        let d = v.as_u64().unwrap() - b[k].as_u64().unwrap();
+        if d > 0 {
+            out.push((k.clone(), d));
+        }
+    }
+    out.sort();
+    out
+}
+
+fn counted(list: &[(&str, u64)]) -> Vec<(String, u64)> {
+    let mut v: Vec<_> = list.iter().map(|(k, n)| (k.to_string(), *n)).collect();
+    v.sort();
+    v
+}
+
+#[tokio::test]
+async fn each_step_refuses_with_its_reason_status_and_one_counter() {
+    let (_m, clock) = manual();
+    let n = node(&clock, |_| {}).await;
+    let strict = node(&clock, |c| c.allow_private_endpoints = false).await;
+    let other = node(&clock, |_| {}).await;
+    introduce(&strict, &other);
+    let dead = node(&clock, |_| {}).await;
+    introduce(&n, &dead);
+    dead.stop.cancel();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let now = clock.unix();
+    let p = key();
+    let stranger: NodeId = rand::random();
+
+    let mut bad_sig = frame(&p, &n, rand::random(), 1, now, terminal_blob(&n, b"x"));
+    bad_sig.blob[0] ^= 1;
+    let mut bad_point = frame(&p, &n, rand::random(), 1, now, terminal_blob(&n, b"x"));
+    bad_point.previous_hop = not_a_point();
+    let mut wrong_hop = frame(&p, &n, rand::random(), 1, now, terminal_blob(&n, b"x"));
+    wrong_hop = Envelope::sign(wrong_hop.route_id, stranger, 1, now, wrong_hop.blob, &p);
+
+    let cases: Vec<(&str, &Node, Vec<u8>, u16, &str, &str)> = vec![
+        (
+            "garbage",
+            &n,
+            b"not an envelope".to_vec(),
+            400,
+            "malformed_envelope",
+            "envelope_too_large",
+        ),
+        (
+            "bad point",
+            &n,
+            bad_point.encode(),
+            400,
+            "invalid_previous_hop",
+            "invalid_signature",
+        ),
+        (
+            "bad signature",
+            &n,
+            bad_sig.encode(),
+            400,
+            "invalid_signature",
+            "invalid_signature",
+        ),
+        (
+            "expired",
+            &n,
+            frame(
+                &p,
+                &n,
+                rand::random(),
+                1,
+                now - 601,
+                terminal_blob(&n, b"x"),
+            )
+            .encode(),
+            400,
+            "timestamp_expired",
+            "timestamp_rejected",
+        ),
+        (
+            "future",
+            &n,
+            frame(
+                &p,
+                &n,
+                rand::random(),
+                1,
+                now + 121,
+                terminal_blob(&n, b"x"),
+            )
+            .encode(),
+            400,
+            "timestamp_in_future",
+            "timestamp_rejected",
+        ),
+        (
+            "self loop",
+            &n,
+            frame(
+                n.relay.node.signing_key(),
+                &n,
+                rand::random(),
+                1,
+                now,
+                terminal_blob(&n, b"x"),
+            )
+            .encode(),
+            400,
+            "self_loop",
+            "loop_detected",
+        ),
+        (
+            "wrong hop",
+            &n,
+            wrong_hop.encode(),
+            400,
+            "wrong_hop",
+            "no_route",
+        ),
+        (
+            "peel",
+            &n,
+            frame(&p, &n, rand::random(), 1, now, vec![9; 300]).encode(),
+            400,
+            "onion_peel_failed",
+            "invalid_signature",
+        ),
+        (
+            "route loop",
+            &n,
+            frame(
+                &p,
+                &n,
+                rand::random(),
+                1,
+                now,
+                forward_blob(&n, id(&p), vec![1; 200]),
+            )
+            .encode(),
+            400,
+            "route_loop",
+            "loop_detected",
+        ),
+        (
+            "ttl",
+            &n,
+            frame(
+                &p,
+                &n,
+                rand::random(),
+                0,
+                now,
+                forward_blob(&n, stranger, vec![1; 200]),
+            )
+            .encode(),
+            400,
+            "ttl_exhausted",
+            "ttl_exhausted",
+        ),
+        (
+            "no route",
+            &n,
+            frame(
+                &p,
+                &n,
+                rand::random(),
+                1,
+                now,
+                forward_blob(&n, stranger, vec![1; 200]),
+            )
+            .encode(),
+            502,
+            "no_route",
+            "no_route",
+        ),
+        (
+            "private endpoint",
+            &strict,
+            frame(
+                &p,
+                &strict,
+                rand::random(),
+                1,
+                now,
+                forward_blob(&strict, *other.relay.node.id(), vec![1; 200]),
+            )
+            .encode(),
+            502,
+            "invalid_endpoint",
+            "invalid_endpoint",
+        ),
+    ];
+    for (what, target, bytes, status, why, counter) in cases {
+        let before = target.relay.counters.snapshot();
+        let r = submit(target, bytes).await;
+        assert_eq!((r.status, reason(&r).as_str()), (status, why), "{what}");
+        let after = target.relay.counters.snapshot();
+        assert_eq!(
+            moved(&before, &after),
+            counted(&[("received", 1), ("rejected", 1), (counter, 1)]),
+            "{what}"
+        );
+    }
+
+    // A next hop that does not answer: three attempts, then forward_failed.
+    let before = n.relay.counters.snapshot();
+    let r = submit(
+        &n,
+        frame(
+            &p,
+            &n,
+            rand::random(),
+            1,
+            now,
+            forward_blob(&n, *dead.relay.node.id(), terminal_blob(&dead, b"y")),
+        )
+        .encode(),
+    )
+    .await;
+    assert_eq!((r.status, reason(&r).as_str()), (502, "forward_failed"));
+    let after = n.relay.counters.snapshot();
+    assert_eq!(
+        moved(&before, &after),
+        counted(&[
+            ("received", 1),
+            ("rejected", 1),
+            ("forward_failed", 1),
+            ("retry_attempted", 2),
+            ("retry_exhausted", 1)
+        ])
+    );
+
+    // Accepted as the terminal hop.
+    let before = n.relay.counters.snapshot();
+    let r = submit(
+        &n,
+        frame(&p, &n, rand::random(), 0, now, terminal_blob(&n, b"fine")).encode(),
+    )
+    .await;
+    assert_eq!((r.status, reason(&r).as_str()), (200, "delivered"));
+    assert_eq!(
+        moved(&before, &n.relay.counters.snapshot()),
+        counted(&[("received", 1), ("terminal", 1)])
+    );
+
+    // Over HTTP, a body over the cap is refused before it is parsed.
+    let http = reqwest::Client::new();
+    let big = vec![0u8; blindrelay::proto::envelope::MAX_ENVELOPE + 1];
+    let r = http
+        .post(format!("http://{}/v1/relay", n.addr))
+        .body(big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 413);
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["error"],
+        "envelope_too_large"
+    );
+}
+
+#[tokio::test]
+async fn the_steps_run_in_the_design_order() {
+    let (_m, clock) = manual();
+    let n = node(&clock, |_| {}).await;
+    let now = clock.unix();
+    // A quarantined previous hop with a stale timestamp gets `quarantined` (4 before 5).
+    let q = key();
+    for _ in 0..=120 {
+        submit(
+            &n,
+            frame(&q, &n, rand::random(), 1, now, vec![0; 8]).encode(),
+        )
+        .await;
+    }
+    let r = submit(
+        &n,
+        frame(&q, &n, rand::random(), 1, now - 10_000, vec![0; 8]).encode(),
+    )
+    .await;
+    assert_eq!(reason(&r), "quarantined");
+    // A forged frame with a stale timestamp: authentication first (3 before 5).
+    let mut f = frame(&key(), &n, rand::random(), 1, now - 10_000, vec![0; 8]);
+    f.previous_hop = id(&q);
+    assert_eq!(reason(&submit(&n, f.encode()).await), "invalid_signature");
+    // A stale self-loop: the timestamp first (5 before 6).
+    let me = n.relay.node.signing_key();
+    assert_eq!(
+        reason(
+            &submit(
+                &n,
+                frame(me, &n, rand::random(), 1, now - 10_000, vec![0; 8]).encode()
+            )
+            .await
+        ),
+        "timestamp_expired"
+    );
+    // A self-loop for another node: the loop first (6 before 7).
+    let other: NodeId = rand::random();
+    let f = Envelope::sign(rand::random(), other, 1, now, vec![0; 8], me);
+    assert_eq!(reason(&submit(&n, f.encode()).await), "self_loop");
+    // A route loop with no TTL left: the loop first, then the TTL (7's own order).
+    let p = key();
+    let blob = forward_blob(&n, id(&p), vec![1; 200]);
+    assert_eq!(
+        reason(&submit(&n, frame(&p, &n, rand::random(), 0, now, blob).encode()).await),
+        "route_loop"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixty_four_in_flight_and_the_admission_window() {
+    let (_m, clock) = manual();
+    let n = node(&clock, |c| c.window_limit = 1000).await;
+    // 200 callers race for the in-flight slots: exactly 64 get one.
+    let mut tasks = Vec::new();
+    for _ in 0..200 {
+        let relay = Arc::clone(&n.relay);
+        tasks.push(tokio::spawn(async move { relay.admit().ok() }));
+    }
+    let mut held = Vec::new();
+    for t in tasks {
+        if let Some(p) = t.await.unwrap() {
+            held.push(p);
+        }
+    }
+    assert_eq!(held.len(), 64);
+    assert_eq!(n.relay.counters.snapshot().backpressure_dropped, 136);
+    // Over HTTP too: 429 backpressure at once.
+    let http = reqwest::Client::new();
+    let r = http
+        .post(format!("http://{}/v1/relay", n.addr))
+        .body(vec![0u8; 10])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 429);
+    assert_eq!(
+        r.json::<serde_json::Value>().await.unwrap()["error"],
+        "backpressure"
+    );
+    drop(held);
+    assert!(n.relay.admit().is_ok());
+
+    // The window: 1000 per minute, process-wide, then a new window.
+    let (m, clock) = manual();
+    let n = node(&clock, |c| c.window_limit = 10).await;
+    let ok = (0..15).filter(|_| n.relay.admit().is_ok()).count();
+    assert_eq!(ok, 10);
+    m.advance(Duration::from_secs(60));
+    assert!(n.relay.admit().is_ok());
+}
+
+#[tokio::test]
+async fn crypto_admission_refuses_at_once_and_keeps_a_slot_for_outbound() {
+    let (_m, clock) = manual();
+    let n = node(&clock, |c| c.crypto_slots = 4).await;
+    let t = node(&clock, |_| {}).await;
+    introduce(&n, &t);
+    let now = clock.unix();
+    // Three slots busy: inbound work (which gets total − 1 = 3) is refused at once…
+    let busy: Vec<_> = (0..3)
+        .map(|_| n.relay.crypto().try_acquire().unwrap())
+        .collect();
+    let before = n.relay.counters.snapshot();
+    let r = submit(
+        &n,
+        frame(&key(), &n, rand::random(), 0, now, terminal_blob(&n, b"x")).encode(),
+    )
+    .await;
+    assert_eq!((r.status, reason(&r).as_str()), (429, "backpressure"));
+    assert_eq!(
+        moved(&before, &n.relay.counters.snapshot()),
+        counted(&[
+            ("received", 1),
+            ("rejected", 1),
+            ("backpressure_dropped", 1)
+        ])
+    );
+    // …while building a route and checking its receipt still proceed on the last slot.
+    let sent = blindrelay::send::send(&n.relay, *t.relay.node.id(), 1, b"outbound".to_vec()).await;
+    assert!(sent.is_ok(), "{sent:?}");
+    drop(busy);
+    let r = submit(
+        &n,
+        frame(&key(), &n, rand::random(), 0, now, terminal_blob(&n, b"x")).encode(),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(blindrelay::pipeline::crypto_slots(1), 4);
+    assert_eq!(blindrelay::pipeline::crypto_slots(2), 4);
+    assert_eq!(blindrelay::pipeline::crypto_slots(12), 6);
+    assert_eq!(blindrelay::pipeline::crypto_slots(64), 8);
+}
+
+#[tokio::test]
+async fn forged_frames_cannot_quarantine_an_honest_node() {
+    let (_m, clock) = manual();
+    let n = node(&clock, |_| {}).await;
+    let now = clock.unix();
+    let honest = key();
+    let attacker = key();
+    for _ in 0..13 {
+        let mut f = frame(
+            &attacker,
+            &n,
+            rand::random(),
+            0,
+            now,
+            terminal_blob(&n, b"spam"),
+        );
+        f.previous_hop = id(&honest);
+        assert_eq!(reason(&submit(&n, f.encode()).await), "invalid_signature");
+    }
+    let s = n.relay.counters.snapshot();
+    assert_eq!(
+        (s.invalid_signature, s.quarantine_started, s.rejected),
+        (13, 0, 13)
+    );
+    assert!(
+        n.relay.hops().state(&id(&honest)).is_none(),
+        "nothing charged to the claimed identity"
+    );
+    let r = submit(
+        &n,
+        frame(
+            &honest,
+            &n,
+            rand::random(),
+            0,
+            now,
+            terminal_blob(&n, b"real"),
+        )
+        .encode(),
+    )
+    .await;
+    assert_eq!(reason(&r), "delivered");
+}
+
+#[tokio::test]
+async fn rate_limit_quarantine_expiry_and_window_reset() {
+    let (m, clock) = manual();
+    let n = node(&clock, |c| c.window_limit = 100_000).await;
+    let p = key();
+    let cheap = |n: &Node, ts: u64| frame(&p, n, rand::random(), 1, ts, vec![0; 8]).encode(); // refused later, at step 7
+    for _ in 0..120 {
+        assert_eq!(
+            reason(&submit(&n, cheap(&n, clock.unix())).await),
+            "onion_peel_failed"
+        );
+    }
+    assert_eq!(
+        reason(&submit(&n, cheap(&n, clock.unix())).await),
+        "rate_limited"
+    );
+    assert_eq!(n.relay.counters.snapshot().quarantine_started, 1);
+    for step in [1, 100, 198] {
+        m.advance(Duration::from_secs(step));
+        assert_eq!(
+            reason(&submit(&n, cheap(&n, clock.unix())).await),
+            "quarantined",
+            "+{step}"
+        );
+    }
+    assert_eq!(
+        n.relay.counters.snapshot().quarantine_started,
+        1,
+        "refusals do not restart it"
+    );
+    m.advance(Duration::from_secs(1)); // 300 s after it started
+    assert_eq!(
+        reason(&submit(&n, cheap(&n, clock.unix())).await),
+        "onion_peel_failed",
+        "re-admitted"
+    );
+
+    // The window resets after 60 s.
+    let w = key();
+    let f = |ts: u64| frame(&w, &n, rand::random(), 1, ts, vec![0; 8]).encode();
+    for _ in 0..120 {
+        submit(&n, f(clock.unix())).await;
+    }
+    m.advance(Duration::from_secs(60));
+    for _ in 0..120 {
+        assert_eq!(
+            reason(&submit(&n, f(clock.unix())).await),
+            "onion_peel_failed"
+        );
+    }
+    assert_eq!(reason(&submit(&n, f(clock.unix())).await), "rate_limited");
+
+    // Twelve scored failures (route loops) quarantine too; replay conflicts never score.
+    let l = key();
+    let now = clock.unix();
+    for i in 0..12 {
+        let r = submit(
+            &n,
+            frame(
+                &l,
+                &n,
+                rand::random(),
+                1,
+                now,
+                forward_blob(&n, id(&l), vec![1; 200]),
+            )
+            .encode(),
+        )
+        .await;
+        assert_eq!(reason(&r), "route_loop", "{i}");
+    }
+    assert_eq!(
+        reason(&submit(&n, f(now)).await),
+        "quarantined",
+        "w is still quarantined"
+    );
+    let r = submit(
+        &n,
+        frame(&l, &n, rand::random(), 0, now, terminal_blob(&n, b"x")).encode(),
+    )
+    .await;
+    assert_eq!(reason(&r), "quarantined");
+}
+
+#[tokio::test]
+async fn five_thousand_fresh_identities_cannot_flush_an_active_quarantine() {
+    let (_m, clock) = manual();
+    let n = node(&clock, |c| c.window_limit = 100_000).await;
+    let now = clock.unix();
+    let q = key();
+    for _ in 0..=120 {
+        submit(
+            &n,
+            frame(&q, &n, rand::random(), 1, now, vec![0; 8]).encode(),
+        )
+        .await;
+    }
+    let mut refused = 0;
+    for _ in 0..5000 {
+        let r = submit(
+            &n,
+            frame(&key(), &n, rand::random(), 1, now, vec![0; 8]).encode(),
+        )
+        .await;
+        if reason(&r) == "rate_limited" {
+            refused += 1;
+        }
+    }
+    assert!(n.relay.hops().len() <= blindrelay::hopguard::MAX_BUCKETS);
+    assert!(
+        refused >= 5000 - blindrelay::hopguard::MAX_BUCKETS as i32 + 1,
+        "{refused}"
+    );
+    assert_eq!(
+        reason(
+            &submit(
+                &n,
+                frame(&q, &n, rand::random(), 1, now, vec![0; 8]).encode()
+            )
+            .await
+        ),
+        "quarantined"
+    );
+}
+
+#[tokio::test]
+async fn every_replay_outcome() {
+    let (m, clock) = manual();
+    let n = node(&clock, |_| {}).await;
+    let p = key();
+    let now = clock.unix();
+    let route: RouteId = rand::random();
+    let first = frame(&p, &n, route, 0, now, terminal_blob(&n, b"once"));
+    let r1 = submit(&n, first.encode()).await;
+    assert_eq!(reason(&r1), "delivered");
+    // The same request again: the stored response, receipt and all; nothing delivered twice.
+    let before = n.relay.counters.snapshot();
+    let r2 = submit(&n, first.encode()).await;
+    assert_eq!(r2, r1);
+    assert_eq!(
+        moved(&before, &n.relay.counters.snapshot()),
+        counted(&[("received", 1), ("replay_dropped", 1)])
+    );
+    assert_eq!(n.relay.inbox().len().unwrap(), 1);
+    // Another request with that route id.
+    let other = frame(&p, &n, route, 0, now, terminal_blob(&n, b"other"));
+    let r = submit(&n, other.encode()).await;
+    assert_eq!((r.status, reason(&r).as_str()), (400, "replay_conflict"));
+    // In flight.
+    let busy = frame(&p, &n, rand::random(), 0, now, terminal_blob(&n, b"busy"));
+    n.relay
+        .replay()
+        .reserve(busy.route_id, busy.request_digest(), now)
+        .unwrap();
+    let r = submit(&n, busy.encode()).await;
+    assert_eq!((r.status, reason(&r).as_str()), (503, "route_in_flight"));
+    // The stored response is too old to replay after 120 s; the route stays reserved.
+    m.advance(Duration::from_secs(121));
+    let r = submit(&n, first.encode()).await;
+    assert_eq!(
+        (r.status, reason(&r).as_str()),
+        (409, "replay_response_expired")
+    );
+    assert_eq!(n.relay.inbox().len().unwrap(), 1);
+    // Capacity: every slot live → 503, no live reservation evicted.
+    let now = clock.unix();
+    let live = n.relay.replay().live(now);
+    for _ in live..blindrelay::replay::CAPACITY {
+        n.relay
+            .replay()
+            .reserve(rand::random(), [0; 32], now)
+            .unwrap();
+    }
+    let r = submit(
+        &n,
+        frame(&p, &n, rand::random(), 0, now, terminal_blob(&n, b"full")).encode(),
+    )
+    .await;
+    assert_eq!((r.status, reason(&r).as_str()), (503, "replay_capacity"));
+    let r = submit(&n, first.encode()).await;
+    assert_eq!(
+        reason(&r),
+        "replay_response_expired",
+        "the old route was not evicted"
+    );
+}
+
+#[tokio::test]
+async fn a_forwarded_duplicate_is_not_forwarded_twice() {
+    let (_m, clock) = manual();
+    let a = node(&clock, |_| {}).await;
+    let b = node(&clock, |_| {}).await;
+    introduce(&a, &b);
+    let p = key();
+    let now = clock.unix();
+    let f = frame(
+        &p,
+        &a,
+        rand::random(),
+        1,
+        now,
+        forward_blob(&a, *b.relay.node.id(), terminal_blob(&b, b"relayed")),
+    );
+    let r1 = submit(&a, f.encode()).await;
+    assert_eq!(reason(&r1), "forwarded");
+    let r2 = submit(&a, f.encode()).await;
+    assert_eq!(r2, r1);
+    let sb = b.relay.counters.snapshot();
+    assert_eq!((sb.received, sb.terminal), (1, 1));
+    assert_eq!(a.relay.counters.snapshot().forwarded, 1);
+}
+
+#[tokio::test]
+async fn a_route_accepted_before_a_crash_is_refused_after_the_restart() {
+    let (_m, clock) = manual();
+    let n = node(&clock, |_| {}).await;
+    let p = key();
+    let now = clock.unix();
+    let f = frame(
+        &p,
+        &n,
+        rand::random(),
+        0,
+        now,
+        terminal_blob(&n, b"durable"),
+    );
+    let r1 = submit(&n, f.encode()).await;
+    assert_eq!(reason(&r1), "delivered");
+    // One more reserved but never completed (the process dies while handling it).
+    let g = frame(
+        &p,
+        &n,
+        rand::random(),
+        0,
+        now,
+        terminal_blob(&n, b"cut short"),
+    );
+    n.relay
+        .replay()
+        .reserve(g.route_id, g.request_digest(), now)
+        .unwrap();
+    let dir = n.dir.clone();
+    let mut n = n;
+    n.stop.cancel();
+    let tmp = n._tmp.take();
+    drop(n);
+    // A new process on the same state dir.
+    let (relay, addr, stop) = start_in(&dir, &clock, |_| {}, false).await;
+    let n = Node {
+        relay,
+        addr,
+        dir,
+        _tmp: tmp,
+        stop,
+    };
+    assert_eq!(
+        submit(&n, f.encode()).await,
+        r1,
+        "replayed, not delivered again"
+    );
+    assert_eq!(n.relay.inbox().len().unwrap(), 1);
+    let r = submit(&n, g.encode()).await;
+    assert_eq!((r.status, reason(&r).as_str()), (503, "route_interrupted"));
+    assert_eq!(n.relay.inbox().len().unwrap(), 1);
+}
+
+#[tokio::test]
+async fn a_definitive_answer_is_not_retried() {
+    use std::sync::atomic::AtomicUsize;
+    let (_m, clock) = manual();
+    let a = node(&clock, |_| {}).await;
+    // A next hop that answers 400 to everything, counting what it gets.
+    let hits = Arc::new(AtomicUsize::new(0));
+    let h = Arc::clone(&hits);
+    let app = axum::Router::new().route(
+        "/v1/relay",
+        axum::routing::post(move || {
+            h.fetch_add(1, Ordering::SeqCst);
+            async {
+                (
+                    axum::http::StatusCode::BAD_REQUEST,
+                    "{\"error\":\"invalid_signature\"}",
+                )
+            }
+        }),
+    );
+    let listener = TcpListener::bind((fresh_ip(), 0)).await.unwrap();
+    let fake_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let fake = SigningKey::from_bytes(&rand::random());
+    let d = blindrelay::proto::descriptor::Descriptor::sign(
+        &fake,
+        x25519_pub(),
+        format!("http://{fake_addr}"),
+        clock.unix(),
+        3600,
+    );
+    assert!(a.relay.peers.insert(d));
+    let p = key();
+    let now = clock.unix();
+    let r = submit(
+        &a,
+        frame(
+            &p,
+            &a,
+            rand::random(),
+            1,
+            now,
+            forward_blob(&a, id(&fake), vec![3; 200]),
+        )
+        .encode(),
+    )
+    .await;
+    assert_eq!((r.status, reason(&r).as_str()), (502, "forward_failed"));
+    assert_eq!(hits.load(Ordering::SeqCst), 1);
+    assert_eq!(a.relay.counters.snapshot().retry_attempted, 0);
+}
+
+/// 32 bytes that do not decode as an Ed25519 point.
+fn not_a_point() -> [u8; 32] {
+    (2u8..=255)
+        .map(|y| {
+            let mut b = [0u8; 32];
+            b[0] = y;
+            b
+        })
+        .find(|b| ed25519_dalek::VerifyingKey::from_bytes(b).is_err())
+        .expect("some small y is not on the curve")
+}
+
+fn x25519_pub() -> [u8; 32] {
+    x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(rand::random::<[u8; 32]>()))
+        .to_bytes()
+}
+
+#[tokio::test]
+async fn the_sender_verifies_the_terminal_receipt() {
+    let (_m, clock) = manual();
+    let a = node(&clock, |_| {}).await;
+    let b = node(&clock, |_| {}).await;
+    let c = node(&clock, |_| {}).await;
+    for (x, y) in [(&a, &b), (&a, &c), (&b, &c), (&b, &a), (&c, &a), (&c, &b)] {
+        introduce(x, y);
+    }
+    let d = blindrelay::send::send(&a.relay, *c.relay.node.id(), 2, b"two hops".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(d.hops, 2);
+    let s = a.relay.counters.snapshot();
+    assert_eq!(s.verified_client_onion_deliveries, 1);
+    assert!(s.last_verified_client_onion_delivery_at.is_some());
+    assert_eq!(b.relay.counters.snapshot().forwarded, 1);
+    assert_eq!(c.relay.inbox().get(1).unwrap().unwrap(), b"two hops");
+
+    // A middle that answers with a made-up receipt is caught by the sender.
+    let app = axum::Router::new().route(
+        "/v1/relay",
+        axum::routing::post(|| async {
+            (
+                axum::http::StatusCode::OK,
+                format!(
+                    "{{\"outcome\":\"forwarded\",\"receipt\":\"{}\"}}",
+                    "ab".repeat(192)
+                ),
+            )
+        }),
+    );
+    let listener = TcpListener::bind((fresh_ip(), 0)).await.unwrap();
+    let fake_addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let liar = SigningKey::from_bytes(&rand::random());
+    let desc = blindrelay::proto::descriptor::Descriptor::sign(
+        &liar,
+        x25519_pub(),
+        format!("http://{fake_addr}"),
+        clock.unix(),
+        3600,
+    );
+    let (_m2, clock2) = manual();
+    let solo = node(&clock2, |_| {}).await;
+    assert!(solo.relay.peers.insert(desc));
+    let err = blindrelay::send::send(&solo.relay, id(&liar), 1, b"x".to_vec())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, blindrelay::send::SendError::Receipt(_)),
+        "{err:?}"
+    );
+    assert_eq!(
+        solo.relay
+            .counters
+            .snapshot()
+            .verified_client_onion_deliveries,
+        0
+    );
+}
