@@ -206,7 +206,8 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
     let mut wrong_hop = frame(&p, &n, rand::random(), 1, now, terminal_blob(&n, b"x"));
     wrong_hop = Envelope::sign(wrong_hop.route_id, stranger, 1, now, wrong_hop.blob, &p);
 
-    let cases: Vec<(&str, &Node, Vec<u8>, u16, &str, &str)> = vec![
+    type Case<'a> = (&'a str, &'a Node, Vec<u8>, u16, &'a str, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "garbage",
             &n,
@@ -717,7 +718,7 @@ async fn five_thousand_fresh_identities_cannot_flush_an_active_quarantine() {
     }
     assert!(n.relay.hops().len() <= blindrelay::hopguard::MAX_BUCKETS);
     assert!(
-        refused >= 5000 - blindrelay::hopguard::MAX_BUCKETS as i32 + 1,
+        refused > 5000 - blindrelay::hopguard::MAX_BUCKETS as i32,
         "{refused}"
     );
     assert_eq!(
