@@ -15,7 +15,7 @@ use serde_json::json;
 
 use crate::pipeline::{Reason, Relay, Reply};
 use crate::proto::envelope::MAX_ENVELOPE;
-use crate::proto::{NodeId, Prefix, from_hex};
+use crate::proto::{NodeId, from_hex};
 use crate::send::{self, SendError};
 
 impl IntoResponse for Reply {
@@ -46,6 +46,8 @@ pub fn operator(relay: Arc<Relay>) -> Router {
         .route("/v1/inbox", get(inbox_list))
         .route("/v1/inbox/{id}", get(inbox_item))
         .route("/v1/status", get(status))
+        .route("/metrics", get(metrics))
+        .route("/v1/probe", post(probe_now))
         .route("/v1/descriptor", get(descriptor))
         .fallback(|| async { (StatusCode::NOT_FOUND, Json(json!({"error": "not_found"}))) })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_ENVELOPE))
@@ -139,19 +141,25 @@ async fn inbox_item(State(relay): State<Arc<Relay>>, Path(id): Path<u64>) -> Res
 }
 
 async fn status(State(relay): State<Arc<Relay>>) -> Response {
-    let now = relay.clock.unix();
+    Json(crate::status::document(&relay)).into_response()
+}
+
+async fn metrics(State(relay): State<Arc<Relay>>) -> Response {
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        crate::status::metrics(&relay),
+    )
+        .into_response()
+}
+
+/// Runs a probe round now (the periodic one runs every `--probe-interval`).
+async fn probe_now(State(relay): State<Arc<Relay>>) -> Response {
+    crate::probe::round(&relay).await;
+    let s = relay.counters.snapshot();
     Json(json!({
-        "node": Prefix(relay.node.id()).to_string(),
-        "counters": relay.counters.snapshot(),
-        "replay": {
-            "store": if relay.replay().is_persistent() { "sqlite" } else { "memory" },
-            "live_routes": relay.replay().live(now),
-        },
-        "peers": {
-            "known": relay.peers.all().len(),
-            "routable": relay.peers.routable(now).len(),
-        },
-        "inbox": { "items": relay.inbox().len().unwrap_or(0) },
+        "probe_attempted": s.probe_attempted, "probe_succeeded": s.probe_succeeded, "probe_failed": s.probe_failed,
+        "two_hop_probe_attempted": s.two_hop_probe_attempted, "two_hop_probe_succeeded": s.two_hop_probe_succeeded,
+        "two_hop_probe_failed": s.two_hop_probe_failed,
     }))
     .into_response()
 }

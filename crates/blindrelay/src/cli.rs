@@ -101,4 +101,7 @@ pub struct RunArgs {
     /// Crypto slots (default: half the CPU threads rounded up, at least 4, at most 8).
     #[arg(long)]
     pub crypto_slots: Option<usize>,
+    /// Time between synthetic probe rounds (humantime, `0s` disables them).
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub probe_interval: std::time::Duration,
 }

@@ -45,6 +45,22 @@ macro_rules! counters {
             pub last_probe_at: Stamp,
             /// Last two-hop probe.
             pub last_two_hop_probe_at: Stamp,
+            /// Last refusal by the abuse guard (rate, quarantine, loop, timestamp, authentication).
+            pub last_protection_at: Stamp,
+            /// Last backpressure refusal.
+            pub last_backpressure_at: Stamp,
+            /// Last forward that failed after all its retries.
+            pub last_retry_exhausted_at: Stamp,
+            /// Last forward failure of any kind.
+            pub last_forward_failed_at: Stamp,
+            /// Last single-hop probe that succeeded.
+            pub last_probe_succeeded_at: Stamp,
+            /// Last single-hop probe that failed.
+            pub last_probe_failed_at: Stamp,
+            /// Last two-hop probe that succeeded.
+            pub last_two_hop_probe_succeeded_at: Stamp,
+            /// Last two-hop probe that failed.
+            pub last_two_hop_probe_failed_at: Stamp,
         }
 
         /// A copy of the counters at one moment, for JSON and tests.
@@ -61,6 +77,22 @@ macro_rules! counters {
             pub last_probe_at: Option<u64>,
             /// See [`Counters::last_two_hop_probe_at`].
             pub last_two_hop_probe_at: Option<u64>,
+            /// See [`Counters::last_protection_at`].
+            pub last_protection_at: Option<u64>,
+            /// See [`Counters::last_backpressure_at`].
+            pub last_backpressure_at: Option<u64>,
+            /// See [`Counters::last_retry_exhausted_at`].
+            pub last_retry_exhausted_at: Option<u64>,
+            /// See [`Counters::last_forward_failed_at`].
+            pub last_forward_failed_at: Option<u64>,
+            /// See [`Counters::last_probe_succeeded_at`].
+            pub last_probe_succeeded_at: Option<u64>,
+            /// See [`Counters::last_probe_failed_at`].
+            pub last_probe_failed_at: Option<u64>,
+            /// See [`Counters::last_two_hop_probe_succeeded_at`].
+            pub last_two_hop_probe_succeeded_at: Option<u64>,
+            /// See [`Counters::last_two_hop_probe_failed_at`].
+            pub last_two_hop_probe_failed_at: Option<u64>,
         }
 
         impl Counters {
@@ -73,6 +105,14 @@ macro_rules! counters {
                     last_verified_client_onion_delivery_at: self.last_verified_client_onion_delivery_at.get(),
                     last_probe_at: self.last_probe_at.get(),
                     last_two_hop_probe_at: self.last_two_hop_probe_at.get(),
+                    last_protection_at: self.last_protection_at.get(),
+                    last_backpressure_at: self.last_backpressure_at.get(),
+                    last_retry_exhausted_at: self.last_retry_exhausted_at.get(),
+                    last_forward_failed_at: self.last_forward_failed_at.get(),
+                    last_probe_succeeded_at: self.last_probe_succeeded_at.get(),
+                    last_probe_failed_at: self.last_probe_failed_at.get(),
+                    last_two_hop_probe_succeeded_at: self.last_two_hop_probe_succeeded_at.get(),
+                    last_two_hop_probe_failed_at: self.last_two_hop_probe_failed_at.get(),
                 }
             }
 
@@ -139,4 +179,7 @@ counters! {
     two_hop_probe_failed,
     /// Client messages whose terminal receipt this node opened and verified, fresh.
     verified_client_onion_deliveries,
+    /// Probes of other nodes this node answered as their terminal (not user traffic: they move
+    /// none of the request counters above).
+    probes_answered,
 }

@@ -94,6 +94,11 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let cancel = CancellationToken::new();
+    let probes = tokio::spawn(crate::probe::run(
+        Arc::clone(&relay),
+        relay.config.probe_interval,
+        cancel.clone(),
+    ));
     let http = forward::client();
     let peers = tokio::spawn(Arc::clone(&relay.peers).run(http, cancel.clone()));
     let upkeep = tokio::spawn(upkeep(Arc::clone(&relay), cancel.clone()));
@@ -114,7 +119,7 @@ pub async fn serve(
     info!(node = %Prefix(relay.node.id()), "node ready");
     shutdown.await;
     cancel.cancel();
-    for t in [a, b, peers, upkeep] {
+    for t in [a, b, peers, upkeep, probes] {
         let _ = t.await;
     }
     info!("node stopped");

@@ -14,6 +14,9 @@
 //! - [`node`]: identity, onion keys, descriptor; [`peers`]: known peers' descriptors.
 //! - [`counters`]: the aggregate counters; [`api`]: the two listeners; [`daemon`]: `run`.
 //! - [`clock`]: time, passed in.
+//! - [`probe`]: synthetic single-hop and two-hop probes; [`health`]: per-peer health without
+//!   who-talks-to-whom; [`status`]: evidence quality, proof scope, the status document and
+//!   the Prometheus text.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
@@ -23,10 +26,13 @@ pub mod clock;
 pub mod counters;
 pub mod daemon;
 pub mod forward;
+pub mod health;
 pub mod hopguard;
 pub mod node;
 pub mod peers;
 pub mod pipeline;
+pub mod probe;
 pub mod proto;
 pub mod replay;
 pub mod send;
+pub mod status;

@@ -162,15 +162,97 @@ async fn run(cmd: Command) -> Result<(), String> {
             if json {
                 say!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
             } else {
-                say!("node {}", v["node"].as_str().unwrap_or("?"));
-                if let Some(c) = v["counters"].as_object() {
-                    for (k, val) in c {
-                        say!("  {k:<40} {val}");
-                    }
-                }
+                render_status(&v);
             }
             Ok(())
         }
+    }
+}
+
+/// The status document as readable tables.
+fn render_status(v: &serde_json::Value) {
+    let q = &v["quality"];
+    let t = |x: &serde_json::Value| x.as_str().unwrap_or("?").to_string();
+    say!(
+        "node {}   status {}   proof scope {}   real relay ready {}",
+        t(&v["node"]),
+        t(&q["status"]),
+        t(&q["proof_scope"]),
+        q["real_relay_ready"]
+    );
+    say!("  why:  {}", t(&q["reason"]));
+    say!("  next: {}", t(&q["next_action"]));
+    say!("");
+    say!(
+        "{:<28} {:>8} {:>12} {:>6}",
+        "EVIDENCE",
+        "TOTAL",
+        "LAST",
+        "FRESH"
+    );
+    for k in [
+        "relay_acceptance",
+        "synthetic_probes",
+        "synthetic_two_hop_probes",
+        "client_delivery_receipts",
+    ] {
+        let e = &q[k];
+        let last = e["last_at"]
+            .as_u64()
+            .map_or("never".to_string(), |x| x.to_string());
+        say!("{:<28} {:>8} {:>12} {:>6}", k, e["total"], last, e["fresh"]);
+    }
+    say!("");
+    say!("COUNTERS");
+    if let Some(c) = v["counters"].as_object() {
+        for (k, val) in c.iter().filter(|(k, _)| !k.starts_with("last_")) {
+            say!("  {k:<34} {val}");
+        }
+    }
+    let h = &v["peer_health"];
+    say!("");
+    say!(
+        "PEERS  {} known: {} healthy, {} degraded, {} failing, {} quarantined, {} unknown",
+        h["total_peers"],
+        h["healthy"],
+        h["degraded"],
+        h["failing"],
+        h["quarantined"],
+        h["unknown"]
+    );
+    say!(
+        "{:<10} {:<12} {:<10} {:<8} {:<8} {:>6} {:>6} {:>10}  REASONS",
+        "NODE",
+        "HEALTH",
+        "DESCRIPTOR",
+        "CONTACT",
+        "ROUTE OK",
+        "OK",
+        "FAIL",
+        "QUARANTINE"
+    );
+    for r in h["rows"].as_array().cloned().unwrap_or_default() {
+        let reasons = r["reasons"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, n)| format!("{k}={n}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default();
+        say!(
+            "{:<10} {:<12} {:<10} {:<8} {:<8} {:>6} {:>6} {:>10}  {}",
+            t(&r["node"]),
+            t(&r["health"]),
+            t(&r["descriptor"]),
+            t(&r["last_contact"]),
+            t(&r["last_route_success"]),
+            r["route_successes"],
+            r["route_failures"],
+            r["quarantine_remaining_secs"],
+            reasons
+        );
     }
 }
 
@@ -198,6 +280,7 @@ async fn run_node(args: RunArgs) -> Result<(), String> {
     let mut relay = RelayConfig::new(args.allow_private_endpoints);
     relay.window_limit = args.admission_per_minute;
     relay.max_in_flight = args.max_in_flight;
+    relay.probe_interval = args.probe_interval;
     if let Some(n) = args.crypto_slots {
         relay.crypto_slots = n.max(2);
     }

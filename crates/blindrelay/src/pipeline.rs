@@ -25,6 +25,7 @@ use tracing::{debug, trace};
 use crate::clock::Clock;
 use crate::counters::Counters;
 use crate::forward::{self, Forwarded};
+use crate::health::{Bucket, Health};
 use crate::hopguard::{HopGuard, Scored, Verdict};
 use crate::node::Node;
 use crate::peers::{PeerError, Peers};
@@ -153,6 +154,24 @@ impl Reason {
         }
     }
 
+    /// A refusal by the abuse guard: the node is protecting itself (status `protecting`).
+    pub fn is_protection(self) -> bool {
+        use Reason::*;
+        matches!(
+            self,
+            InvalidPreviousHop
+                | InvalidSignature
+                | OnionPeelFailed
+                | RateLimited
+                | Quarantined
+                | TimestampExpired
+                | TimestampInFuture
+                | SelfLoop
+                | RouteLoop
+                | TtlExhausted
+        )
+    }
+
     /// Every reason, for the docs' table and tests.
     pub const ALL: [Reason; 21] = {
         use Reason::*;
@@ -239,6 +258,8 @@ pub enum Record {
     Terminal,
     /// A duplicate answered with the stored response.
     Duplicate,
+    /// Another node's probe, answered as its terminal: not user traffic.
+    Probe,
 }
 
 /// Settings of the relay.
@@ -254,6 +275,8 @@ pub struct RelayConfig {
     pub crypto_slots: usize,
     /// Next hops may have private endpoints (loopback tests).
     pub allow_private_endpoints: bool,
+    /// Time between probe rounds (zero: no periodic probes).
+    pub probe_interval: Duration,
 }
 
 impl RelayConfig {
@@ -265,6 +288,7 @@ impl RelayConfig {
             max_in_flight: MAX_IN_FLIGHT,
             crypto_slots: crypto_slots(std::thread::available_parallelism().map_or(1, |n| n.get())),
             allow_private_endpoints,
+            probe_interval: Duration::from_secs(300),
         }
     }
 }
@@ -299,6 +323,7 @@ pub struct Relay {
     in_flight: Gate,
     crypto: Gate,
     hops: Mutex<HopGuard>,
+    health: Health,
     replay: Arc<ReplayRegistry>,
     inbox: Arc<Inbox>,
     http: reqwest::Client,
@@ -326,6 +351,7 @@ impl Relay {
             in_flight: Gate::new(config.max_in_flight),
             crypto: Gate::new(config.crypto_slots),
             hops: Mutex::new(HopGuard::default()),
+            health: Health::default(),
             counters: Counters::default(),
             http: forward::client(),
             node,
@@ -350,6 +376,11 @@ impl Relay {
     /// The previous-hop guard (status and tests).
     pub fn hops(&self) -> std::sync::MutexGuard<'_, HopGuard> {
         self.hops.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Peer health.
+    pub fn health(&self) -> &Health {
+        &self.health
     }
 
     /// The replay registry.
@@ -396,6 +427,11 @@ impl Relay {
     /// Counts one request's outcome.
     pub fn record(&self, rec: Record) {
         let c = &self.counters;
+        if rec == Record::Probe {
+            // Not user traffic: none of the request counters move.
+            c.probes_answered.inc();
+            return;
+        }
         let now = self.clock.unix();
         c.received.inc();
         c.last_event_at.set(now);
@@ -403,6 +439,12 @@ impl Relay {
             Record::Rejected(r) => {
                 c.rejected.inc();
                 r.counter(c).inc();
+                match r {
+                    Reason::Backpressure => c.last_backpressure_at.set(now),
+                    Reason::ForwardFailed => c.last_forward_failed_at.set(now),
+                    _ if r.is_protection() => c.last_protection_at.set(now),
+                    _ => {}
+                }
                 debug!(reason = r.as_str(), "relay request refused");
             }
             Record::Terminal => {
@@ -414,6 +456,7 @@ impl Relay {
                 c.replay_dropped.inc();
                 debug!("relay request answered from the replay registry");
             }
+            Record::Probe => {}
         }
     }
 
@@ -487,7 +530,7 @@ impl Relay {
         route_id: &RouteId,
         envelope: Vec<u8>,
     ) -> Reply {
-        match forward::post(
+        let outcome = forward::post(
             &self.http,
             endpoint,
             &envelope,
@@ -495,18 +538,51 @@ impl Relay {
             next_hop,
             &self.counters,
         )
-        .await
-        {
+        .await;
+        let now = self.clock.unix();
+        match &outcome {
+            Forwarded::Accepted { .. } => self.health.record_route(next_hop, true, now),
+            Forwarded::Refused => {
+                self.health
+                    .record_route_reason(next_hop, false, Bucket::Refused, now)
+            }
+            Forwarded::Exhausted => {
+                self.health
+                    .record_route_reason(next_hop, false, Bucket::Transport, now)
+            }
+        }
+        match outcome {
             Forwarded::Accepted { receipt } => {
                 self.record_forwarded();
                 Reply::success("forwarded", &receipt)
             }
-            Forwarded::Refused | Forwarded::Exhausted => self.refuse(Reason::ForwardFailed),
+            Forwarded::Refused => self.refuse(Reason::ForwardFailed),
+            Forwarded::Exhausted => {
+                self.counters.last_retry_exhausted_at.set(self.clock.unix());
+                self.refuse(Reason::ForwardFailed)
+            }
         }
     }
 
     /// Steps 3–7, and step 8 for the terminal hop: synchronous, run with a crypto slot held.
+    /// The outcome is also recorded in the authenticated previous hop's health.
     pub fn decide(&self, body: &[u8]) -> Decision {
+        let mut prev = None;
+        let decision = self.steps(body, &mut prev);
+        if let Some(prev) = prev {
+            let now = self.clock.unix();
+            match &decision {
+                Decision::Reply(_, Record::Rejected(r)) if *r != Reason::ForwardFailed => {
+                    self.health.record_refusal(&prev, *r, now);
+                }
+                _ => self.health.record_contact(&prev, now),
+            }
+        }
+        decision
+    }
+
+    /// The steps; `authenticated` is set once the previous hop's signature verified.
+    fn steps(&self, body: &[u8], authenticated: &mut Option<NodeId>) -> Decision {
         let reject = |r| Decision::Reply(Reply::error(r), Record::Rejected(r));
         let now = self.clock.unix();
         let instant = self.clock.instant();
@@ -522,6 +598,7 @@ impl Relay {
             Err(AuthError::InvalidSignature) => return reject(Reason::InvalidSignature),
         }
         let prev = env.previous_hop;
+        *authenticated = Some(prev);
         // Step 4.
         match self.hops().admit(&prev, instant) {
             Verdict::Allowed => {}

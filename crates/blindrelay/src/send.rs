@@ -138,6 +138,11 @@ pub async fn send(
         &relay.counters,
     )
     .await;
+    relay.health().record_route(
+        &entry,
+        matches!(answer, Forwarded::Accepted { .. }),
+        relay.clock.unix(),
+    );
     let sealed = match answer {
         Forwarded::Accepted { receipt } => from_hex_vec(&receipt).ok_or(SendError::Refused)?,
         Forwarded::Refused => return Err(SendError::Refused),
