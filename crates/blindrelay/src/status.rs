@@ -337,8 +337,10 @@ mod tests {
 
     #[test]
     fn proof_scope_and_real_readiness() {
-        let mut s = Snapshot::default();
-        s.probe_attempted = 1;
+        let mut s = Snapshot {
+            probe_attempted: 1,
+            ..Default::default()
+        };
         assert_eq!(quality(&s, T).proof_scope, "single_hop_control_plane");
         s.two_hop_probe_attempted = 1;
         assert_eq!(quality(&s, T).proof_scope, "control_plane");
