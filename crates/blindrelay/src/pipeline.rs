@@ -676,6 +676,31 @@ impl Relay {
             Layer::Terminal {
                 receipt_key,
                 payload,
+            } if crate::probe::is_probe(&payload) => {
+                // Another node's probe: answered like a delivery (middle hops cannot tell it
+                // from a message), nothing stored, not user traffic.
+                if let Some(d) = self.reserve(&env.route_id, digest, now) {
+                    return d;
+                }
+                let r = Receipt::sign(
+                    env.route_id,
+                    receipt::commitment(&payload),
+                    self.node.signing_key(),
+                    now,
+                );
+                let reply = Reply::success("delivered", &hex(&receipt::seal(&r, &receipt_key)));
+                if self
+                    .replay
+                    .complete(env.route_id, digest, reply.status, &reply.body, now)
+                    .is_err()
+                {
+                    debug!("replay registry: completion not stored");
+                }
+                Decision::Reply(reply, Record::Probe)
+            }
+            Layer::Terminal {
+                receipt_key,
+                payload,
             } => {
                 if let Some(d) = self.reserve(&env.route_id, digest, now) {
                     return d;

@@ -1004,3 +1004,268 @@ async fn the_sender_verifies_the_terminal_receipt() {
         0
     );
 }
+
+fn status_of(n: &Node) -> serde_json::Value {
+    blindrelay::status::document(&n.relay)
+}
+
+fn three(clock: &Clock) -> impl std::future::Future<Output = (Node, Node, Node)> + '_ {
+    async move {
+        let a = node(clock, |_| {}).await;
+        let b = node(clock, |_| {}).await;
+        let c = node(clock, |_| {}).await;
+        for (x, y) in [(&a, &b), (&a, &c), (&b, &c), (&b, &a), (&c, &a), (&c, &b)] {
+            introduce(x, y);
+        }
+        (a, b, c)
+    }
+}
+
+#[tokio::test]
+async fn probes_are_kept_apart_from_user_traffic() {
+    let (_m, clock) = manual();
+    let (a, b, c) = three(&clock).await;
+    blindrelay::probe::round(&a.relay).await;
+    let s = a.relay.counters.snapshot();
+    assert_eq!(
+        (s.probe_attempted, s.probe_succeeded, s.probe_failed),
+        (2, 2, 0)
+    );
+    assert_eq!(
+        (
+            s.two_hop_probe_attempted,
+            s.two_hop_probe_succeeded,
+            s.two_hop_probe_failed
+        ),
+        (1, 1, 0)
+    );
+    assert_eq!(
+        (
+            s.received,
+            s.terminal,
+            s.forwarded,
+            s.verified_client_onion_deliveries
+        ),
+        (0, 0, 0, 0)
+    );
+    // The probed nodes answered as terminals without counting or storing user traffic.
+    let (sb, sc) = (b.relay.counters.snapshot(), c.relay.counters.snapshot());
+    assert_eq!(sb.probes_answered + sc.probes_answered, 3);
+    assert_eq!(sb.terminal + sc.terminal, 0);
+    assert!(b.relay.inbox().is_empty().unwrap() && c.relay.inbox().is_empty().unwrap());
+    // The middle of the two-hop probe cannot tell it from a message: one forward, as designed.
+    assert_eq!(sb.forwarded + sc.forwarded, 1);
+    let q = &status_of(&a)["quality"];
+    assert_eq!(q["status"], "ready");
+    assert_eq!(q["proof_scope"], "message_delivery");
+    assert_eq!(q["real_relay_ready"], false);
+    assert_eq!(q["relay_acceptance"]["total"], 0);
+    assert_eq!(q["synthetic_probes"]["total"], 2);
+    // A verified client delivery makes the node really ready.
+    blindrelay::send::send(&a.relay, *c.relay.node.id(), 2, b"real".to_vec())
+        .await
+        .unwrap();
+    let q = &status_of(&a)["quality"];
+    assert_eq!(
+        (q["proof_scope"].as_str(), q["real_relay_ready"].as_bool()),
+        (Some("client_message_delivery"), Some(true))
+    );
+}
+
+#[tokio::test]
+async fn status_moves_with_recent_events_and_recovers() {
+    let (m, clock) = manual();
+    let n = node(&clock, |c| c.crypto_slots = 4).await;
+    let st = |n: &Node| {
+        status_of(n)["quality"]["status"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(st(&n), "idle");
+    let p = key();
+    let stranger: NodeId = rand::random();
+    let now = clock.unix();
+    submit(
+        &n,
+        frame(
+            &p,
+            &n,
+            rand::random(),
+            1,
+            now,
+            forward_blob(&n, stranger, vec![1; 200]),
+        )
+        .encode(),
+    )
+    .await;
+    assert_eq!(st(&n), "observing");
+    submit(
+        &n,
+        frame(&p, &n, rand::random(), 0, now, terminal_blob(&n, b"a")).encode(),
+    )
+    .await;
+    assert_eq!(st(&n), "ready");
+    m.advance(Duration::from_secs(1800));
+    assert_eq!(st(&n), "stale");
+    // A rate limit: protecting, while the relay keeps working.
+    let q = key();
+    for _ in 0..=120 {
+        submit(
+            &n,
+            frame(&q, &n, rand::random(), 1, clock.unix(), vec![0; 8]).encode(),
+        )
+        .await;
+    }
+    submit(
+        &n,
+        frame(
+            &p,
+            &n,
+            rand::random(),
+            0,
+            clock.unix(),
+            terminal_blob(&n, b"b"),
+        )
+        .encode(),
+    )
+    .await;
+    assert_eq!(st(&n), "protecting");
+    let health = &status_of(&n)["peer_health"];
+    let row = health["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["health"] == "quarantined")
+        .unwrap()
+        .clone();
+    assert_eq!(row["node"], blindrelay::proto::Prefix(&id(&q)).to_string());
+    assert_eq!(row["quarantine_remaining_secs"], 300);
+    assert!(row["reasons"]["rate_limit"].as_u64().unwrap() >= 1);
+    // The window passes; with fresh work the node is ready again by itself.
+    m.advance(Duration::from_secs(1800));
+    submit(
+        &n,
+        frame(
+            &p,
+            &n,
+            rand::random(),
+            0,
+            clock.unix(),
+            terminal_blob(&n, b"c"),
+        )
+        .encode(),
+    )
+    .await;
+    assert_eq!(st(&n), "ready");
+    // Backpressure: attention, with what to do.
+    let busy: Vec<_> = (0..3)
+        .map(|_| n.relay.crypto().try_acquire().unwrap())
+        .collect();
+    submit(
+        &n,
+        frame(
+            &p,
+            &n,
+            rand::random(),
+            0,
+            clock.unix(),
+            terminal_blob(&n, b"d"),
+        )
+        .encode(),
+    )
+    .await;
+    drop(busy);
+    let q = status_of(&n)["quality"].clone();
+    assert_eq!(q["status"], "attention");
+    assert!(q["next_action"].as_str().unwrap().contains("CPU"));
+    m.advance(Duration::from_secs(1800));
+    // Forward failures: degraded, and the next hop shows as failing after three.
+    let dead = node(&clock, |_| {}).await;
+    introduce(&n, &dead);
+    dead.stop.cancel();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for _ in 0..3 {
+        let f = frame(
+            &p,
+            &n,
+            rand::random(),
+            1,
+            clock.unix(),
+            forward_blob(&n, *dead.relay.node.id(), vec![2; 200]),
+        );
+        submit(&n, f.encode()).await;
+    }
+    let doc = status_of(&n);
+    assert_eq!(
+        doc["quality"]["status"], "attention",
+        "exhausted retries call for attention"
+    );
+    let failing = doc["peer_health"]["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["health"] == "failing")
+        .cloned();
+    assert_eq!(
+        failing.unwrap()["node"],
+        blindrelay::proto::Prefix(dead.relay.node.id()).to_string()
+    );
+}
+
+#[tokio::test]
+async fn status_and_metrics_name_no_peer_route_endpoint_or_payload() {
+    let (_m, clock) = manual();
+    let (a, b, c) = three(&clock).await;
+    let payload = b"PRIVATE-PAYLOAD-3f9a".to_vec();
+    blindrelay::send::send(&a.relay, *c.relay.node.id(), 2, payload.clone())
+        .await
+        .unwrap();
+    blindrelay::probe::round(&a.relay).await;
+    let p = key();
+    let route: RouteId = rand::random();
+    submit(
+        &b,
+        frame(&p, &b, route, 1, clock.unix(), vec![0; 8]).encode(),
+    )
+    .await;
+    let mut forbidden: Vec<String> = vec![String::from_utf8(payload.clone()).unwrap()];
+    use sha2::Digest;
+    forbidden.push(blindrelay::proto::hex(&sha2::Sha256::digest(&payload)));
+    forbidden.push(blindrelay::proto::hex(
+        &blindrelay::proto::receipt::commitment(&payload),
+    ));
+    forbidden.push(blindrelay::proto::hex(&route));
+    for n in [&a, &b, &c] {
+        forbidden.push(blindrelay::proto::hex(n.relay.node.id()));
+        forbidden.push(n.addr.to_string());
+        forbidden.push(n.addr.ip().to_string());
+    }
+    forbidden.push(blindrelay::proto::hex(&id(&p)));
+    for n in [&a, &b, &c] {
+        let text = status_of(n).to_string() + &blindrelay::status::metrics(&n.relay);
+        for f in &forbidden {
+            assert!(
+                !text.contains(f.as_str()),
+                "{f} in the status of {}",
+                blindrelay::proto::Prefix(n.relay.node.id())
+            );
+        }
+        assert!(
+            status_of(n)["peer_health"]["rows"]
+                .as_array()
+                .unwrap()
+                .len()
+                <= blindrelay::health::MAX_ROWS
+        );
+    }
+    // The metrics are labelled by status only.
+    let metrics = blindrelay::status::metrics(&a.relay);
+    for line in metrics.lines().filter(|l| !l.starts_with('#')) {
+        assert!(
+            !line.contains('{') || line.starts_with("blindrelay_status{status="),
+            "{line}"
+        );
+    }
+    assert!(metrics.contains("blindrelay_verified_client_onion_deliveries_total 1"));
+}
