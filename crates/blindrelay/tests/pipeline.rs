@@ -1009,16 +1009,14 @@ fn status_of(n: &Node) -> serde_json::Value {
     blindrelay::status::document(&n.relay)
 }
 
-fn three(clock: &Clock) -> impl std::future::Future<Output = (Node, Node, Node)> + '_ {
-    async move {
-        let a = node(clock, |_| {}).await;
-        let b = node(clock, |_| {}).await;
-        let c = node(clock, |_| {}).await;
-        for (x, y) in [(&a, &b), (&a, &c), (&b, &c), (&b, &a), (&c, &a), (&c, &b)] {
-            introduce(x, y);
-        }
-        (a, b, c)
+async fn three(clock: &Clock) -> (Node, Node, Node) {
+    let a = node(clock, |_| {}).await;
+    let b = node(clock, |_| {}).await;
+    let c = node(clock, |_| {}).await;
+    for (x, y) in [(&a, &b), (&a, &c), (&b, &c), (&b, &a), (&c, &a), (&c, &b)] {
+        introduce(x, y);
     }
+    (a, b, c)
 }
 
 #[tokio::test]
