@@ -90,17 +90,15 @@ async fn run(cmd: Command) -> Result<(), String> {
                 .body(payload)
                 .send()
                 .await
-                .map_err(|e| format!("operator API: {e}"))?;
+                .map_err(operator_error)?;
             let ok = resp.status().is_success();
-            let v: serde_json::Value = resp
-                .json()
-                .await
-                .map_err(|e| format!("operator API: {e}"))?;
+            let v: serde_json::Value = resp.json().await.map_err(operator_error)?;
             if ok && v["delivered"] == true {
+                let hops = v["hops"].as_u64().unwrap_or(0);
                 say!(
-                    "delivered to {} over {} hops, receipt verified",
+                    "delivered to {} over {hops} hop{}, receipt verified",
                     v["terminal"].as_str().unwrap_or("?"),
-                    v["hops"]
+                    if hops == 1 { "" } else { "s" }
                 );
                 Ok(())
             } else {
@@ -124,14 +122,11 @@ async fn run(cmd: Command) -> Result<(), String> {
                     .get(format!("{base}/v1/inbox/{id}"))
                     .send()
                     .await
-                    .map_err(|e| format!("operator API: {e}"))?;
+                    .map_err(operator_error)?;
                 if !resp.status().is_success() {
                     return Err(format!("no message {id}"));
                 }
-                let bytes = resp
-                    .bytes()
-                    .await
-                    .map_err(|e| format!("operator API: {e}"))?;
+                let bytes = resp.bytes().await.map_err(operator_error)?;
                 std::io::stdout()
                     .write_all(&bytes)
                     .map_err(|e| e.to_string())?;
@@ -256,6 +251,21 @@ fn render_status(v: &serde_json::Value) {
     }
 }
 
+/// An operator API failure, without reqwest's text: it holds the URL (an endpoint, and for
+/// `send` the terminal's full id), which must not be printed.
+fn operator_error(e: reqwest::Error) -> String {
+    let what = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "cannot connect"
+    } else if e.is_decode() {
+        "answered something that is not JSON"
+    } else {
+        "request failed"
+    };
+    format!("operator API: {what}")
+}
+
 fn http() -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
@@ -265,12 +275,8 @@ fn http() -> reqwest::Client {
 }
 
 async fn get_json(url: &str) -> Result<serde_json::Value, String> {
-    let resp = http()
-        .get(url)
-        .send()
-        .await
-        .map_err(|e| format!("operator API: {e}"))?;
-    resp.json().await.map_err(|e| format!("operator API: {e}"))
+    let resp = http().get(url).send().await.map_err(operator_error)?;
+    resp.json().await.map_err(operator_error)
 }
 
 async fn run_node(args: RunArgs) -> Result<(), String> {

@@ -113,7 +113,8 @@ pub async fn send(
         .ok_or(SendError::Backpressure)?;
     let me = Arc::clone(relay);
     let (route, envelope) = tokio::task::spawn_blocking(move || {
-        let route = onion::build(&path, &payload).map_err(|_| SendError::Internal)?;
+        let route = onion::build(&path, &payload)
+            .map_err(|_| SendError::TooLarge(onion::max_payload(hops)))?;
         let env = Envelope::sign(
             route.first_route_id,
             entry,

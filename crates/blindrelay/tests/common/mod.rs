@@ -1,0 +1,557 @@
+//! Shared helpers for the integration tests: a network of real `blindrelay` processes on fresh
+//! loopback addresses, driven through the real CLI and the operator API.
+//!
+//! - Every node gets its own address `127.(50 + pid % 150).x.y` (never `127.0.0.1`) and the
+//!   fixed ports 7001 (relay) and 7070 (operator) on it, so tests never collide on ports.
+//! - Readiness is never guessed with a sleep: a node is up when it logs `node ready`, and the
+//!   network is up when every node's `GET /v1/status` shows all other nodes routable (polled
+//!   every 20 ms, at most 10 s).
+//! - Every process is killed by PID (`kill -9`) and reaped when its guard is dropped, pass or
+//!   fail; `kill_on_drop(true)` is a second line of defence.
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_blindrelay");
+/// The relay (public) port on every node's address.
+pub const RELAY_PORT: u16 = 7001;
+/// The operator port on every node's address.
+pub const OPERATOR_PORT: u16 = 7070;
+/// Longest wait for any readiness condition.
+pub const WAIT: Duration = Duration::from_secs(10);
+/// Poll interval for readiness conditions.
+pub const POLL: Duration = Duration::from_millis(20);
+
+static NEXT_IP: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh loopback address for this process: `127.(50 + pid % 150).x.y`, never used before by
+/// this process, and with both fixed ports free right now.
+pub fn fresh_ip() -> Ipv4Addr {
+    let second = 50 + (std::process::id() % 150) as u8;
+    for _ in 0..(254 * 256) {
+        let n = NEXT_IP.fetch_add(1, Ordering::Relaxed);
+        let ip = Ipv4Addr::new(127, second, ((n / 254) % 256) as u8, (n % 254 + 1) as u8);
+        let free = [RELAY_PORT, OPERATOR_PORT]
+            .iter()
+            .all(|p| std::net::TcpListener::bind((ip, *p)).is_ok());
+        if free {
+            return ip;
+        }
+    }
+    panic!("no free loopback address left in 127.{second}.0.0/16");
+}
+
+/// An HTTP client for the tests: no proxy, bounded time.
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("http client")
+}
+
+/// An HTTP client whose connections come from `ip`.
+pub fn http_from(ip: Ipv4Addr) -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .local_address(IpAddr::V4(ip))
+        .timeout(Duration::from_secs(20))
+        .build()
+        .expect("http client")
+}
+
+/// A counter from a `GET /v1/status` answer (panics if missing).
+pub fn counter(status: &Value, name: &str) -> u64 {
+    status["counters"][name]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no counter {name} in {status}"))
+}
+
+/// Lowercase hex.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Random bytes.
+pub fn random_bytes(n: usize) -> Vec<u8> {
+    let mut v = vec![0u8; n];
+    rand::RngCore::fill_bytes(&mut rand::rng(), &mut v);
+    v
+}
+
+/// What a process's output readers have seen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Seen {
+    ready: bool,
+    eof: bool,
+}
+
+/// A running process: killed with `kill -9 <pid>` and reaped when dropped.
+#[derive(Debug)]
+struct Proc {
+    child: Child,
+    pid: u32,
+    seen: watch::Receiver<Seen>,
+    readers: Vec<JoinHandle<()>>,
+}
+
+impl Proc {
+    /// Kills (unless it already exited) and reaps.
+    fn kill9(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        let _ = std::process::Command::new("kill")
+            .args(["-9", &self.pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = self.child.start_kill();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            match self.child.try_wait() {
+                Ok(Some(_)) | Err(_) => return,
+                Ok(None) => std::thread::sleep(Duration::from_millis(2)),
+            }
+        }
+    }
+
+    /// Kills, reaps, and waits (bounded) until its output has been read to the end.
+    async fn stop(mut self) {
+        self.kill9();
+        for r in std::mem::take(&mut self.readers) {
+            let _ = tokio::time::timeout(Duration::from_secs(5), r).await;
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Reads `out` line by line into `log`; marks `node ready` and the end of the stream.
+fn read_lines(
+    out: impl AsyncRead + Unpin + Send + 'static,
+    log: Arc<Mutex<Vec<String>>>,
+    seen: Arc<watch::Sender<Seen>>,
+    watch_ready: bool,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut reader = BufReader::new(out);
+        let mut buf = Vec::new();
+        loop {
+            buf.clear();
+            match reader.read_until(b'\n', &mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {
+                    let line = String::from_utf8_lossy(&buf).trim_end().to_string();
+                    let ready = watch_ready && line.contains("node ready");
+                    log.lock().unwrap().push(line);
+                    if ready {
+                        seen.send_modify(|s| s.ready = true);
+                    }
+                }
+            }
+        }
+        if watch_ready {
+            seen.send_modify(|s| s.eof = true);
+        }
+    })
+}
+
+/// Runs the CLI with `args` and `RUST_LOG` (removed when `None`); at most 30 s.
+pub async fn run_cli(args: &[&str], rust_log: Option<&str>) -> CliOutput {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    match rust_log {
+        Some(l) => cmd.env("RUST_LOG", l),
+        None => cmd.env_remove("RUST_LOG"),
+    };
+    let out = tokio::time::timeout(Duration::from_secs(30), cmd.output())
+        .await
+        .expect("CLI timed out")
+        .expect("run CLI");
+    CliOutput {
+        ok: out.status.success(),
+        stdout: out.stdout,
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// One node of a [`Net`].
+#[derive(Debug, Clone)]
+pub struct Node {
+    /// Full node id, 64 hex.
+    pub id: String,
+    /// Its loopback address.
+    pub ip: Ipv4Addr,
+    /// `http://IP:7001`.
+    pub endpoint: String,
+    /// `http://IP:7070`.
+    pub operator: String,
+    /// The state dir.
+    pub state_dir: PathBuf,
+    /// Everything the node wrote to stderr (and stdout), across restarts.
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Node {
+    /// The 8-hex prefix of the id.
+    pub fn prefix(&self) -> &str {
+        &self.id[..8]
+    }
+
+    /// A copy of the log lines.
+    pub fn lines(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Log lines containing `needle`.
+    pub fn count(&self, needle: &str) -> usize {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains(needle))
+            .count()
+    }
+}
+
+/// The output of a CLI run.
+#[derive(Debug, Clone)]
+pub struct CliOutput {
+    /// Exit status 0.
+    pub ok: bool,
+    /// Raw standard output.
+    pub stdout: Vec<u8>,
+    /// Standard error.
+    pub stderr: String,
+}
+
+impl CliOutput {
+    /// Standard output as text.
+    pub fn out(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+}
+
+/// A network of `blindrelay run` processes, each with every other node as `--peer`.
+#[derive(Debug)]
+pub struct Net {
+    dir: tempfile::TempDir,
+    nodes: Vec<Node>,
+    procs: Vec<Option<Proc>>,
+    extra: Vec<String>,
+    rust_log: Option<String>,
+    http: reqwest::Client,
+    files: AtomicU32,
+}
+
+impl Net {
+    /// Inits and runs `n` nodes with `extra_args` added to every `run`, logging at the default
+    /// level; returns once every node is ready and routes to all others.
+    pub async fn start(n: usize, extra_args: &[&str]) -> Net {
+        Net::start_with(n, extra_args, None).await
+    }
+
+    /// [`Net::start`] with `RUST_LOG` set for every node and every CLI run.
+    pub async fn start_with(n: usize, extra_args: &[&str], rust_log: Option<&str>) -> Net {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut nodes = Vec::with_capacity(n);
+        for i in 0..n {
+            let ip = fresh_ip();
+            let state_dir = dir.path().join(format!("node{i}"));
+            let endpoint = format!("http://{ip}:{RELAY_PORT}");
+            let out = Command::new(BIN)
+                .args(["init", "--state-dir"])
+                .arg(&state_dir)
+                .args(["--endpoint", &endpoint])
+                .env_remove("RUST_LOG")
+                .kill_on_drop(true)
+                .output()
+                .await
+                .expect("run blindrelay init");
+            assert!(
+                out.status.success(),
+                "init failed: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+            assert_eq!(id.len(), 64, "init printed {id:?}");
+            nodes.push(Node {
+                id,
+                ip,
+                endpoint,
+                operator: format!("http://{ip}:{OPERATOR_PORT}"),
+                state_dir,
+                log: Arc::new(Mutex::new(Vec::new())),
+            });
+        }
+        let mut net = Net {
+            dir,
+            nodes,
+            procs: (0..n).map(|_| None).collect(),
+            extra: extra_args.iter().map(|s| s.to_string()).collect(),
+            rust_log: rust_log.map(str::to_string),
+            http: http(),
+            files: AtomicU32::new(0),
+        };
+        for i in 0..n {
+            net.spawn(i);
+        }
+        for i in 0..n {
+            net.wait_ready(i).await;
+        }
+        for i in 0..n {
+            net.wait_routable(i, n - 1).await;
+        }
+        net
+    }
+
+    /// Node `i`.
+    pub fn node(&self, i: usize) -> &Node {
+        &self.nodes[i]
+    }
+
+    /// Every node.
+    pub fn nodes(&self) -> &[Node] {
+        &self.nodes
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The temporary directory holding every state dir.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn run_args(&self, i: usize) -> Vec<String> {
+        let me = &self.nodes[i];
+        let mut args = vec![
+            "run".to_string(),
+            "--state-dir".into(),
+            me.state_dir.display().to_string(),
+            "--listen".into(),
+            format!("{}:{RELAY_PORT}", me.ip),
+            "--operator".into(),
+            format!("{}:{OPERATOR_PORT}", me.ip),
+            "--allow-private-endpoints".into(),
+        ];
+        for (j, other) in self.nodes.iter().enumerate() {
+            if j != i {
+                args.push("--peer".into());
+                args.push(other.endpoint.clone());
+            }
+        }
+        args.extend(self.extra.iter().cloned());
+        args
+    }
+
+    fn env(&self, cmd: &mut Command) {
+        match &self.rust_log {
+            Some(l) => cmd.env("RUST_LOG", l),
+            None => cmd.env_remove("RUST_LOG"),
+        };
+    }
+
+    fn spawn(&mut self, i: usize) {
+        assert!(self.procs[i].is_none(), "node {i} is running already");
+        let mut cmd = Command::new(BIN);
+        cmd.args(self.run_args(i))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        self.env(&mut cmd);
+        let mut child = cmd.spawn().expect("spawn blindrelay run");
+        let pid = child.id().expect("pid");
+        let (tx, rx) = watch::channel(Seen::default());
+        let tx = Arc::new(tx);
+        let log = Arc::clone(&self.nodes[i].log);
+        let readers = vec![
+            read_lines(
+                child.stderr.take().unwrap(),
+                Arc::clone(&log),
+                Arc::clone(&tx),
+                true,
+            ),
+            read_lines(child.stdout.take().unwrap(), log, tx, false),
+        ];
+        self.procs[i] = Some(Proc {
+            child,
+            pid,
+            seen: rx,
+            readers,
+        });
+    }
+
+    async fn wait_ready(&mut self, i: usize) {
+        let mut rx = self.procs[i].as_ref().expect("running").seen.clone();
+        let got = tokio::time::timeout(WAIT, rx.wait_for(|s| s.ready || s.eof)).await;
+        let seen = match got {
+            Ok(Ok(s)) => *s,
+            _ => Seen::default(),
+        };
+        if !seen.ready {
+            panic!(
+                "node {i} not ready within {WAIT:?} (exited: {}); log:\n{}",
+                seen.eof,
+                self.nodes[i].lines().join("\n")
+            );
+        }
+    }
+
+    /// Waits until node `i`'s status shows `want` routable peers.
+    pub async fn wait_routable(&self, i: usize, want: usize) {
+        let deadline = Instant::now() + WAIT;
+        let url = format!("{}/v1/status", self.nodes[i].operator);
+        let mut last = Value::Null;
+        while Instant::now() < deadline {
+            if let Ok(resp) = self.http.get(&url).send().await
+                && let Ok(v) = resp.json::<Value>().await
+            {
+                if v["peers"]["routable"].as_u64() == Some(want as u64) {
+                    return;
+                }
+                last = v;
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        panic!(
+            "node {i} has not {want} routable peers within {WAIT:?}; last status {last}; log:\n{}",
+            self.nodes[i].lines().join("\n")
+        );
+    }
+
+    /// Runs the CLI with `args` (the network's `RUST_LOG`, if any).
+    pub async fn cli(&self, args: &[&str]) -> CliOutput {
+        run_cli(args, self.rust_log.as_deref()).await
+    }
+
+    /// `blindrelay send` from node `from` to node `to`: (exit 0, stdout, stderr).
+    pub async fn send(
+        &self,
+        from: usize,
+        to: usize,
+        hops: usize,
+        payload: &[u8],
+    ) -> (bool, String, String) {
+        let to = self.nodes[to].id.clone();
+        self.send_to(from, &to, hops, payload).await
+    }
+
+    /// `blindrelay send` from node `from` to any `to` string.
+    pub async fn send_to(
+        &self,
+        from: usize,
+        to: &str,
+        hops: usize,
+        payload: &[u8],
+    ) -> (bool, String, String) {
+        let k = self.files.fetch_add(1, Ordering::Relaxed);
+        let file = self.dir.path().join(format!("payload-{k}.bin"));
+        std::fs::write(&file, payload).unwrap();
+        let file = file.display().to_string();
+        let hops = hops.to_string();
+        let out = self
+            .cli(&[
+                "send",
+                "--operator",
+                &self.nodes[from].operator,
+                "--to",
+                to,
+                "--hops",
+                &hops,
+                &file,
+            ])
+            .await;
+        (out.ok, out.out(), out.stderr)
+    }
+
+    /// `GET /v1/status` of node `i`.
+    pub async fn status(&self, i: usize) -> Value {
+        self.get_json(i, "/v1/status").await
+    }
+
+    /// `GET /v1/inbox` of node `i` (the listing).
+    pub async fn inbox(&self, i: usize) -> Value {
+        self.get_json(i, "/v1/inbox").await
+    }
+
+    /// The ids in node `i`'s inbox listing.
+    pub async fn inbox_ids(&self, i: usize) -> Vec<u64> {
+        self.inbox(i).await["items"]
+            .as_array()
+            .expect("items")
+            .iter()
+            .map(|it| it["id"].as_u64().expect("id"))
+            .collect()
+    }
+
+    /// `blindrelay inbox --read ID` on node `i`: the raw bytes.
+    pub async fn inbox_read(&self, i: usize, id: u64) -> Vec<u8> {
+        let id = id.to_string();
+        let out = self
+            .cli(&[
+                "inbox",
+                "--operator",
+                &self.nodes[i].operator,
+                "--read",
+                &id,
+            ])
+            .await;
+        assert!(out.ok, "inbox --read {id} failed: {}", out.stderr);
+        out.stdout
+    }
+
+    /// A GET on node `i`'s operator API, as JSON.
+    pub async fn get_json(&self, i: usize, path: &str) -> Value {
+        let url = format!("{}{path}", self.nodes[i].operator);
+        let resp = self.http.get(&url).send().await.expect("operator API");
+        resp.json().await.expect("JSON")
+    }
+
+    /// Kills node `i` with `kill -9` and reaps it.
+    pub async fn kill9(&mut self, i: usize) {
+        if let Some(p) = self.procs[i].take() {
+            p.stop().await;
+        }
+    }
+
+    /// Starts node `i` again with the same state dir and arguments; returns once it is ready
+    /// and routes to every other node.
+    pub async fn restart(&mut self, i: usize) {
+        self.kill9(i).await;
+        self.spawn(i);
+        self.wait_ready(i).await;
+        self.wait_routable(i, self.nodes.len() - 1).await;
+    }
+
+    /// Kills every node and waits until their output has been read to the end.
+    pub async fn stop_all(&mut self) {
+        for i in 0..self.procs.len() {
+            self.kill9(i).await;
+        }
+    }
+}
