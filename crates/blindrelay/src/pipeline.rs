@@ -676,36 +676,14 @@ impl Relay {
             Layer::Terminal {
                 receipt_key,
                 payload,
-            } if crate::probe::is_probe(&payload) => {
-                // Another node's probe: answered like a delivery (middle hops cannot tell it
-                // from a message), nothing stored, not user traffic.
-                if let Some(d) = self.reserve(&env.route_id, digest, now) {
-                    return d;
-                }
-                let r = Receipt::sign(
-                    env.route_id,
-                    receipt::commitment(&payload),
-                    self.node.signing_key(),
-                    now,
-                );
-                let reply = Reply::success("delivered", &hex(&receipt::seal(&r, &receipt_key)));
-                if self
-                    .replay
-                    .complete(env.route_id, digest, reply.status, &reply.body, now)
-                    .is_err()
-                {
-                    debug!("replay registry: completion not stored");
-                }
-                Decision::Reply(reply, Record::Probe)
-            }
-            Layer::Terminal {
-                receipt_key,
-                payload,
             } => {
                 if let Some(d) = self.reserve(&env.route_id, digest, now) {
                     return d;
                 }
-                let reply = self.deliver(&env.route_id, &receipt_key, &payload, now);
+                // Another node's probe is answered like a delivery (middle hops cannot tell it
+                // from a message) but stores nothing and is not user traffic.
+                let probe = crate::probe::is_probe(&payload);
+                let reply = self.deliver(&env.route_id, &receipt_key, &payload, !probe, now);
                 if self
                     .replay
                     .complete(env.route_id, digest, reply.status, &reply.body, now)
@@ -713,10 +691,10 @@ impl Relay {
                 {
                     debug!("replay registry: completion not stored");
                 }
-                let rec = if reply.status == 200 {
-                    Record::Terminal
-                } else {
-                    Record::Rejected(Reason::ForwardFailed)
+                let rec = match (probe, reply.status) {
+                    (true, _) => Record::Probe,
+                    (false, 200) => Record::Terminal,
+                    (false, _) => Record::Rejected(Reason::ForwardFailed),
                 };
                 Decision::Reply(reply, rec)
             }
@@ -764,14 +742,16 @@ impl Relay {
     }
 
     /// Step 8 for the terminal hop: store the payload durably, then sign and seal the receipt.
+    /// (`store` is false for a probe: answered, not kept.)
     fn deliver(
         &self,
         route_id: &RouteId,
         receipt_key: &[u8; 32],
         payload: &[u8],
+        store: bool,
         now: u64,
     ) -> Reply {
-        if self.inbox.store(payload, now).is_err() {
+        if store && self.inbox.store(payload, now).is_err() {
             return Reply::error(Reason::ForwardFailed);
         }
         let r = Receipt::sign(

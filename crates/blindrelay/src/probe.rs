@@ -18,12 +18,10 @@ use rand::seq::SliceRandom;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::forward::{self, Forwarded};
 use crate::pipeline::Relay;
-use crate::proto::envelope::Envelope;
-use crate::proto::onion::{self, Hop};
-use crate::proto::receipt;
-use crate::proto::{Prefix, from_hex};
+use crate::proto::Prefix;
+use crate::proto::onion::Hop;
+use crate::send::SendError;
 
 /// Start of every probe payload.
 pub const PROBE_MAGIC: &[u8] = b"blindrelay/probe/v1";
@@ -52,83 +50,13 @@ pub enum ProbeResult {
 
 /// Sends one probe along `path` (1 or 2 hops); `Ok` only on a verified receipt.
 pub async fn probe_path(relay: &Arc<Relay>, path: &[Hop]) -> ProbeResult {
-    let Some(last) = path.last() else {
-        return ProbeResult::Skipped;
-    };
-    let terminal = last.node_id;
-    let entry = path[0].node_id;
-    let now = relay.clock.unix();
-    let Ok(url) = relay.peers.route(&entry, now) else {
-        return ProbeResult::Skipped;
-    };
-    let Some(slot) = relay.crypto().try_acquire() else {
-        return ProbeResult::Skipped;
-    };
-    let payload = probe_payload();
-    let commitment = receipt::commitment(&payload);
-    let hops = path.len();
-    let path = path.to_vec();
-    let me = Arc::clone(relay);
-    let built = tokio::task::spawn_blocking(move || {
-        let route = onion::build(&path, &payload).ok()?;
-        let env = Envelope::sign(
-            route.first_route_id,
-            entry,
-            (hops - 1) as u8,
-            now,
-            route.blob.clone(),
-            me.node.signing_key(),
-        );
-        drop(slot);
-        Some((route, env.encode()))
-    })
-    .await;
-    let Ok(Some((route, envelope))) = built else {
-        return ProbeResult::Failed;
-    };
-    let result = match forward::post(
-        relay.http(),
-        &url,
-        &envelope,
-        &route.first_route_id,
-        &entry,
-        &relay.counters,
-    )
-    .await
-    {
-        Forwarded::Accepted { receipt: sealed } => {
-            let ok = hex_bytes(&sealed)
-                .and_then(|b| receipt::open(&b, &route.receipt_key).ok())
-                .is_some_and(|r| {
-                    r.verify(
-                        &route.terminal_route_id,
-                        &commitment,
-                        &terminal,
-                        relay.clock.unix(),
-                    )
-                    .is_ok()
-                });
-            if ok {
-                ProbeResult::Ok
-            } else {
-                ProbeResult::Failed
-            }
+    match crate::send::deliver_along(relay, path.to_vec(), probe_payload()).await {
+        Ok(_) => ProbeResult::Ok,
+        Err(SendError::Backpressure | SendError::NotEnoughPeers(_) | SendError::NoHops) => {
+            ProbeResult::Skipped
         }
-        Forwarded::Refused | Forwarded::Exhausted => ProbeResult::Failed,
-    };
-    relay
-        .health()
-        .record_route(&entry, result == ProbeResult::Ok, relay.clock.unix());
-    result
-}
-
-fn hex_bytes(s: &str) -> Option<Vec<u8>> {
-    if !s.is_ascii() || !s.len().is_multiple_of(2) || s.len() > 1024 {
-        return None;
+        Err(_) => ProbeResult::Failed,
     }
-    (0..s.len() / 2)
-        .map(|i| from_hex::<1>(&s[2 * i..2 * i + 2]).map(|b| b[0]))
-        .collect()
 }
 
 /// One round: a single-hop probe of every routable peer, and one two-hop probe (a random middle

@@ -13,7 +13,7 @@ use crate::forward::{self, Forwarded};
 use crate::pipeline::Relay;
 use crate::proto::envelope::Envelope;
 use crate::proto::onion::{self, Hop};
-use crate::proto::receipt::{self, ReceiptError};
+use crate::proto::receipt::{self, Receipt, ReceiptError};
 use crate::proto::{NodeId, Prefix, from_hex};
 
 /// Why a send did not end in a verified delivery.
@@ -101,18 +101,47 @@ pub async fn send(
         node_id: terminal.node_id,
         onion_key: terminal.onion_key,
     });
-    let entry = path[0].node_id;
+    let r = deliver_along(relay, path, payload).await?;
+    let now = relay.clock.unix();
+    relay.counters.verified_client_onion_deliveries.inc();
+    relay
+        .counters
+        .last_verified_client_onion_delivery_at
+        .set(now);
+    debug!(terminal = %Prefix(&to), hops, "delivery verified");
+    Ok(Delivered {
+        hops,
+        terminal: Prefix(&to).to_string(),
+        delivered_at: r.delivered_at,
+    })
+}
+
+/// Builds an onion route along `path` (the last hop is the terminal), sends it from this node,
+/// and returns the terminal's receipt once it opened and verified. Used by client sends and by
+/// probes; records the entry hop's route health.
+///
+/// # Errors
+/// [`SendError`].
+pub(crate) async fn deliver_along(
+    relay: &Arc<Relay>,
+    path: Vec<Hop>,
+    payload: Vec<u8>,
+) -> Result<Receipt, SendError> {
+    let (Some(first), Some(last)) = (path.first(), path.last()) else {
+        return Err(SendError::NoHops);
+    };
+    let (entry, terminal, hops) = (first.node_id, last.node_id, path.len());
+    let now = relay.clock.unix();
     let url = relay
         .peers
         .route(&entry, now)
-        .map_err(|_| SendError::UnknownTerminal)?;
-
+        .map_err(|_| SendError::NotEnoughPeers(hops))?;
     let slot = relay
         .crypto()
         .try_acquire()
         .ok_or(SendError::Backpressure)?;
     let me = Arc::clone(relay);
-    let (route, envelope) = tokio::task::spawn_blocking(move || {
+    let (route, commitment, envelope) = tokio::task::spawn_blocking(move || {
         let route = onion::build(&path, &payload)
             .map_err(|_| SendError::TooLarge(onion::max_payload(hops)))?;
         let env = Envelope::sign(
@@ -124,12 +153,10 @@ pub async fn send(
             me.node.signing_key(),
         );
         drop(slot);
-        Ok::<_, SendError>(((route, receipt::commitment(&payload)), env.encode()))
+        Ok::<_, SendError>((route, receipt::commitment(&payload), env.encode()))
     })
     .await
     .map_err(|_| SendError::Internal)??;
-    let (route, commitment) = route;
-
     let answer = forward::post(
         relay.http(),
         &url,
@@ -150,19 +177,13 @@ pub async fn send(
         Forwarded::Exhausted => return Err(SendError::Unreachable),
     };
     let r = receipt::open(&sealed, &route.receipt_key)?;
-    let now = relay.clock.unix();
-    r.verify(&route.terminal_route_id, &commitment, &to, now)?;
-    relay.counters.verified_client_onion_deliveries.inc();
-    relay
-        .counters
-        .last_verified_client_onion_delivery_at
-        .set(now);
-    debug!(terminal = %Prefix(&to), hops, "delivery verified");
-    Ok(Delivered {
-        hops,
-        terminal: Prefix(&to).to_string(),
-        delivered_at: r.delivered_at,
-    })
+    r.verify(
+        &route.terminal_route_id,
+        &commitment,
+        &terminal,
+        relay.clock.unix(),
+    )?;
+    Ok(r)
 }
 
 fn from_hex_vec(s: &str) -> Option<Vec<u8>> {
