@@ -136,7 +136,7 @@ async fn flatline_when_the_server_goes_away() {
         "--heartbeat-interval",
         "300ms",
         "--probe-timeout",
-        "100ms",
+        "300ms",
         &u,
     ])
     .await;

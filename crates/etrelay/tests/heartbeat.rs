@@ -56,7 +56,7 @@ async fn flatline_when_the_server_stops_answering() {
     let mut cfg = config(et.addr());
     cfg.masters = vec![master.addr().to_string()];
     cfg.heartbeat_interval = Duration::from_millis(200);
-    cfg.probe_timeout = Duration::from_millis(100);
+    cfg.probe_timeout = Duration::from_millis(300);
     let relay = start(cfg).await;
     assert_eq!(
         master
@@ -140,7 +140,7 @@ async fn no_heartbeat_while_the_server_is_down() {
     let master = FakeMaster::start(unique_ip(), MasterStyle::Classic).unwrap();
     let mut cfg = config(et.addr());
     cfg.masters = vec![master.addr().to_string()];
-    cfg.probe_timeout = Duration::from_millis(100);
+    cfg.probe_timeout = Duration::from_millis(300);
     let relay = start(cfg).await;
     assert!(eventually(5 * S, || relay.handle.probe().state == ProbeState::Down).await);
     assert!(master.heartbeats().is_empty());

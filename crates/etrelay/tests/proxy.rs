@@ -161,7 +161,7 @@ async fn a_full_queue_drops_the_packet() {
 async fn idle_sessions_expire_and_come_back_with_a_new_port() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     let mut cfg = config(et.addr());
-    cfg.session.timeout = Duration::from_millis(300);
+    cfg.session.timeout = Duration::from_millis(1000);
     let relay = start(cfg).await;
     let c = client().await;
     c.send_to(b"\x01\x00\x00\x00one", relay.addr).await.unwrap();
@@ -169,7 +169,7 @@ async fn idle_sessions_expire_and_come_back_with_a_new_port() {
     let first = relay.handle.sessions()[0].upstream_local;
     // Kept alive while packets flow...
     for _ in 0..4 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(250)).await;
         c.send_to(b"\x01\x00\x00\x00more", relay.addr)
             .await
             .unwrap();
