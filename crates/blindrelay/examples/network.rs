@@ -2,7 +2,7 @@
 //! process on 127.0.0.x, each knowing the other two, and one message from node 0 to node 2
 //! through node 1 (two hops) with a delivery receipt that only the sender opens and verifies.
 //!
-//! Run with `cargo run -p blindrelay --example demo`.
+//! Run with `cargo run -p blindrelay --example network`.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
