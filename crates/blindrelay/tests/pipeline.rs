@@ -151,6 +151,20 @@ async fn submit(n: &Node, bytes: Vec<u8>) -> Reply {
     }
 }
 
+/// A terminal request for `n` carrying `payload`, signed by `by`.
+async fn deliver(n: &Node, by: &SigningKey, ts: u64, payload: &[u8]) -> Reply {
+    submit(
+        n,
+        frame(by, n, rand::random(), 0, ts, terminal_blob(n, payload)).encode(),
+    )
+    .await
+}
+
+/// A request whose layer does not open: refused at step 7, after the guard counted it.
+async fn junk(n: &Node, by: &SigningKey, ts: u64) -> Reply {
+    submit(n, frame(by, n, rand::random(), 1, ts, vec![0; 8]).encode()).await
+}
+
 fn reason(r: &Reply) -> String {
     let v: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
     v["error"]
@@ -403,11 +417,7 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
 
     // Accepted as the terminal hop.
     let before = n.relay.counters.snapshot();
-    let r = submit(
-        &n,
-        frame(&p, &n, rand::random(), 0, now, terminal_blob(&n, b"fine")).encode(),
-    )
-    .await;
+    let r = deliver(&n, &p, now, b"fine").await;
     assert_eq!((r.status, reason(&r).as_str()), (200, "delivered"));
     assert_eq!(
         moved(&before, &n.relay.counters.snapshot()),
@@ -438,17 +448,9 @@ async fn the_steps_run_in_the_design_order() {
     // A quarantined previous hop with a stale timestamp gets `quarantined` (4 before 5).
     let q = key();
     for _ in 0..=120 {
-        submit(
-            &n,
-            frame(&q, &n, rand::random(), 1, now, vec![0; 8]).encode(),
-        )
-        .await;
+        junk(&n, &q, now).await;
     }
-    let r = submit(
-        &n,
-        frame(&q, &n, rand::random(), 1, now - 10_000, vec![0; 8]).encode(),
-    )
-    .await;
+    let r = junk(&n, &q, now - 10_000).await;
     assert_eq!(reason(&r), "quarantined");
     // A forged frame with a stale timestamp: authentication first (3 before 5).
     let mut f = frame(&key(), &n, rand::random(), 1, now - 10_000, vec![0; 8]);
@@ -592,19 +594,7 @@ async fn forged_frames_cannot_quarantine_an_honest_node() {
         n.relay.hops().state(&id(&honest)).is_none(),
         "nothing charged to the claimed identity"
     );
-    let r = submit(
-        &n,
-        frame(
-            &honest,
-            &n,
-            rand::random(),
-            0,
-            now,
-            terminal_blob(&n, b"real"),
-        )
-        .encode(),
-    )
-    .await;
+    let r = deliver(&n, &honest, now, b"real").await;
     assert_eq!(reason(&r), "delivered");
 }
 
@@ -684,11 +674,7 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
         "quarantined",
         "w is still quarantined"
     );
-    let r = submit(
-        &n,
-        frame(&l, &n, rand::random(), 0, now, terminal_blob(&n, b"x")).encode(),
-    )
-    .await;
+    let r = deliver(&n, &l, now, b"x").await;
     assert_eq!(reason(&r), "quarantined");
 }
 
@@ -699,11 +685,7 @@ async fn five_thousand_fresh_identities_cannot_flush_an_active_quarantine() {
     let now = clock.unix();
     let q = key();
     for _ in 0..=120 {
-        submit(
-            &n,
-            frame(&q, &n, rand::random(), 1, now, vec![0; 8]).encode(),
-        )
-        .await;
+        junk(&n, &q, now).await;
     }
     let mut refused = 0;
     for _ in 0..5000 {
@@ -721,16 +703,7 @@ async fn five_thousand_fresh_identities_cannot_flush_an_active_quarantine() {
         refused > 5000 - blindrelay::hopguard::MAX_BUCKETS as i32,
         "{refused}"
     );
-    assert_eq!(
-        reason(
-            &submit(
-                &n,
-                frame(&q, &n, rand::random(), 1, now, vec![0; 8]).encode()
-            )
-            .await
-        ),
-        "quarantined"
-    );
+    assert_eq!(reason(&junk(&n, &q, now).await), "quarantined");
 }
 
 #[tokio::test]
@@ -781,11 +754,7 @@ async fn every_replay_outcome() {
             .reserve(rand::random(), [0; 32], now)
             .unwrap();
     }
-    let r = submit(
-        &n,
-        frame(&p, &n, rand::random(), 0, now, terminal_blob(&n, b"full")).encode(),
-    )
-    .await;
+    let r = deliver(&n, &p, now, b"full").await;
     assert_eq!((r.status, reason(&r).as_str()), (503, "replay_capacity"));
     let r = submit(&n, first.encode()).await;
     assert_eq!(
@@ -1098,36 +1067,16 @@ async fn status_moves_with_recent_events_and_recovers() {
     )
     .await;
     assert_eq!(st(&n), "observing");
-    submit(
-        &n,
-        frame(&p, &n, rand::random(), 0, now, terminal_blob(&n, b"a")).encode(),
-    )
-    .await;
+    deliver(&n, &p, now, b"a").await;
     assert_eq!(st(&n), "ready");
     m.advance(Duration::from_secs(1800));
     assert_eq!(st(&n), "stale");
     // A rate limit: protecting, while the relay keeps working.
     let q = key();
     for _ in 0..=120 {
-        submit(
-            &n,
-            frame(&q, &n, rand::random(), 1, clock.unix(), vec![0; 8]).encode(),
-        )
-        .await;
+        junk(&n, &q, clock.unix()).await;
     }
-    submit(
-        &n,
-        frame(
-            &p,
-            &n,
-            rand::random(),
-            0,
-            clock.unix(),
-            terminal_blob(&n, b"b"),
-        )
-        .encode(),
-    )
-    .await;
+    deliver(&n, &p, clock.unix(), b"b").await;
     assert_eq!(st(&n), "protecting");
     let health = &status_of(&n)["peer_health"];
     let row = health["rows"]
@@ -1142,37 +1091,13 @@ async fn status_moves_with_recent_events_and_recovers() {
     assert!(row["reasons"]["rate_limit"].as_u64().unwrap() >= 1);
     // The window passes; with fresh work the node is ready again by itself.
     m.advance(Duration::from_secs(1800));
-    submit(
-        &n,
-        frame(
-            &p,
-            &n,
-            rand::random(),
-            0,
-            clock.unix(),
-            terminal_blob(&n, b"c"),
-        )
-        .encode(),
-    )
-    .await;
+    deliver(&n, &p, clock.unix(), b"c").await;
     assert_eq!(st(&n), "ready");
     // Backpressure: attention, with what to do.
     let busy: Vec<_> = (0..3)
         .map(|_| n.relay.crypto().try_acquire().unwrap())
         .collect();
-    submit(
-        &n,
-        frame(
-            &p,
-            &n,
-            rand::random(),
-            0,
-            clock.unix(),
-            terminal_blob(&n, b"d"),
-        )
-        .encode(),
-    )
-    .await;
+    deliver(&n, &p, clock.unix(), b"d").await;
     drop(busy);
     let q = status_of(&n)["quality"].clone();
     assert_eq!(q["status"], "attention");
