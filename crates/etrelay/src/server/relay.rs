@@ -22,8 +22,9 @@ use crate::et::classify::{Packet, Reject, classify};
 use crate::et::{self, command_word};
 use crate::net::BatchRecv;
 
-/// Batches read per wake-up before other tasks get a turn.
-const ROUNDS_PER_WAKE: usize = 8;
+/// Batches read per wake-up before the loop yields, so the sessions can send what it queued
+/// (a batch is up to [`crate::net::BATCH`] datagrams: 64 per turn, one full session queue).
+const ROUNDS_PER_WAKE: usize = 2;
 /// How often idle limiter entries and late cache refreshes are looked at.
 const TICK: Duration = Duration::from_millis(250);
 /// Shortest gap between two full limiter sweeps forced by a full table.
@@ -98,6 +99,9 @@ impl RelayLoop {
                         break;
                     }
                     self.drain();
+                    // Ready sockets do not make tokio tasks yield by themselves: under a flood
+                    // this loop would never let the sessions run. Yield after every turn.
+                    tokio::task::yield_now().await;
                 }
                 r = readable(self.handler.cache.as_ref()) => {
                     if r.is_ok() {

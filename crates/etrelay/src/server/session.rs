@@ -172,6 +172,9 @@ async fn run(shared: Arc<Shared>, session: Arc<Session>, upstream: UdpSocket, pe
     let idle = tokio::time::sleep(timeout);
     tokio::pin!(idle);
     loop {
+        // A socket that is always ready never makes a task yield by itself: take part in
+        // tokio's cooperative budget so one busy session cannot starve the others.
+        tokio::task::coop::consume_budget().await;
         tokio::select! {
             biased;
             () = session.cancel.cancelled() => break,
