@@ -4,14 +4,11 @@
 mod common;
 
 use std::net::SocketAddr;
-use std::process::Stdio;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::*;
 use etrelay_testkit::{FakeEtConfig, FakeEtServer, FakeMaster, MasterStyle, udp, unique_ip};
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const S: Duration = Duration::from_secs(1);
 const BIN: &str = env!("CARGO_BIN_EXE_etrelay");
@@ -20,40 +17,22 @@ const BIN: &str = env!("CARGO_BIN_EXE_etrelay");
 struct Proc {
     child: Child,
     addr: SocketAddr,
-    log: Arc<Mutex<Vec<String>>>,
+    log: Log,
+}
+
+/// The public address in `relaying <upstream> on <addr> (masters: …)`.
+fn relaying_address(line: &str) -> Option<SocketAddr> {
+    if !line.contains("relaying ") {
+        return None;
+    }
+    line.split(" on ").nth(1)?.split(' ').next()?.parse().ok()
 }
 
 impl Proc {
     /// Starts the binary with `args` and waits for the line that names the public address.
     async fn start(args: &[&str]) -> Proc {
-        let mut child = Command::new(BIN)
-            .args(args)
-            .env_remove("RUST_LOG")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn etrelay");
-        let stderr = child.stderr.take().expect("stderr piped");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let sink = Arc::clone(&log);
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            let mut tx = Some(tx);
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(addr) = line.split(" on ").nth(1).and_then(|r| r.split(' ').next())
-                    && line.contains("relaying ")
-                    && let Some(tx) = tx.take()
-                {
-                    let _ = tx.send(addr.parse::<SocketAddr>().expect("address in log"));
-                }
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let addr = within(10 * S, "etrelay start line", rx)
-            .await
-            .expect("etrelay started");
+        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let (child, log, addr) = spawn_etrelay(&args, relaying_address, 10 * S).await;
         Proc { child, addr, log }
     }
 

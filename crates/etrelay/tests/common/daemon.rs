@@ -4,16 +4,19 @@
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use etrelay_testkit::unique_ip;
-use tokio::io::{AsyncBufReadExt, BufReader};
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_etrelay");
 pub const TOKEN: &str = "relay-token-0123456789abcdef-0123456789";
+
+/// The address in `control API on <addr>`.
+fn control_address(line: &str) -> Option<SocketAddr> {
+    line.split("control API on ").nth(1)?.trim().parse().ok()
+}
 
 /// A running `etrelay --ports …` process.
 pub struct Daemon {
@@ -72,35 +75,8 @@ impl Daemon {
             args.extend(["--masters".to_string(), String::new()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let mut child = Command::new(BIN)
-            .args(&args)
-            .env_remove("RUST_LOG")
-            .env_remove("ETRELAY_TOKEN")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("spawn etrelay");
-        let stderr = child.stderr.take().unwrap();
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let (tx, rx) = tokio::sync::oneshot::channel();
-        let sink = Arc::clone(&log);
-        tokio::spawn(async move {
-            let mut lines = BufReader::new(stderr).lines();
-            let mut tx = Some(tx);
-            while let Ok(Some(line)) = lines.next_line().await {
-                if let Some(addr) = line.split("control API on ").nth(1)
-                    && let Some(tx) = tx.take()
-                {
-                    let _ = tx.send(addr.trim().parse::<SocketAddr>().expect("control address"));
-                }
-                sink.lock().unwrap().push(line);
-            }
-        });
-        let control = tokio::time::timeout(Duration::from_secs(30), rx)
-            .await
-            .expect("daemon control API within 30 s")
-            .expect("daemon started");
+        let (child, log, control) =
+            super::spawn_etrelay(&args, control_address, Duration::from_secs(30)).await;
         Daemon {
             child,
             control,

@@ -15,6 +15,48 @@ use guard::admission::Gate;
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 
+/// Lines a spawned process wrote to stderr so far.
+pub type Log = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
+
+/// Spawns the `etrelay` binary with `args` (stderr collected into the returned log) and waits,
+/// at most `limit`, for the first stderr line in which `find` sees an address.
+pub async fn spawn_etrelay(
+    args: &[String],
+    find: fn(&str) -> Option<SocketAddr>,
+    limit: Duration,
+) -> (tokio::process::Child, Log, SocketAddr) {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_etrelay"))
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("ETRELAY_TOKEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn etrelay");
+    let stderr = child.stderr.take().expect("stderr piped");
+    let log = Log::default();
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let sink = std::sync::Arc::clone(&log);
+    tokio::spawn(async move {
+        let mut lines = BufReader::new(stderr).lines();
+        let mut tx = Some(tx);
+        while let Ok(Some(line)) = lines.next_line().await {
+            if let Some(addr) = find(&line)
+                && let Some(tx) = tx.take()
+            {
+                let _ = tx.send(addr);
+            }
+            sink.lock().unwrap().push(line);
+        }
+    });
+    let addr = within(limit, "etrelay start line", rx)
+        .await
+        .expect("etrelay started");
+    (child, log, addr)
+}
+
 /// A relay running in this process.
 pub struct Relay {
     pub handle: ServerHandle,
