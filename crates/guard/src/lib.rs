@@ -7,9 +7,12 @@
 //! - [`limiter`]: a keyed store of rate-limit state with a hard key cap, idle eviction and a
 //!   stated policy at the cap; [`limiter::TokenBucket`] is one rule for it.
 //! - [`expiring`]: a table of entries with deadlines (bans, quarantines).
+//! - [`window`]: a fixed window counter (events per window of a given length).
 //! - [`admission`]: a non-blocking counting gate whose permits release themselves on drop.
-//! - [`statefile`]: JSON state files written atomically (temp file, fsync, rename, fsync dir).
-//! - [`counters`]: atomic counters and the Prometheus text format.
+//! - [`statefile`]: JSON state files written atomically (temp file, fsync, rename, fsync dir),
+//!   and private files created once (keys).
+//! - [`counters`]: atomic counters, counter sets declared once with their Prometheus families,
+//!   and the Prometheus text format.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
@@ -19,3 +22,4 @@ pub mod expiring;
 mod fixedmap;
 pub mod limiter;
 pub mod statefile;
+pub mod window;

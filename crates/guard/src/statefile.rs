@@ -57,12 +57,42 @@ pub fn write_atomic_private(path: &Path, bytes: &[u8]) -> Result<(), StateFileEr
     write_atomic_mode(path, bytes, 0o600)
 }
 
-fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StateFileError> {
+/// Creates `path`, which must not exist, readable by its owner only, writes `bytes` to it and
+/// makes both the contents and the new directory entry durable. For secrets written once (a key)
+/// and for files whose permissions later files inherit (SQLite's `-wal` and `-shm` take the
+/// database's).
+///
+/// # Errors
+/// `AlreadyExists` when `path` exists (nothing is written), or any other I/O error. A directory
+/// that cannot be synced (some file systems) is not an error: the file itself is synced.
+pub fn create_new_private(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    create_new_synced(path, bytes, 0o600)?;
+    let _ = File::open(parent_dir(path)).and_then(|d| d.sync_all());
+    Ok(())
+}
+
+/// Creates `path` (which must not exist) with `mode`, writes `bytes` and fsyncs it.
+fn create_new_synced(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     use std::os::unix::fs::OpenOptionsExt;
-    let dir = match path.parent() {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.sync_all()
+}
+
+/// The directory holding `path` (`.` for a bare file name).
+fn parent_dir(path: &Path) -> &Path {
+    match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
-    };
+    }
+}
+
+fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StateFileError> {
+    let dir = parent_dir(path);
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -70,15 +100,7 @@ fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> Result<(), StateFi
     let tmp = dir.join(format!(".{name}.tmp.{}", std::process::id()));
     let result = (|| {
         let _ = fs::remove_file(&tmp);
-        let mut f = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(mode)
-            .open(&tmp)
-            .map_err(io_err(&tmp))?;
-        f.write_all(bytes).map_err(io_err(&tmp))?;
-        f.sync_all().map_err(io_err(&tmp))?;
-        drop(f);
+        create_new_synced(&tmp, bytes, mode).map_err(io_err(&tmp))?;
         fs::rename(&tmp, path).map_err(io_err(path))?;
         File::open(dir)
             .and_then(|d| d.sync_all())
@@ -151,6 +173,21 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("secret");
         write_atomic_private(&path, b"k").unwrap();
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+    }
+
+    #[test]
+    fn create_new_private_never_overwrites() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("key");
+        create_new_private(&path, b"first\n").unwrap();
+        let err = create_new_private(&path, b"second\n").unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(fs::read(&path).unwrap(), b"first\n");
         assert_eq!(
             fs::metadata(&path).unwrap().permissions().mode() & 0o777,
             0o600
