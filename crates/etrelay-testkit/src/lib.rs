@@ -11,7 +11,10 @@
 //! * [`fake_server`]: a scripted ET 2.60b-style game server;
 //! * [`master`]: scripted master servers (dpmaster-like and etmaster-like);
 //! * [`openarena`]: a runner for Debian's real `openarena-server` (ioquake3);
-//! * [`qstat`]: a runner for `quakestat`, a real server browser.
+//! * [`qstat`]: a runner for `quakestat`, a real server browser;
+//! * [`player`]: a client's connect handshake and in-game packets;
+//! * [`flood`]: bounded floods from many source addresses or ports;
+//! * [`procstat`]: a process's memory and file descriptors, sampled.
 
 pub mod addr;
 pub mod fake_server;
@@ -21,6 +24,10 @@ pub mod openarena;
 pub mod q3model;
 pub mod qstat;
 pub mod udp;
+
+pub mod flood;
+pub mod player;
+pub mod procstat;
 
 pub use addr::{unique_ip, unique_ips};
 pub use fake_server::{FakeEtConfig, FakeEtServer, Received};
