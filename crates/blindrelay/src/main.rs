@@ -9,7 +9,6 @@ use blindrelay::cli::{Cli, Command, RunArgs};
 use blindrelay::clock::Clock;
 use blindrelay::daemon::{self, RunConfig};
 use blindrelay::pipeline::RelayConfig;
-use blindrelay::proto::hex;
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
@@ -63,7 +62,7 @@ async fn run(cmd: Command) -> Result<(), String> {
             let now = Clock::System.unix();
             let id =
                 blindrelay::node::init(&state_dir, &endpoint, now).map_err(|e| e.to_string())?;
-            say!("{}", hex(&id));
+            say!("{}", hex::encode(id));
             Ok(())
         }
         Command::Run(args) => run_node(args).await,

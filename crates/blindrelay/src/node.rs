@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 use x25519_dalek::{PublicKey, StaticSecret};
 
 use crate::proto::descriptor::{DESCRIPTOR_TTL, Descriptor};
-use crate::proto::{NodeId, from_hex, hex};
+use crate::proto::{NodeId, from_hex};
 
 /// Age at which the onion key is replaced.
 pub const ONION_ROTATION: u64 = 24 * 3600;
@@ -88,7 +88,7 @@ struct Keyring {
 impl Keyring {
     fn to_file(&self) -> OnionKeysFile {
         let rec = |(k, t): ([u8; 32], u64)| KeyRecord {
-            secret: hex(&k),
+            secret: hex::encode(k),
             created_at: t,
         };
         OnionKeysFile {

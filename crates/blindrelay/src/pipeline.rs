@@ -32,7 +32,7 @@ use crate::peers::{PeerError, Peers};
 use crate::proto::envelope::{AuthError, DecodeError, Envelope, MAX_BLOB};
 use crate::proto::onion::{self, Layer};
 use crate::proto::receipt::{self, Receipt};
-use crate::proto::{NodeId, Prefix, RouteId, hex};
+use crate::proto::{NodeId, Prefix, RouteId};
 use crate::replay::{Inbox, Outcome, ReplayRegistry};
 
 /// Requests in flight at most.
@@ -760,6 +760,6 @@ impl Relay {
             self.node.signing_key(),
             now,
         );
-        Reply::success("delivered", &hex(&receipt::seal(&r, receipt_key)))
+        Reply::success("delivered", &hex::encode(receipt::seal(&r, receipt_key)))
     }
 }

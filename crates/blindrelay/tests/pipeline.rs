@@ -1154,17 +1154,17 @@ async fn status_and_metrics_name_no_peer_route_endpoint_or_payload() {
     .await;
     let mut forbidden: Vec<String> = vec![String::from_utf8(payload.clone()).unwrap()];
     use sha2::Digest;
-    forbidden.push(blindrelay::proto::hex(&sha2::Sha256::digest(&payload)));
-    forbidden.push(blindrelay::proto::hex(
-        &blindrelay::proto::receipt::commitment(&payload),
-    ));
-    forbidden.push(blindrelay::proto::hex(&route));
+    forbidden.push(hex::encode(&sha2::Sha256::digest(&payload)));
+    forbidden.push(hex::encode(&blindrelay::proto::receipt::commitment(
+        &payload,
+    )));
+    forbidden.push(hex::encode(&route));
     for n in [&a, &b, &c] {
-        forbidden.push(blindrelay::proto::hex(n.relay.node.id()));
+        forbidden.push(hex::encode(n.relay.node.id()));
         forbidden.push(n.addr.to_string());
         forbidden.push(n.addr.ip().to_string());
     }
-    forbidden.push(blindrelay::proto::hex(&id(&p)));
+    forbidden.push(hex::encode(&id(&p)));
     for n in [&a, &b, &c] {
         let text = status_of(n).to_string() + &blindrelay::status::metrics(&n.relay);
         for f in &forbidden {
