@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blindrelay::clock::Clock;
-use blindrelay::daemon::{self, ReplayStore, RunConfig};
+use blindrelay::daemon::{self, RunConfig};
 use blindrelay::pipeline::{Relay, RelayConfig};
 use blindrelay::proto::Prefix;
+use blindrelay::replay::ReplayStore;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::daemon::ReplayStore;
+use crate::replay::ReplayStore;
 
 /// A node that forwards onion-encrypted envelopes for other nodes without seeing who talks to
 /// whom, behind an abuse guard.

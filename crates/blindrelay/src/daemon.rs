@@ -14,17 +14,9 @@ use crate::node::Node;
 use crate::peers::Peers;
 use crate::pipeline::{Relay, RelayConfig};
 use crate::proto::Prefix;
-use crate::replay::{self, Inbox, ReplayRegistry};
+use crate::replay::{self, ReplayRegistry, ReplayStore};
+use crate::terminal::{Inbox, InboxError};
 use crate::{api, forward};
-
-/// Where the replay registry lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ReplayStore {
-    /// SQLite in the state dir: survives restarts.
-    Sqlite,
-    /// Memory, same capacity and window: lost on restart.
-    Memory,
-}
 
 /// What `run` needs.
 #[derive(Debug)]
@@ -47,9 +39,12 @@ pub enum RunError {
     /// Node files.
     #[error(transparent)]
     Node(#[from] crate::node::NodeError),
-    /// Replay registry or inbox.
+    /// The replay registry.
     #[error(transparent)]
-    Store(#[from] replay::ReplayError),
+    Replay(#[from] replay::ReplayError),
+    /// The inbox.
+    #[error(transparent)]
+    Inbox(#[from] InboxError),
 }
 
 /// Builds the relay from the state dir.

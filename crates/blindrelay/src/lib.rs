@@ -35,4 +35,6 @@ pub mod probe;
 pub mod proto;
 pub mod replay;
 pub mod send;
+pub mod sqlite;
 pub mod status;
+pub mod terminal;

@@ -33,7 +33,8 @@ use crate::proto::envelope::{AuthError, DecodeError, Envelope, MAX_BLOB};
 use crate::proto::onion::{self, Layer};
 use crate::proto::receipt::{self, Receipt};
 use crate::proto::{NodeId, Prefix, RouteId};
-use crate::replay::{Inbox, Outcome, ReplayRegistry};
+use crate::replay::{Outcome, ReplayRegistry};
+use crate::terminal::Inbox;
 
 /// Requests in flight at most.
 pub const MAX_IN_FLIGHT: usize = 64;

@@ -205,11 +205,11 @@ pub fn document(relay: &Relay) -> serde_json::Value {
         "counters": counters,
         "peer_health": health,
         "replay": {
-            "store": if relay.replay().is_persistent() { "sqlite" } else { "memory" },
+            "store": relay.replay().kind(),
             "live_routes": relay.replay().live(now),
         },
         "peers": { "known": descriptors.len(), "routable": relay.peers.routable(now).len() },
-        "inbox": { "items": relay.inbox().len().unwrap_or(0) },
+        "inbox": { "items": relay.inbox().len() },
     })
 }
 

@@ -399,7 +399,7 @@ mod tests {
         let d = sample();
         let json = serde_json::to_string(&d).expect("serializes");
         let value: serde_json::Value = serde_json::from_str(&json).expect("json");
-        assert_eq!(value["node_id"], hex::encode(&d.node_id));
+        assert_eq!(value["node_id"], hex::encode(d.node_id));
         assert_eq!(value["signature"].as_str().map(str::len), Some(128));
         assert_eq!(value["issued_at"], NOW);
         assert_eq!(value["endpoint"], "http://192.0.2.10:7001");
@@ -433,7 +433,7 @@ mod tests {
         let d = sample();
         let text = format!("{d:?}");
         assert!(!text.contains("192.0.2.10"));
-        assert!(!text.contains(&hex::encode(&d.node_id)));
+        assert!(!text.contains(&hex::encode(d.node_id)));
         assert!(text.contains(&hex::encode(&d.node_id[..4])));
     }
 

@@ -386,8 +386,8 @@ mod tests {
     fn debug_does_not_print_ids_or_blob() {
         let env = sample(b"hello");
         let text = format!("{env:?}");
-        assert!(!text.contains(&hex::encode(&env.next_hop)));
-        assert!(!text.contains(&hex::encode(&env.previous_hop)));
+        assert!(!text.contains(&hex::encode(env.next_hop)));
+        assert!(!text.contains(&hex::encode(env.previous_hop)));
         assert!(!text.contains("route_id"));
         assert!(text.contains(&hex::encode(&env.next_hop[..4])));
     }
