@@ -123,12 +123,7 @@ impl Descriptor {
         if self.endpoint.len() > MAX_ENDPOINT_LEN {
             return Err(DescriptorError::EndpointTooLong);
         }
-        if self.issued_at.saturating_sub(DESCRIPTOR_MAX_SKEW) > now {
-            return Err(DescriptorError::NotYetValid);
-        }
-        if now >= self.expires_at {
-            return Err(DescriptorError::Expired);
-        }
+        self.window(now)?;
         let key =
             VerifyingKey::from_bytes(&self.node_id).map_err(|_| DescriptorError::BadSignature)?;
         if key.is_weak() {
@@ -141,6 +136,22 @@ impl Descriptor {
         .map_err(|_| DescriptorError::BadSignature)?;
         if !onion_key_is_usable(&self.onion_key) {
             return Err(DescriptorError::WeakOnionKey);
+        }
+        Ok(())
+    }
+
+    /// Whether `now` is inside the validity window, `issued_at − 120 ≤ now < expires_at`: all
+    /// a descriptor that [`Descriptor::verify`] accepted earlier still needs to be used.
+    pub fn is_current(&self, now: u64) -> bool {
+        self.window(now).is_ok()
+    }
+
+    fn window(&self, now: u64) -> Result<(), DescriptorError> {
+        if self.issued_at.saturating_sub(DESCRIPTOR_MAX_SKEW) > now {
+            return Err(DescriptorError::NotYetValid);
+        }
+        if now >= self.expires_at {
+            return Err(DescriptorError::Expired);
         }
         Ok(())
     }

@@ -10,14 +10,18 @@
 //!   building a whole route for a sender.
 //! - [`receipt`]: the terminal's signed delivery receipt, sealed back to the sender.
 //! - [`descriptor`]: a node's signed, expiring descriptor (JSON) and the endpoint address policy.
+//! - [`answer`]: a hop's JSON answer to a relay request (accepted, or the refusal's reason).
+//! - [`probe`]: the terminal payload that marks a synthetic probe.
 //!
 //! # Logging ids
 //! Full node ids, route ids, keys and endpoints never go to logs. The only loggable form of a node
 //! id is its [`Prefix`]; the `Debug` impls of the types here print prefixes and lengths only.
 
+pub mod answer;
 pub mod descriptor;
 pub mod envelope;
 pub mod onion;
+pub mod probe;
 pub mod receipt;
 #[cfg(test)]
 mod vectors;

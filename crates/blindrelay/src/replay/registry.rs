@@ -77,21 +77,6 @@ pub enum Outcome {
     Capacity,
 }
 
-impl Outcome {
-    /// The HTTP status and error reason to answer with, for the outcomes that reject the request.
-    /// `None` for [`Outcome::New`] (handle the request) and [`Outcome::Duplicate`] (replay the
-    /// stored response).
-    pub fn rejection(&self) -> Option<(u16, &'static str)> {
-        match self {
-            Outcome::New | Outcome::Duplicate(_) => None,
-            Outcome::InFlight => Some((503, "route_in_flight")),
-            Outcome::Conflict => Some((400, "replay_conflict")),
-            Outcome::Expired => Some((409, "replay_response_expired")),
-            Outcome::Capacity => Some((503, "replay_capacity")),
-        }
-    }
-}
-
 #[derive(Debug, Clone)]
 enum State {
     InFlight,

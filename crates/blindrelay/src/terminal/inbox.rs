@@ -25,6 +25,10 @@ pub enum InboxError {
     /// The inbox holds its maximum number of items or bytes; nothing was stored.
     #[error("the inbox is full")]
     Full,
+    /// The blocking task running the call did not finish (it panicked); nothing is known to be
+    /// stored.
+    #[error("the inbox call was interrupted")]
+    Interrupted,
 }
 
 /// One stored payload, without its bytes.

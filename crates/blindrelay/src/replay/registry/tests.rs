@@ -269,28 +269,6 @@ fn capacity_zero_refuses_everything() {
 }
 
 #[test]
-fn rejections_map_to_the_design_statuses() {
-    assert_eq!(Outcome::New.rejection(), None);
-    assert_eq!(done(200, b"", 0).rejection(), None);
-    assert_eq!(
-        Outcome::InFlight.rejection(),
-        Some((503, "route_in_flight"))
-    );
-    assert_eq!(
-        Outcome::Conflict.rejection(),
-        Some((400, "replay_conflict"))
-    );
-    assert_eq!(
-        Outcome::Expired.rejection(),
-        Some((409, "replay_response_expired"))
-    );
-    assert_eq!(
-        Outcome::Capacity.rejection(),
-        Some((503, "replay_capacity"))
-    );
-}
-
-#[test]
 fn registry_is_send_and_sync() {
     fn check<T: Send + Sync>() {}
     check::<ReplayRegistry>();
