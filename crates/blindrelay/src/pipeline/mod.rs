@@ -21,7 +21,7 @@
 //! authenticated previous hop, and every refusal after authentication is noted in its health.
 //! [`Pipeline::process`] ends with an [`Answer`] or a [`Reason`]; the HTTP edge
 //! (`api`) turns them into responses. Each request bumps `received` and exactly one
-//! outcome counter ([`Pipeline::record`]).
+//! outcome counter.
 
 pub mod authenticate;
 pub mod crypto;
