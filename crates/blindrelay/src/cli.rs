@@ -11,7 +11,7 @@ use crate::context;
 use crate::daemon::{RelayConfig, RunConfig};
 use crate::pipeline::gate;
 use crate::replay::ReplayStore;
-use crate::{probe, send};
+use crate::{client, probe, send};
 
 /// The operator listener unless told otherwise: loopback.
 pub const DEFAULT_OPERATOR: SocketAddr =
@@ -57,7 +57,7 @@ pub enum Command {
         #[arg(long, default_value_t = send::DEFAULT_HOPS)]
         hops: usize,
         /// The message file, or `-` for standard input.
-        #[arg(default_value = "-")]
+        #[arg(default_value = client::STDIN)]
         file: String,
     },
     /// List the messages delivered to the local node, or print one.

@@ -15,6 +15,9 @@ use crate::health::Row;
 use crate::proto::answer::ErrorBody;
 use crate::status::{Document, Evidence};
 
+/// The `send` file that means standard input.
+pub const STDIN: &str = "-";
+
 /// The status document as the client reads it: counters by name.
 type Status = Document<BTreeMap<String, Option<u64>>>;
 
@@ -25,14 +28,14 @@ macro_rules! say {
     }};
 }
 
-/// `blindrelay send`: sends `file` (`-`: standard input) to `to` over `hops` hops; `Ok` only
-/// on a verified delivery.
+/// `blindrelay send`: sends `file` ([`STDIN`]: standard input) to `to` over `hops` hops; `Ok`
+/// only on a verified delivery.
 ///
 /// # Errors
 /// What went wrong, in words for the operator.
 pub async fn send(operator: &str, to: &str, hops: usize, file: &str) -> Result<(), String> {
     let mut payload = Vec::new();
-    if file == "-" {
+    if file == STDIN {
         std::io::stdin()
             .read_to_end(&mut payload)
             .map_err(|e| format!("stdin: {e}"))?;

@@ -285,6 +285,33 @@ mod tests {
     }
 
     #[test]
+    fn the_step_refuses_with_reasons_and_counts_quarantines() {
+        let t0 = Instant::now();
+        let (g, c) = (HopGuard::default(), Counters::default());
+        for _ in 0..RATE_LIMIT {
+            assert_eq!(g.check(&id(1), t0, &c), Ok(()));
+        }
+        assert_eq!(g.check(&id(1), t0, &c), Err(Reason::RateLimited));
+        assert_eq!(g.check(&id(1), t0, &c), Err(Reason::Quarantined));
+        assert_eq!(c.quarantine_started.get(), 1);
+        // Charged only after step 4 saw it (the pipeline's order).
+        assert_eq!(g.check(&id(2), t0, &c), Ok(()));
+        for _ in 0..FAILURE_THRESHOLD {
+            g.charge(&id(2), t0, &c);
+        }
+        assert_eq!(c.quarantine_started.get(), 2);
+        assert_eq!(g.check(&id(2), t0, &c), Err(Reason::Quarantined));
+        let full = HopGuard::new(1);
+        assert_eq!(full.check(&id(1), t0, &c), Ok(()));
+        assert_eq!(
+            full.check(&id(2), t0, &c),
+            Err(Reason::RateLimited),
+            "a new identity while the table is full of active ones"
+        );
+        assert_eq!(c.quarantine_started.get(), 2);
+    }
+
+    #[test]
     fn the_window_resets() {
         let t0 = Instant::now();
         let g = HopGuard::default();
