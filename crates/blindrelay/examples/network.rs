@@ -9,9 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blindrelay::clock::Clock;
-use blindrelay::daemon::{self, ReplayStore, RunConfig};
-use blindrelay::pipeline::{Relay, RelayConfig};
+use blindrelay::context::Context;
+use blindrelay::daemon::{self, Built, RelayConfig, RunConfig};
 use blindrelay::proto::Prefix;
+use blindrelay::replay::ReplayStore;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -46,7 +47,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     println!("\n# three nodes on loopback, each with the other two as peers\n");
     let now = Clock::System.unix();
-    let mut relays: Vec<Arc<Relay>> = Vec::new();
+    let mut nodes: Vec<Built> = Vec::new();
     for (n, endpoint) in endpoints.iter().enumerate() {
         let dir = state.path().join(format!("node{n}"));
         blindrelay::node::init(&dir, endpoint, now)?;
@@ -55,23 +56,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .filter(|e| *e != endpoint)
             .cloned()
             .collect();
-        let relay = daemon::build(RunConfig {
+        let node = daemon::build(RunConfig {
             state_dir: dir,
             peers,
             replay_store: ReplayStore::Sqlite,
             relay: RelayConfig::new(true),
             clock: Clock::System,
         })?;
-        relays.push(relay);
+        nodes.push(node);
     }
+    let relays: Vec<Arc<Context>> = nodes.iter().map(|n| Arc::clone(n.pipeline.ctx())).collect();
+    let terminal_inbox = Arc::clone(nodes[2].pipeline.terminal().inbox());
 
     let stop = CancellationToken::new();
     let mut servers = Vec::new();
-    for (relay, (public, operator)) in relays.iter().zip(listeners) {
-        let relay = Arc::clone(relay);
+    for (node, (public, operator)) in nodes.into_iter().zip(listeners) {
         let shutdown = stop.clone().cancelled_owned();
         servers.push(tokio::spawn(daemon::serve(
-            relay, public, operator, shutdown,
+            node, public, operator, shutdown,
         )));
     }
 
@@ -111,8 +113,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     println!("\n# node 2's inbox\n");
-    for item in terminal.inbox().list()? {
-        let bytes = terminal.inbox().get(item.id)?.unwrap_or_default();
+    for item in terminal_inbox.list()? {
+        let bytes = terminal_inbox.get(item.id)?.unwrap_or_default();
         println!(
             "#{} received_at {} ({} bytes): {}",
             item.id,

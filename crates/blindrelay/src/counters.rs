@@ -2,7 +2,7 @@
 //!
 //! Each request bumps `received` and exactly one outcome: `terminal`, `forwarded`, a duplicate
 //! (`replay_dropped`, answered with the stored response), or `rejected` plus the counter of its
-//! reason ([`crate::pipeline::Reason::counter`]). Probes have their own counters and never move
+//! reason (`reason::Reason::counter`). Probes have their own counters and never move
 //! these.
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -1,4 +1,5 @@
-//! `blindrelay run`: the node's listeners and background tasks.
+//! `blindrelay run`: build the node from its state dir, serve its two listeners, and run its
+//! background tasks (peer descriptors, probes, onion key rotation and guard upkeep).
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -9,21 +10,46 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::api;
 use crate::clock::Clock;
+use crate::context::{self, Context};
 use crate::node::Node;
 use crate::peers::Peers;
-use crate::pipeline::{Relay, RelayConfig};
+use crate::pipeline::{Pipeline, gate};
+use crate::probe;
 use crate::proto::Prefix;
-use crate::replay::{self, Inbox, ReplayRegistry};
-use crate::{api, forward};
+use crate::replay::{self, ReplayRegistry, ReplayStore};
+use crate::terminal::{Inbox, InboxError, Terminal};
 
-/// Where the replay registry lives.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum ReplayStore {
-    /// SQLite in the state dir: survives restarts.
-    Sqlite,
-    /// Memory, same capacity and window: lost on restart.
-    Memory,
+/// How often onion keys are checked for rotation and the guard is swept.
+const UPKEEP: Duration = Duration::from_secs(10);
+
+/// Settings of the relay.
+#[derive(Debug, Clone)]
+pub struct RelayConfig {
+    /// Requests admitted per admission window, process-wide.
+    pub window_limit: u32,
+    /// Requests in flight at most.
+    pub max_in_flight: usize,
+    /// Crypto slots in all.
+    pub crypto_slots: usize,
+    /// Next hops may have private endpoints (loopback tests).
+    pub allow_private_endpoints: bool,
+    /// Time between probe rounds (zero: no periodic probes).
+    pub probe_interval: Duration,
+}
+
+impl RelayConfig {
+    /// The design's defaults.
+    pub fn new(allow_private_endpoints: bool) -> Self {
+        RelayConfig {
+            window_limit: gate::DEFAULT_PER_WINDOW,
+            max_in_flight: gate::MAX_IN_FLIGHT,
+            crypto_slots: context::default_crypto_slots(),
+            allow_private_endpoints,
+            probe_interval: probe::DEFAULT_INTERVAL,
+        }
+    }
 }
 
 /// What `run` needs.
@@ -47,16 +73,28 @@ pub enum RunError {
     /// Node files.
     #[error(transparent)]
     Node(#[from] crate::node::NodeError),
-    /// Replay registry or inbox.
+    /// The replay registry.
     #[error(transparent)]
-    Store(#[from] replay::ReplayError),
+    Replay(#[from] replay::ReplayError),
+    /// The inbox.
+    #[error(transparent)]
+    Inbox(#[from] InboxError),
 }
 
-/// Builds the relay from the state dir.
+/// A built node: its pipeline (whose context the outbound side uses) and how often it probes.
+#[derive(Debug, Clone)]
+pub struct Built {
+    /// The inbound pipeline over the shared context.
+    pub pipeline: Arc<Pipeline>,
+    /// Time between probe rounds.
+    pub probe_interval: Duration,
+}
+
+/// Builds the node from the state dir.
 ///
 /// # Errors
 /// [`RunError`].
-pub fn build(config: RunConfig) -> Result<Arc<Relay>, RunError> {
+pub fn build(config: RunConfig) -> Result<Built, RunError> {
     let node = Arc::new(Node::load(&config.state_dir)?);
     let now = config.clock.unix();
     node.rotate_if_due(now)?;
@@ -76,35 +114,44 @@ pub fn build(config: RunConfig) -> Result<Arc<Relay>, RunError> {
         config.clock.clone(),
         *node.id(),
     ));
-    Ok(Arc::new(Relay::new(
+    let ctx = Arc::new(Context::new(
         node,
         peers,
         config.clock,
-        config.relay,
+        config.relay.crypto_slots,
+    ));
+    let pipeline = Pipeline::new(
+        ctx,
+        config.relay.window_limit,
+        config.relay.max_in_flight,
         Arc::new(registry),
-        Arc::new(inbox),
-    )))
+        Terminal::new(Arc::new(inbox)),
+    );
+    Ok(Built {
+        pipeline: Arc::new(pipeline),
+        probe_interval: config.relay.probe_interval,
+    })
 }
 
-/// Serves `relay` on the two listeners until `shutdown`.
+/// Serves `node` on the two listeners until `shutdown`.
 pub async fn serve(
-    relay: Arc<Relay>,
+    node: Built,
     public: TcpListener,
     operator: TcpListener,
     shutdown: impl Future<Output = ()>,
 ) {
+    let Built {
+        pipeline,
+        probe_interval,
+    } = node;
+    let ctx = Arc::clone(pipeline.ctx());
     let cancel = CancellationToken::new();
-    let probes = tokio::spawn(crate::probe::run(
-        Arc::clone(&relay),
-        relay.config.probe_interval,
-        cancel.clone(),
-    ));
-    let http = forward::client();
-    let peers = tokio::spawn(Arc::clone(&relay.peers).run(http, cancel.clone()));
-    let upkeep = tokio::spawn(upkeep(Arc::clone(&relay), cancel.clone()));
-    let serve_public = axum::serve(public, api::public(Arc::clone(&relay)))
+    let probes = tokio::spawn(probe::run(Arc::clone(&ctx), probe_interval, cancel.clone()));
+    let peers = tokio::spawn(Arc::clone(&ctx.peers).run(ctx.http.clone(), cancel.clone()));
+    let upkeep = tokio::spawn(upkeep(Arc::clone(&pipeline), cancel.clone()));
+    let serve_public = axum::serve(public, api::public(Arc::clone(&pipeline)))
         .with_graceful_shutdown(cancel.clone().cancelled_owned());
-    let serve_operator = axum::serve(operator, api::operator(Arc::clone(&relay)))
+    let serve_operator = axum::serve(operator, api::operator(pipeline))
         .with_graceful_shutdown(cancel.clone().cancelled_owned());
     let a = tokio::spawn(async move {
         if serve_public.await.is_err() {
@@ -116,7 +163,7 @@ pub async fn serve(
             warn!("operator listener stopped");
         }
     });
-    info!(node = %Prefix(relay.node.id()), "node ready");
+    info!(node = %Prefix(ctx.node.id()), "node ready");
     shutdown.await;
     cancel.cancel();
     for t in [a, b, peers, upkeep, probes] {
@@ -126,18 +173,18 @@ pub async fn serve(
 }
 
 /// Onion key rotation and guard upkeep.
-async fn upkeep(relay: Arc<Relay>, cancel: CancellationToken) {
+async fn upkeep(pipeline: Arc<Pipeline>, cancel: CancellationToken) {
+    let ctx = Arc::clone(pipeline.ctx());
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
-            () = tokio::time::sleep(Duration::from_secs(10)) => {}
+            () = tokio::time::sleep(UPKEEP) => {}
         }
-        let now = relay.clock.unix();
-        match relay.node.rotate_if_due(now) {
+        match ctx.node.rotate_if_due(ctx.clock.unix()) {
             Ok(true) => info!("onion key rotated"),
             Ok(false) => {}
             Err(e) => warn!("onion key rotation failed: {e}"),
         }
-        relay.hops().sweep(relay.clock.instant());
+        pipeline.hops().sweep(ctx.clock.instant());
     }
 }

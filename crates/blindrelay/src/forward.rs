@@ -1,4 +1,4 @@
-//! Step 8 on the wire: the next hop's client, with bounded retries.
+//! Step 8 of a forward, on the wire: the next hop's client, with bounded retries.
 //!
 //! Up to [`MAX_ATTEMPTS`] attempts in all, and only after a timeout, a connection error or a
 //! request error: an answer from downstream, whatever it says, is definitive and never retried.
@@ -13,11 +13,11 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tracing::debug;
 
 use crate::counters::Counters;
+use crate::proto::answer::Accepted;
 use crate::proto::{NodeId, Prefix, RouteId};
 
 /// Attempts in all, the first included.
@@ -55,7 +55,7 @@ pub fn client() -> reqwest::Client {
 /// What the next hop made of a forward.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Forwarded {
-    /// Accepted: the sealed receipt to pass back (opaque to this node).
+    /// Accepted (200 and a well-formed answer): the sealed receipt to pass back, opaque here.
     Accepted {
         /// Hex of the sealed receipt.
         receipt: String,
@@ -64,12 +64,6 @@ pub enum Forwarded {
     Refused,
     /// No answer after every attempt.
     Exhausted,
-}
-
-#[derive(Debug, Deserialize)]
-struct Success {
-    outcome: String,
-    receipt: String,
 }
 
 /// One attempt's failure kind (for logs: never the error text, which holds the URL).
@@ -108,13 +102,9 @@ pub async fn post(
                 }
                 return match (
                     status,
-                    body.as_deref().map(serde_json::from_slice::<Success>),
+                    body.as_deref().map(serde_json::from_slice::<Accepted>),
                 ) {
-                    (200, Some(Ok(s)))
-                        if matches!(s.outcome.as_str(), "delivered" | "forwarded") =>
-                    {
-                        Forwarded::Accepted { receipt: s.receipt }
-                    }
+                    (200, Some(Ok(a))) => Forwarded::Accepted { receipt: a.receipt },
                     _ => {
                         debug!(next = %Prefix(next_hop), status, "next hop refused");
                         Forwarded::Refused

@@ -7,13 +7,14 @@
 //! capped at [`MAX_TRACKED`] peers (the least recently active one goes first) and the summary at
 //! [`MAX_ROWS`] rows.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
 use std::sync::Mutex;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use crate::pipeline::Reason;
-use crate::proto::NodeId;
+use crate::proto::{NodeId, Prefix};
+use crate::reason::Reason;
 
 /// Peers tracked at most.
 pub const MAX_TRACKED: usize = 4096;
@@ -23,45 +24,34 @@ pub const MAX_ROWS: usize = 64;
 pub const FAILING_AFTER: u32 = 3;
 /// How far back a failure or refusal makes a peer `degraded`.
 pub const RECENT_SECS: u64 = 1800;
+/// A descriptor expiring within this is `expiring`.
+pub const EXPIRING_SECS: u64 = 300;
 
-/// Coarse reason buckets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Bucket {
-    /// Over its rate.
-    RateLimit,
-    /// Refused while quarantined.
-    Quarantine,
-    /// Loops.
-    Loop,
-    /// No hops left.
-    Ttl,
-    /// Too old or too new.
-    Timestamp,
-    /// Replay conflicts and expired replays.
-    Replay,
-    /// Its layer did not open.
-    Layer,
-    /// A next-hop problem: unreachable.
-    Transport,
-    /// A next-hop problem: it refused.
-    Refused,
-    /// Anything else.
-    Other,
+named_enum! {
+    /// Coarse reason buckets.
+    pub enum Bucket {
+        /// Over its rate.
+        RateLimit = "rate_limit",
+        /// Refused while quarantined.
+        Quarantine = "quarantine",
+        /// Loops.
+        Loop = "loop",
+        /// No hops left.
+        Ttl = "ttl",
+        /// Too old or too new.
+        Timestamp = "timestamp",
+        /// Replay conflicts and expired replays.
+        Replay = "replay",
+        /// Its layer did not open.
+        Layer = "layer",
+        /// A next-hop problem: unreachable.
+        Transport = "transport",
+        /// A next-hop problem: it refused.
+        Refused = "refused",
+        /// Anything else.
+        Other = "other",
+    }
 }
-
-const BUCKETS: [Bucket; 10] = [
-    Bucket::RateLimit,
-    Bucket::Quarantine,
-    Bucket::Loop,
-    Bucket::Ttl,
-    Bucket::Timestamp,
-    Bucket::Replay,
-    Bucket::Layer,
-    Bucket::Transport,
-    Bucket::Refused,
-    Bucket::Other,
-];
 
 impl Bucket {
     /// The bucket of a refusal of a previous hop's frame.
@@ -78,12 +68,70 @@ impl Bucket {
             _ => Bucket::Other,
         }
     }
+}
 
-    fn index(self) -> usize {
-        BUCKETS
-            .iter()
-            .position(|b| *b == self)
-            .unwrap_or(BUCKETS.len() - 1)
+const BUCKETS: usize = Bucket::ALL.len();
+
+named_enum! {
+    /// A peer's health, worst first.
+    pub enum HealthState {
+        /// Quarantined by this node's guard now.
+        Quarantined = "quarantined",
+        /// [`FAILING_AFTER`] consecutive route failures.
+        Failing = "failing",
+        /// Its descriptor expired or expires soon, or a route failure or a refusal of its frames
+        /// within [`RECENT_SECS`].
+        Degraded = "degraded",
+        /// Contact or a route success.
+        Healthy = "healthy",
+        /// No contact yet.
+        Unknown = "unknown",
+    }
+}
+
+named_enum! {
+    /// What the summary shows of a peer's descriptor.
+    pub enum DescriptorState {
+        /// Valid for more than [`EXPIRING_SECS`].
+        Valid = "valid",
+        /// Expires within [`EXPIRING_SECS`].
+        Expiring = "expiring",
+        /// Expired.
+        Expired = "expired",
+        /// No descriptor (a previous hop only).
+        None = "none",
+    }
+}
+
+named_enum! {
+    /// A coarse age: never an exact time.
+    pub enum Age {
+        /// Never happened.
+        Never = "never",
+        /// Under a minute ago.
+        Minute = "<1m",
+        /// Under ten minutes ago.
+        TenMinutes = "<10m",
+        /// Under an hour ago.
+        Hour = "<1h",
+        /// Under a day ago.
+        Day = "<1d",
+        /// A day ago or more.
+        Older = "older",
+    }
+}
+
+impl Age {
+    /// The age of `then` at `now`.
+    pub fn of(then: Option<u64>, now: u64) -> Age {
+        match then.map(|t| now.saturating_sub(t)) {
+            None => Age::Never,
+            Some(a) if a < 60 => Age::Minute,
+            Some(a) if a < 600 => Age::TenMinutes,
+            Some(a) if a < 3600 => Age::Hour,
+            Some(a) if a < 86_400 => Age::Day,
+            Some(_) => Age::Older,
+        }
     }
 }
 
@@ -96,7 +144,8 @@ struct Stats {
     last_route_success: Option<u64>,
     last_route_failure: Option<u64>,
     last_refusal: Option<u64>,
-    reasons: [u64; BUCKETS.len()],
+    /// Indexed like [`Bucket::ALL`].
+    reasons: [u64; BUCKETS],
 }
 
 impl Stats {
@@ -114,39 +163,34 @@ impl Stats {
     }
 }
 
-/// The per-peer table.
-#[derive(Debug, Default)]
+/// The per-peer table. The lock is held for one update or one copy, never across another lock.
+#[derive(Default)]
 pub struct Health {
     map: Mutex<HashMap<NodeId, Stats>>,
 }
 
-/// What the summary shows of a peer's descriptor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DescriptorState {
-    /// Valid for more than 5 minutes.
-    Valid,
-    /// Expires within 5 minutes.
-    Expiring,
-    /// Expired.
-    Expired,
-    /// No descriptor (a previous hop only).
-    None,
+/// Counts only: the table is keyed by full node ids.
+impl fmt::Debug for Health {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Health")
+            .field("tracked", &self.lock().len())
+            .finish()
+    }
 }
 
 /// One row of the summary.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Row {
     /// The first 4 bytes of its node id, in hex.
     pub node: String,
-    /// `quarantined`, `failing`, `degraded`, `healthy` or `unknown`.
-    pub health: &'static str,
+    /// Its health.
+    pub health: HealthState,
     /// Its descriptor.
     pub descriptor: DescriptorState,
     /// Age of the last contact, coarse.
-    pub last_contact: &'static str,
+    pub last_contact: Age,
     /// Age of the last route success, coarse.
-    pub last_route_success: &'static str,
+    pub last_route_success: Age,
     /// Forwards and probes to it that succeeded.
     pub route_successes: u64,
     /// …that failed.
@@ -156,167 +200,11 @@ pub struct Row {
     /// Seconds of quarantine left.
     pub quarantine_remaining_secs: u64,
     /// Refusals of its frames and failures to it, by coarse bucket (zero buckets left out).
-    pub reasons: HashMap<Bucket, u64>,
-}
-
-/// A coarse age: never an exact time.
-pub fn age_bucket(then: Option<u64>, now: u64) -> &'static str {
-    match then.map(|t| now.saturating_sub(t)) {
-        None => "never",
-        Some(a) if a < 60 => "<1m",
-        Some(a) if a < 600 => "<10m",
-        Some(a) if a < 3600 => "<1h",
-        Some(a) if a < 86_400 => "<1d",
-        Some(_) => "older",
-    }
-}
-
-impl Health {
-    fn with(&self, peer: &NodeId, now: u64, f: impl FnOnce(&mut Stats)) {
-        let mut map = self.map.lock().unwrap_or_else(|p| p.into_inner());
-        if !map.contains_key(peer) && map.len() >= MAX_TRACKED {
-            let oldest = map
-                .iter()
-                .min_by_key(|(_, s)| s.last_activity())
-                .map(|(k, _)| *k);
-            if let Some(k) = oldest {
-                map.remove(&k);
-            }
-        }
-        let s = map.entry(*peer).or_default();
-        f(s);
-        let _ = now;
-    }
-
-    /// An authenticated frame from `peer` as previous hop.
-    pub fn record_contact(&self, peer: &NodeId, now: u64) {
-        self.with(peer, now, |s| s.last_contact = Some(now));
-    }
-
-    /// A refusal of `peer`'s frame (after authentication).
-    pub fn record_refusal(&self, peer: &NodeId, why: Reason, now: u64) {
-        self.with(peer, now, |s| {
-            s.last_contact = Some(now);
-            s.last_refusal = Some(now);
-            s.reasons[Bucket::of(why).index()] += 1;
-        });
-    }
-
-    /// A forward or probe to `peer` as next hop.
-    pub fn record_route(&self, peer: &NodeId, ok: bool, now: u64) {
-        self.record_route_reason(peer, ok, Bucket::Transport, now);
-    }
-
-    /// As [`Health::record_route`], with the bucket of a failure.
-    pub fn record_route_reason(&self, peer: &NodeId, ok: bool, why: Bucket, now: u64) {
-        self.with(peer, now, |s| {
-            if ok {
-                s.route_successes += 1;
-                s.consecutive_failures = 0;
-                s.last_route_success = Some(now);
-                s.last_contact = Some(now);
-            } else {
-                s.route_failures += 1;
-                s.consecutive_failures += 1;
-                s.last_route_failure = Some(now);
-                s.reasons[why.index()] += 1;
-            }
-        });
-    }
-
-    /// Peers tracked.
-    pub fn len(&self) -> usize {
-        self.map.lock().unwrap_or_else(|p| p.into_inner()).len()
-    }
-
-    /// True when none is tracked.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// The summary: tracked peers and peers with a descriptor, worst first, at most
-    /// [`MAX_ROWS`] rows. `descriptor` gives a peer's descriptor expiry; `quarantine` its
-    /// remaining quarantine seconds.
-    pub fn summary(
-        &self,
-        now: u64,
-        descriptors: &HashMap<NodeId, u64>,
-        quarantine: impl Fn(&NodeId) -> u64,
-    ) -> Summary {
-        let map = self.map.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut ids: Vec<NodeId> = map.keys().chain(descriptors.keys()).copied().collect();
-        ids.sort_unstable();
-        ids.dedup();
-        let mut rows: Vec<(u8, Row)> = ids
-            .iter()
-            .map(|id| {
-                let s = map.get(id).cloned().unwrap_or_default();
-                let q = quarantine(id);
-                let descriptor = match descriptors.get(id) {
-                    None => DescriptorState::None,
-                    Some(&exp) if exp <= now => DescriptorState::Expired,
-                    Some(&exp) if exp <= now + 300 => DescriptorState::Expiring,
-                    Some(_) => DescriptorState::Valid,
-                };
-                let recent =
-                    |t: Option<u64>| t.is_some_and(|t| now.saturating_sub(t) < RECENT_SECS);
-                let (rank, health) = if q > 0 {
-                    (0, "quarantined")
-                } else if s.consecutive_failures >= FAILING_AFTER {
-                    (1, "failing")
-                } else if matches!(
-                    descriptor,
-                    DescriptorState::Expired | DescriptorState::Expiring
-                ) || recent(s.last_route_failure)
-                    || recent(s.last_refusal)
-                {
-                    (2, "degraded")
-                } else if s.last_contact.is_some() || s.route_successes > 0 {
-                    (3, "healthy")
-                } else {
-                    (4, "unknown")
-                };
-                let reasons = BUCKETS
-                    .iter()
-                    .zip(s.reasons)
-                    .filter(|(_, n)| *n > 0)
-                    .map(|(b, n)| (*b, n))
-                    .collect();
-                let row = Row {
-                    node: crate::proto::Prefix(id).to_string(),
-                    health,
-                    descriptor,
-                    last_contact: age_bucket(s.last_contact, now),
-                    last_route_success: age_bucket(s.last_route_success, now),
-                    route_successes: s.route_successes,
-                    route_failures: s.route_failures,
-                    quarantined: q > 0,
-                    quarantine_remaining_secs: q,
-                    reasons,
-                };
-                (rank, row)
-            })
-            .collect();
-        rows.sort_by(|a, b| {
-            a.0.cmp(&b.0)
-                .then(b.1.route_failures.cmp(&a.1.route_failures))
-                .then(a.1.node.cmp(&b.1.node))
-        });
-        let count = |h: &str| rows.iter().filter(|(_, r)| r.health == h).count();
-        Summary {
-            total_peers: rows.len(),
-            quarantined: count("quarantined"),
-            failing: count("failing"),
-            degraded: count("degraded"),
-            healthy: count("healthy"),
-            unknown: count("unknown"),
-            rows: rows.into_iter().take(MAX_ROWS).map(|(_, r)| r).collect(),
-        }
-    }
+    pub reasons: BTreeMap<Bucket, u64>,
 }
 
 /// The peer health summary.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Summary {
     /// Peers known (tracked or with a descriptor).
     pub total_peers: usize,
@@ -332,6 +220,153 @@ pub struct Summary {
     pub unknown: usize,
     /// Worst first, at most [`MAX_ROWS`].
     pub rows: Vec<Row>,
+}
+
+impl Health {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, Stats>> {
+        self.map.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Updates `peer`'s stats, making room for it if the table is full.
+    fn with(&self, peer: &NodeId, f: impl FnOnce(&mut Stats)) {
+        let mut map = self.lock();
+        if !map.contains_key(peer) && map.len() >= MAX_TRACKED {
+            let oldest = map
+                .iter()
+                .min_by_key(|(_, s)| s.last_activity())
+                .map(|(k, _)| *k);
+            if let Some(k) = oldest {
+                map.remove(&k);
+            }
+        }
+        f(map.entry(*peer).or_default());
+    }
+
+    /// An authenticated frame from `peer` as previous hop.
+    pub fn record_contact(&self, peer: &NodeId, now: u64) {
+        self.with(peer, |s| s.last_contact = Some(now));
+    }
+
+    /// A refusal of `peer`'s frame (after authentication).
+    pub fn record_refusal(&self, peer: &NodeId, why: Reason, now: u64) {
+        self.with(peer, |s| {
+            s.last_contact = Some(now);
+            s.last_refusal = Some(now);
+            s.reasons[Bucket::of(why) as usize] += 1;
+        });
+    }
+
+    /// A forward or probe to `peer` as next hop; a failure counts as `transport`.
+    pub fn record_route(&self, peer: &NodeId, ok: bool, now: u64) {
+        self.record_route_reason(peer, ok, Bucket::Transport, now);
+    }
+
+    /// As [`Health::record_route`], with the bucket of a failure.
+    pub fn record_route_reason(&self, peer: &NodeId, ok: bool, why: Bucket, now: u64) {
+        self.with(peer, |s| {
+            if ok {
+                s.route_successes += 1;
+                s.consecutive_failures = 0;
+                s.last_route_success = Some(now);
+                s.last_contact = Some(now);
+            } else {
+                s.route_failures += 1;
+                s.consecutive_failures += 1;
+                s.last_route_failure = Some(now);
+                s.reasons[why as usize] += 1;
+            }
+        });
+    }
+
+    /// The summary: tracked peers and peers with a descriptor, worst first, at most
+    /// [`MAX_ROWS`] rows. `descriptors` gives a peer's descriptor expiry; `quarantine` its
+    /// remaining quarantine seconds. The table is copied first: no other lock is taken while
+    /// this one is held.
+    pub fn summary(
+        &self,
+        now: u64,
+        descriptors: &HashMap<NodeId, u64>,
+        quarantine: impl Fn(&NodeId) -> u64,
+    ) -> Summary {
+        let map = self.lock().clone();
+        let mut ids: Vec<NodeId> = map.keys().chain(descriptors.keys()).copied().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        let mut rows: Vec<Row> = ids
+            .iter()
+            .map(|id| {
+                let s = map.get(id).cloned().unwrap_or_default();
+                row(id, &s, descriptors.get(id).copied(), quarantine(id), now)
+            })
+            .collect();
+        rows.sort_by(|a, b| {
+            a.health
+                .cmp(&b.health)
+                .then(b.route_failures.cmp(&a.route_failures))
+                .then(a.node.cmp(&b.node))
+        });
+        let count = |h: HealthState| rows.iter().filter(|r| r.health == h).count();
+        Summary {
+            total_peers: rows.len(),
+            quarantined: count(HealthState::Quarantined),
+            failing: count(HealthState::Failing),
+            degraded: count(HealthState::Degraded),
+            healthy: count(HealthState::Healthy),
+            unknown: count(HealthState::Unknown),
+            rows: rows.into_iter().take(MAX_ROWS).collect(),
+        }
+    }
+
+    /// Peers tracked.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.lock().len()
+    }
+}
+
+/// One peer's row: its health, first match wins (quarantined, failing, degraded, healthy,
+/// unknown).
+fn row(id: &NodeId, s: &Stats, expires_at: Option<u64>, quarantine: u64, now: u64) -> Row {
+    let descriptor = match expires_at {
+        None => DescriptorState::None,
+        Some(exp) if exp <= now => DescriptorState::Expired,
+        Some(exp) if exp <= now + EXPIRING_SECS => DescriptorState::Expiring,
+        Some(_) => DescriptorState::Valid,
+    };
+    let recent = |t: Option<u64>| t.is_some_and(|t| now.saturating_sub(t) < RECENT_SECS);
+    let health = if quarantine > 0 {
+        HealthState::Quarantined
+    } else if s.consecutive_failures >= FAILING_AFTER {
+        HealthState::Failing
+    } else if matches!(
+        descriptor,
+        DescriptorState::Expired | DescriptorState::Expiring
+    ) || recent(s.last_route_failure)
+        || recent(s.last_refusal)
+    {
+        HealthState::Degraded
+    } else if s.last_contact.is_some() || s.route_successes > 0 {
+        HealthState::Healthy
+    } else {
+        HealthState::Unknown
+    };
+    Row {
+        node: Prefix(id).to_string(),
+        health,
+        descriptor,
+        last_contact: Age::of(s.last_contact, now),
+        last_route_success: Age::of(s.last_route_success, now),
+        route_successes: s.route_successes,
+        route_failures: s.route_failures,
+        quarantined: quarantine > 0,
+        quarantine_remaining_secs: quarantine,
+        reasons: Bucket::ALL
+            .iter()
+            .zip(s.reasons)
+            .filter(|(_, n)| *n > 0)
+            .map(|(b, n)| (*b, n))
+            .collect(),
+    }
 }
 
 #[cfg(test)]
@@ -355,9 +390,9 @@ mod tests {
         let s = h.summary(now, &HashMap::new(), |id| if id[0] == 7 { 42 } else { 0 });
         assert_eq!(s.total_peers, 100);
         assert_eq!(s.rows.len(), MAX_ROWS);
-        assert_eq!(s.rows[0].health, "quarantined");
+        assert_eq!(s.rows[0].health.as_str(), "quarantined");
         assert_eq!(s.rows[0].quarantine_remaining_secs, 42);
-        assert_eq!(s.rows[1].health, "failing");
+        assert_eq!(s.rows[1].health.as_str(), "failing");
         assert_eq!(s.rows[1].node, "01000000");
         assert_eq!(
             s.quarantined + s.failing + s.degraded + s.healthy + s.unknown,
@@ -378,9 +413,28 @@ mod tests {
 
     #[test]
     fn ages_are_coarse() {
-        assert_eq!(age_bucket(None, 100), "never");
-        assert_eq!(age_bucket(Some(90), 100), "<1m");
-        assert_eq!(age_bucket(Some(0), 3000), "<1h");
-        assert_eq!(age_bucket(Some(0), 100_000), "older");
+        assert_eq!(Age::of(None, 100).as_str(), "never");
+        assert_eq!(Age::of(Some(90), 100).as_str(), "<1m");
+        assert_eq!(Age::of(Some(0), 3000).as_str(), "<1h");
+        assert_eq!(Age::of(Some(0), 100_000).as_str(), "older");
+    }
+
+    #[test]
+    fn rows_round_trip_through_json_with_the_documented_names() {
+        let h = Health::default();
+        let id = [9u8; 32];
+        h.record_refusal(&id, Reason::RouteLoop, 100);
+        h.record_route(&id, false, 100);
+        let s = h.summary(100, &HashMap::from([(id, 200)]), |_| 0);
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["rows"][0]["health"], "degraded");
+        assert_eq!(json["rows"][0]["descriptor"], "expiring");
+        assert_eq!(json["rows"][0]["last_contact"], "<1m");
+        assert_eq!(json["rows"][0]["last_route_success"], "never");
+        assert_eq!(json["rows"][0]["reasons"]["loop"], 1);
+        assert_eq!(json["rows"][0]["reasons"]["transport"], 1);
+        assert_eq!(serde_json::from_value::<Summary>(json).unwrap(), s);
+        assert!(serde_json::from_str::<HealthState>("\"sick\"").is_err());
+        assert!(!format!("{h:?}").contains(&hex::encode(id)));
     }
 }

@@ -4,35 +4,106 @@
 //! to whom, behind an abuse guard.
 //!
 //! # Layout
+//!
+//! A relay request's path: [`api`] → [`pipeline`] (steps 1–7 in order, each refusing with a
+//! [`reason::Reason`]) → [`forward`] (with retries) or [`terminal`] → [`replay`] records the
+//! answer → [`api`] answers.
+//!
 //! - [`proto`]: the wire formats without I/O: envelopes and their signatures, onion layers,
-//!   delivery receipts, descriptors.
-//! - [`replay`]: the route replay registry (SQLite or memory) and the terminal's inbox.
-//! - [`pipeline`]: the admission pipeline, steps 1–8, and the reasons it refuses.
-//! - [`hopguard`]: step 4, the previous-hop rate limit, failure score and quarantine.
+//!   delivery receipts, descriptors, the relay answer, the probe payload.
+//! - [`reason`]: why a request is refused: wire string, HTTP status, counter, scored or not.
+//! - [`context`]: what inbound and outbound work share: keys, peers, clock, counters, peer
+//!   health, the crypto gate, the HTTP client.
+//! - [`pipeline`]: the admission pipeline, one file per design step, run in order by its
+//!   `mod.rs`.
 //! - [`forward`]: the next hop's client and the retry policy.
-//! - [`send`]: the client side: build a route, send, verify the receipt.
-//! - [`node`]: identity, onion keys, descriptor; [`peers`]: known peers' descriptors.
-//! - [`counters`]: the aggregate counters; [`api`]: the two listeners; [`daemon`]: `run`.
+//! - [`terminal`]: the terminal hop: the inbox and receipt signing.
+//! - [`replay`]: the route replay registry (SQLite or memory).
+//! - [`sqlite`]: the durable SQLite file both stores open, and its error.
+//! - [`send`]: the client side: choose a route, send, verify the receipt.
+//! - [`probe`]: synthetic single-hop and two-hop probes.
+//! - [`node`]: identity, onion keys, descriptor.
+//! - [`peers`]: known peers' descriptors, verified once when accepted.
+//! - [`health`]: per-peer health without who-talks-to-whom.
+//! - [`counters`]: the aggregate counters.
+//! - [`status`]: evidence quality, proof scope, the status document, the Prometheus text.
 //! - [`clock`]: time, passed in.
-//! - [`probe`]: synthetic single-hop and two-hop probes; [`health`]: per-peer health without
-//!   who-talks-to-whom; [`status`]: evidence quality, proof scope, the status document and
-//!   the Prometheus text.
+//! - [`api`]: the two listeners and their one error type.
+//! - [`daemon`]: `blindrelay run`: build the node, serve, background upkeep.
+//! - [`cli`]: the command line's flags; [`client`]: the operator's commands (`send`, `inbox`,
+//!   `status`) against the operator API.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
+/// An enum whose variants have stable names (written once, here): `ALL`, `as_str`, `Display`
+/// (padded like a string) and serde as those names. Used for the status document's states, so
+/// the server and the operator client share one typed vocabulary.
+macro_rules! named_enum {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $text:literal,)*
+        }
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+        $vis enum $name {
+            $($(#[$vmeta])* $variant,)*
+        }
+
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: [$name; [$($text),*].len()] = [$($name::$variant,)*];
+
+            /// The stable name.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)*
+                }
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.pad(self.as_str())
+            }
+        }
+
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(self.as_str())
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let text = String::deserialize(d)?;
+                Self::ALL
+                    .into_iter()
+                    .find(|v| v.as_str() == text)
+                    .ok_or_else(|| serde::de::Error::unknown_variant(&text, &[$($text),*]))
+            }
+        }
+    };
+}
+
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod clock;
+pub mod context;
 pub mod counters;
 pub mod daemon;
 pub mod forward;
 pub mod health;
-pub mod hopguard;
 pub mod node;
 pub mod peers;
 pub mod pipeline;
 pub mod probe;
 pub mod proto;
+pub mod reason;
 pub mod replay;
 pub mod send;
+pub mod sqlite;
 pub mod status;
+pub mod terminal;

@@ -7,8 +7,10 @@
 //!   neither key.
 //! - `node.json`: the public endpoint given at `init`.
 //!
-//! Secret files are written atomically with mode 0600.
+//! Secret files are written atomically with mode 0600. No `Debug` here prints a key, the
+//! endpoint or the state dir.
 
+use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -18,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use x25519_dalek::{PublicKey, StaticSecret};
 
 use crate::proto::descriptor::{DESCRIPTOR_TTL, Descriptor};
-use crate::proto::{NodeId, from_hex, hex};
+use crate::proto::{NodeId, Prefix, from_hex};
 
 /// Age at which the onion key is replaced.
 pub const ONION_ROTATION: u64 = 24 * 3600;
@@ -55,14 +57,16 @@ pub enum NodeError {
     },
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// Holds a secret: no `Debug`.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct KeyRecord {
     secret: String,
     created_at: u64,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// Holds secrets: no `Debug`.
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct OnionKeysFile {
     current: KeyRecord,
@@ -77,8 +81,8 @@ struct NodeFile {
     endpoint: String,
 }
 
-/// The onion keys in memory.
-#[derive(Debug, Clone)]
+/// The onion keys in memory (secrets: no `Debug`).
+#[derive(Clone)]
 struct Keyring {
     current: ([u8; 32], u64),
     previous: Option<([u8; 32], u64)>,
@@ -88,7 +92,7 @@ struct Keyring {
 impl Keyring {
     fn to_file(&self) -> OnionKeysFile {
         let rec = |(k, t): ([u8; 32], u64)| KeyRecord {
-            secret: hex(&k),
+            secret: hex::encode(k),
             created_at: t,
         };
         OnionKeysFile {
@@ -112,7 +116,6 @@ impl Keyring {
 }
 
 /// A node: identity, endpoint, onion keys, descriptor.
-#[derive(Debug)]
 pub struct Node {
     dir: PathBuf,
     signing: SigningKey,
@@ -120,6 +123,15 @@ pub struct Node {
     endpoint: String,
     keyring: Mutex<Keyring>,
     descriptor: Mutex<Option<Descriptor>>,
+}
+
+/// The id's prefix only: never a key, the endpoint or the state dir.
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node")
+            .field("id", &Prefix(&self.id))
+            .finish_non_exhaustive()
+    }
 }
 
 fn paths(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
@@ -212,11 +224,6 @@ impl Node {
     /// The signing key.
     pub fn signing_key(&self) -> &SigningKey {
         &self.signing
-    }
-
-    /// The endpoint given at `init`.
-    pub fn endpoint(&self) -> &str {
-        &self.endpoint
     }
 
     fn ring(&self) -> std::sync::MutexGuard<'_, Keyring> {
@@ -320,6 +327,16 @@ mod tests {
         let d = node.descriptor(after);
         assert_eq!(d.onion_key, node.onion_public());
         assert!(d.verify(after).is_ok());
+        // Debug shows no secret, no endpoint, no full id.
+        let text = format!("{node:?}");
+        let seed = std::fs::read(dir.path().join("identity.key")).unwrap();
+        for secret in node.onion_secrets(after) {
+            assert!(!text.contains(&hex::encode(secret.to_bytes())));
+        }
+        assert!(!text.contains(&hex::encode(&seed)));
+        assert!(!text.contains(&hex::encode(id)));
+        assert!(!text.contains("127.0.0.5"));
+        assert!(text.contains(&Prefix(&id).to_string()));
         use std::os::unix::fs::PermissionsExt;
         for f in ["identity.key", "onion-keys.json"] {
             let mode = std::fs::metadata(dir.path().join(f))

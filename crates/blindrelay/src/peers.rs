@@ -1,11 +1,14 @@
 //! Known peers: their signed descriptors, fetched from `--peer` URLs, verified, refreshed
 //! before they expire.
 //!
-//! A descriptor is kept only if its signature verifies; it is used only while unexpired, and
-//! its endpoint only if it is a public IP (unless `--allow-private-endpoints`). The table is
-//! bounded ([`MAX_PEERS`]). Nothing here is logged beyond 8-hex id prefixes: no URL, no address.
+//! A descriptor is kept only if it verifies (signature, window, onion key) when it is
+//! accepted; lookups then only check its validity window, never the signature again. It is
+//! used only while unexpired, and its endpoint only if it is a public IP (unless
+//! `--allow-private-endpoints`). The table is bounded ([`MAX_PEERS`]). Nothing here is logged
+//! beyond 8-hex id prefixes: no URL, no address, and `Debug` prints counts only.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -37,13 +40,24 @@ pub enum PeerError {
 }
 
 /// The peer table.
-#[derive(Debug)]
 pub struct Peers {
+    /// Descriptors that verified when they were accepted.
     map: Mutex<HashMap<NodeId, Descriptor>>,
     urls: Vec<String>,
     allow_private: bool,
     clock: Clock,
     self_id: NodeId,
+}
+
+/// Counts only: no id, no URL.
+impl fmt::Debug for Peers {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Peers")
+            .field("known", &self.lock().len())
+            .field("urls", &self.urls.len())
+            .field("allow_private", &self.allow_private)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Peers {
@@ -62,7 +76,8 @@ impl Peers {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds a descriptor if it verifies now and is newer than the one held. True if kept.
+    /// Adds a descriptor if it verifies now (the only signature check it ever gets) and is
+    /// newer than the one held. True if kept.
     pub fn insert(&self, d: Descriptor) -> bool {
         let now = self.clock.unix();
         if d.verify(now).is_err() || d.node_id == self.self_id {
@@ -93,13 +108,14 @@ impl Peers {
         Ok(format!("{}/v1/relay", d.endpoint.trim_end_matches('/')))
     }
 
-    /// The descriptor of `id`, if valid at `now` with an allowed endpoint.
+    /// The descriptor of `id`, verified when it was accepted, if still current at `now` and
+    /// with an allowed endpoint.
     ///
     /// # Errors
     /// [`PeerError`].
     pub fn descriptor(&self, id: &NodeId, now: u64) -> Result<Descriptor, PeerError> {
         let d = self.lock().get(id).cloned().ok_or(PeerError::Unknown)?;
-        if d.verify(now).is_err() {
+        if !d.is_current(now) {
             return Err(PeerError::Expired);
         }
         let addr = descriptor::parse_endpoint(&d.endpoint).map_err(|_| PeerError::Endpoint)?;
@@ -123,7 +139,7 @@ impl Peers {
     }
 
     /// Fetches every `--peer` URL whose descriptor is missing or about to expire.
-    pub async fn refresh(&self, http: &reqwest::Client) -> bool {
+    async fn refresh(&self, http: &reqwest::Client) -> bool {
         let mut complete = true;
         for url in &self.urls {
             let now = self.clock.unix();
@@ -182,4 +198,53 @@ async fn fetch(http: &reqwest::Client, url: &str) -> Option<Descriptor> {
         return None;
     }
     serde_json::from_slice(&bytes).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use ed25519_dalek::SigningKey;
+
+    use super::*;
+    use crate::clock::ManualClock;
+
+    const T0: u64 = 1_800_000_000;
+
+    fn onion_key() -> [u8; 32] {
+        x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from([5u8; 32])).to_bytes()
+    }
+
+    #[test]
+    fn a_descriptor_is_verified_once_then_used_while_current() {
+        let clock = Clock::Manual(ManualClock::new(T0));
+        let peers = Peers::new(vec![], true, clock, [0; 32]);
+        let key = SigningKey::from_bytes(&[1; 32]);
+        let id = key.verifying_key().to_bytes();
+        let d = Descriptor::sign(&key, onion_key(), "http://127.0.0.9:7001", T0, 3600);
+        let mut forged = d.clone();
+        forged.issued_at += 1;
+        assert!(
+            !peers.insert(forged),
+            "a bad signature is refused when accepted"
+        );
+        assert_eq!(peers.descriptor(&id, T0), Err(PeerError::Unknown));
+        assert!(peers.insert(d.clone()));
+        assert_eq!(peers.descriptor(&id, T0 + 3599), Ok(d));
+        assert_eq!(
+            peers.route(&id, T0).as_deref(),
+            Ok("http://127.0.0.9:7001/v1/relay")
+        );
+        assert_eq!(peers.descriptor(&id, T0 + 3600), Err(PeerError::Expired));
+        assert!(peers.routable(T0 + 3600).is_empty());
+        assert!(!format!("{peers:?}").contains("127.0.0.9"));
+    }
+
+    #[test]
+    fn private_endpoints_only_when_allowed() {
+        let clock = Clock::Manual(ManualClock::new(T0));
+        let strict = Peers::new(vec![], false, clock, [0; 32]);
+        let key = SigningKey::from_bytes(&[2; 32]);
+        let d = Descriptor::sign(&key, onion_key(), "http://127.0.0.9:7001", T0, 3600);
+        assert!(strict.insert(d.clone()));
+        assert_eq!(strict.descriptor(&d.node_id, T0), Err(PeerError::Endpoint));
+    }
 }

@@ -10,107 +10,76 @@
 //! A probe succeeds only when its receipt opens and verifies. Its outcome moves only the probe
 //! counters (`probe_*`, `two_hop_probe_*`) and the peer's route health, never `received`,
 //! `terminal`, `forwarded` or `verified_client_onion_deliveries`.
+//!
+//! Depends on the shared [`Context`] and the sender's route delivery only.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use rand::Rng;
 use rand::seq::SliceRandom;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
-use crate::pipeline::Relay;
-use crate::proto::Prefix;
+use crate::context::Context;
+use crate::proto::descriptor::Descriptor;
 use crate::proto::onion::Hop;
-use crate::send::SendError;
+use crate::proto::{Prefix, probe};
+use crate::send::{deliver_along, hop};
 
-/// Start of every probe payload.
-pub const PROBE_MAGIC: &[u8] = b"blindrelay/probe/v1";
+/// Time between probe rounds unless told otherwise.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(300);
 
-/// True when a terminal payload is a probe.
-pub fn is_probe(payload: &[u8]) -> bool {
-    payload.starts_with(PROBE_MAGIC)
+/// Sends one probe along `path` (1 or 2 hops): true only on a verified receipt.
+async fn probe_path(ctx: &Context, path: Vec<Hop>) -> bool {
+    deliver_along(ctx, path, probe::payload()).await.is_ok()
 }
 
-fn probe_payload() -> Vec<u8> {
-    let mut p = PROBE_MAGIC.to_vec();
-    p.extend_from_slice(&rand::random::<[u8; 16]>());
-    p
-}
-
-/// How a probe ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProbeResult {
-    /// Receipt verified.
-    Ok,
-    /// Anything else.
-    Failed,
-    /// Not sent (no crypto slot, no route).
-    Skipped,
-}
-
-/// Sends one probe along `path` (1 or 2 hops); `Ok` only on a verified receipt.
-pub async fn probe_path(relay: &Arc<Relay>, path: &[Hop]) -> ProbeResult {
-    match crate::send::deliver_along(relay, path.to_vec(), probe_payload()).await {
-        Ok(_) => ProbeResult::Ok,
-        Err(SendError::Backpressure | SendError::NotEnoughPeers(_) | SendError::NoHops) => {
-            ProbeResult::Skipped
-        }
-        Err(_) => ProbeResult::Failed,
+/// The two-hop probe's path: a random middle and a random terminal, when at least two peers are
+/// routable.
+fn two_hop_path(mut peers: Vec<Descriptor>, rng: &mut impl Rng) -> Option<Vec<Hop>> {
+    if peers.len() < 2 {
+        return None;
     }
+    peers.shuffle(rng);
+    Some(peers[..2].iter().map(hop).collect())
 }
 
 /// One round: a single-hop probe of every routable peer, and one two-hop probe (a random middle
 /// and terminal) when at least two peers are routable.
-pub async fn round(relay: &Arc<Relay>) {
-    let now = relay.clock.unix();
-    let mut peers = relay.peers.routable(now);
-    let c = &relay.counters;
+pub async fn round(ctx: &Context) {
+    let now = ctx.clock.unix();
+    let peers = ctx.peers.routable(now);
+    let c = &ctx.counters;
     for d in &peers {
         c.probe_attempted.inc();
         c.last_probe_at.set(now);
-        let hop = Hop {
-            node_id: d.node_id,
-            onion_key: d.onion_key,
-        };
-        match probe_path(relay, std::slice::from_ref(&hop)).await {
-            ProbeResult::Ok => {
-                c.probe_succeeded.inc();
-                c.last_probe_succeeded_at.set(relay.clock.unix());
-            }
-            _ => {
-                c.probe_failed.inc();
-                c.last_probe_failed_at.set(relay.clock.unix());
-                debug!(peer = %Prefix(&d.node_id), "probe failed");
-            }
+        if probe_path(ctx, vec![hop(d)]).await {
+            c.probe_succeeded.inc();
+            c.last_probe_succeeded_at.set(ctx.clock.unix());
+        } else {
+            c.probe_failed.inc();
+            c.last_probe_failed_at.set(ctx.clock.unix());
+            debug!(peer = %Prefix(&d.node_id), "probe failed");
         }
     }
-    if peers.len() >= 2 {
-        peers.shuffle(&mut rand::rng());
-        let path: Vec<Hop> = peers[..2]
-            .iter()
-            .map(|d| Hop {
-                node_id: d.node_id,
-                onion_key: d.onion_key,
-            })
-            .collect();
-        c.two_hop_probe_attempted.inc();
-        c.last_two_hop_probe_at.set(now);
-        match probe_path(relay, &path).await {
-            ProbeResult::Ok => {
-                c.two_hop_probe_succeeded.inc();
-                c.last_two_hop_probe_succeeded_at.set(relay.clock.unix());
-            }
-            _ => {
-                c.two_hop_probe_failed.inc();
-                c.last_two_hop_probe_failed_at.set(relay.clock.unix());
-                debug!("two-hop probe failed");
-            }
-        }
+    let Some(path) = two_hop_path(peers, &mut rand::rng()) else {
+        return;
+    };
+    c.two_hop_probe_attempted.inc();
+    c.last_two_hop_probe_at.set(now);
+    if probe_path(ctx, path).await {
+        c.two_hop_probe_succeeded.inc();
+        c.last_two_hop_probe_succeeded_at.set(ctx.clock.unix());
+    } else {
+        c.two_hop_probe_failed.inc();
+        c.last_two_hop_probe_failed_at.set(ctx.clock.unix());
+        debug!("two-hop probe failed");
     }
 }
 
 /// Probes every `interval` until `cancel` (no probes when `interval` is zero).
-pub async fn run(relay: Arc<Relay>, interval: Duration, cancel: CancellationToken) {
+pub async fn run(ctx: Arc<Context>, interval: Duration, cancel: CancellationToken) {
     if interval.is_zero() {
         return;
     }
@@ -119,6 +88,40 @@ pub async fn run(relay: Arc<Relay>, interval: Duration, cancel: CancellationToke
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(interval) => {}
         }
-        round(&relay).await;
+        round(&ctx).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ed25519_dalek::SigningKey;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    use super::*;
+
+    fn descriptor(seed: u8) -> Descriptor {
+        let onion = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from([seed; 32]));
+        Descriptor::sign(
+            &SigningKey::from_bytes(&[seed; 32]),
+            onion.to_bytes(),
+            "http://127.0.0.1:7001",
+            0,
+            3600,
+        )
+    }
+
+    #[test]
+    fn the_two_hop_path_takes_two_distinct_peers() {
+        let mut rng = StdRng::seed_from_u64(1);
+        assert!(two_hop_path(vec![], &mut rng).is_none());
+        assert!(two_hop_path(vec![descriptor(1)], &mut rng).is_none());
+        let peers: Vec<_> = (1..=5).map(descriptor).collect();
+        for _ in 0..20 {
+            let path = two_hop_path(peers.clone(), &mut rng).unwrap();
+            assert_eq!(path.len(), 2);
+            assert_ne!(path[0].node_id, path[1].node_id);
+            assert!(path.iter().all(|h| peers.iter().any(|d| hop(d) == *h)));
+        }
     }
 }

@@ -1,20 +1,28 @@
 //! The client side: this node builds an onion route to a terminal, sends it, and verifies the
 //! terminal's receipt.
 //!
-//! Route building and receipt checking take a crypto slot from the whole budget, including the
-//! one inbound requests never get, so they proceed under an inbound burst.
+//! Depends on the shared [`Context`] only, never on the inbound pipeline. Route building and
+//! receipt checking take a crypto slot from the whole budget, including the one inbound
+//! requests never get, so they proceed under an inbound burst.
 
 use std::sync::Arc;
 
+use rand::Rng;
 use rand::seq::SliceRandom;
 use tracing::debug;
 
+use crate::context::{self, Context};
 use crate::forward::{self, Forwarded};
-use crate::pipeline::Relay;
+use crate::proto::descriptor::Descriptor;
 use crate::proto::envelope::Envelope;
 use crate::proto::onion::{self, Hop};
 use crate::proto::receipt::{self, Receipt, ReceiptError};
-use crate::proto::{NodeId, Prefix, from_hex};
+use crate::proto::{NodeId, Prefix};
+
+/// Hops of a send (the terminal included) unless told otherwise.
+pub const DEFAULT_HOPS: usize = 3;
+/// Longest hex of a sealed receipt accepted from the entry hop (a sealed receipt is 192 bytes).
+const MAX_RECEIPT_HEX: usize = 1024;
 
 /// Why a send did not end in a verified delivery.
 #[derive(Debug, thiserror::Error)]
@@ -49,7 +57,7 @@ pub enum SendError {
 }
 
 /// A verified delivery.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Delivered {
     /// Hops used.
     pub hops: usize,
@@ -64,7 +72,7 @@ pub struct Delivered {
 /// # Errors
 /// [`SendError`].
 pub async fn send(
-    relay: &Arc<Relay>,
+    ctx: &Context,
     to: NodeId,
     hops: usize,
     payload: Vec<u8>,
@@ -75,45 +83,64 @@ pub async fn send(
     if payload.len() > onion::max_payload(hops) {
         return Err(SendError::TooLarge(onion::max_payload(hops)));
     }
-    let now = relay.clock.unix();
-    let terminal = relay
+    let now = ctx.clock.unix();
+    let terminal = ctx
         .peers
         .descriptor(&to, now)
         .map_err(|_| SendError::UnknownTerminal)?;
-    let mut middles: Vec<_> = relay
-        .peers
-        .routable(now)
-        .into_iter()
-        .filter(|d| d.node_id != to && d.node_id != *relay.node.id())
-        .collect();
-    if middles.len() < hops - 1 {
-        return Err(SendError::NotEnoughPeers(hops));
-    }
-    middles.shuffle(&mut rand::rng());
-    let mut path: Vec<Hop> = middles[..hops - 1]
-        .iter()
-        .map(|d| Hop {
-            node_id: d.node_id,
-            onion_key: d.onion_key,
-        })
-        .collect();
-    path.push(Hop {
-        node_id: terminal.node_id,
-        onion_key: terminal.onion_key,
-    });
-    let r = deliver_along(relay, path, payload).await?;
-    let now = relay.clock.unix();
-    relay.counters.verified_client_onion_deliveries.inc();
-    relay
-        .counters
-        .last_verified_client_onion_delivery_at
-        .set(now);
+    let path = choose_path(
+        ctx.node.id(),
+        &terminal,
+        ctx.peers.routable(now),
+        hops,
+        &mut rand::rng(),
+    )?;
+    let r = deliver_along(ctx, path, payload).await?;
+    let now = ctx.clock.unix();
+    ctx.counters.verified_client_onion_deliveries.inc();
+    ctx.counters.last_verified_client_onion_delivery_at.set(now);
     debug!(terminal = %Prefix(&to), hops, "delivery verified");
     Ok(Delivered {
         hops,
         terminal: Prefix(&to).to_string(),
         delivered_at: r.delivered_at,
     })
+}
+
+/// A path of `hops` hops to `terminal`: `hops − 1` middles picked at random among `routable`
+/// (neither this node `me` nor the terminal), then the terminal.
+///
+/// # Errors
+/// [`SendError::NotEnoughPeers`].
+fn choose_path(
+    me: &NodeId,
+    terminal: &Descriptor,
+    routable: Vec<Descriptor>,
+    hops: usize,
+    rng: &mut impl Rng,
+) -> Result<Vec<Hop>, SendError> {
+    let middles_needed = hops.saturating_sub(1);
+    let mut middles: Vec<_> = routable
+        .into_iter()
+        .filter(|d| d.node_id != terminal.node_id && d.node_id != *me)
+        .collect();
+    if middles.len() < middles_needed {
+        return Err(SendError::NotEnoughPeers(hops));
+    }
+    middles.shuffle(rng);
+    Ok(middles[..middles_needed]
+        .iter()
+        .chain(std::iter::once(terminal))
+        .map(hop)
+        .collect())
+}
+
+/// A descriptor as a hop of a path.
+pub(crate) fn hop(d: &Descriptor) -> Hop {
+    Hop {
+        node_id: d.node_id,
+        onion_key: d.onion_key,
+    }
 }
 
 /// Builds an onion route along `path` (the last hop is the terminal), sends it from this node,
@@ -123,7 +150,7 @@ pub async fn send(
 /// # Errors
 /// [`SendError`].
 pub(crate) async fn deliver_along(
-    relay: &Arc<Relay>,
+    ctx: &Context,
     path: Vec<Hop>,
     payload: Vec<u8>,
 ) -> Result<Receipt, SendError> {
@@ -131,17 +158,14 @@ pub(crate) async fn deliver_along(
         return Err(SendError::NoHops);
     };
     let (entry, terminal, hops) = (first.node_id, last.node_id, path.len());
-    let now = relay.clock.unix();
-    let url = relay
+    let now = ctx.clock.unix();
+    let url = ctx
         .peers
         .route(&entry, now)
         .map_err(|_| SendError::NotEnoughPeers(hops))?;
-    let slot = relay
-        .crypto()
-        .try_acquire()
-        .ok_or(SendError::Backpressure)?;
-    let me = Arc::clone(relay);
-    let (route, commitment, envelope) = tokio::task::spawn_blocking(move || {
+    let slot = ctx.crypto.try_acquire().ok_or(SendError::Backpressure)?;
+    let node = Arc::clone(&ctx.node);
+    let (route, commitment, envelope) = context::on_crypto_slot(slot, move || {
         let route = onion::build(&path, &payload)
             .map_err(|_| SendError::TooLarge(onion::max_payload(hops)))?;
         let env = Envelope::sign(
@@ -150,26 +174,25 @@ pub(crate) async fn deliver_along(
             (hops - 1) as u8,
             now,
             route.blob.clone(),
-            me.node.signing_key(),
+            node.signing_key(),
         );
-        drop(slot);
         Ok::<_, SendError>((route, receipt::commitment(&payload), env.encode()))
     })
     .await
-    .map_err(|_| SendError::Internal)??;
+    .ok_or(SendError::Internal)??;
     let answer = forward::post(
-        relay.http(),
+        &ctx.http,
         &url,
         &envelope,
         &route.first_route_id,
         &entry,
-        &relay.counters,
+        &ctx.counters,
     )
     .await;
-    relay.health().record_route(
+    ctx.health.record_route(
         &entry,
         matches!(answer, Forwarded::Accepted { .. }),
-        relay.clock.unix(),
+        ctx.clock.unix(),
     );
     let sealed = match answer {
         Forwarded::Accepted { receipt } => from_hex_vec(&receipt).ok_or(SendError::Refused)?,
@@ -181,16 +204,120 @@ pub(crate) async fn deliver_along(
         &route.terminal_route_id,
         &commitment,
         &terminal,
-        relay.clock.unix(),
+        ctx.clock.unix(),
     )?;
     Ok(r)
 }
 
+/// The sealed receipt from its hex form; `None` for anything longer than a sealed receipt could
+/// be, or not hex.
 fn from_hex_vec(s: &str) -> Option<Vec<u8>> {
-    if !s.is_ascii() || !s.len().is_multiple_of(2) || s.len() > 1024 {
+    if s.len() > MAX_RECEIPT_HEX {
         return None;
     }
-    (0..s.len() / 2)
-        .map(|i| from_hex::<1>(&s[2 * i..2 * i + 2]).map(|b| b[0]))
-        .collect()
+    hex::decode(s).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use ed25519_dalek::SigningKey;
+    use rand::SeedableRng;
+    use rand::rngs::StdRng;
+
+    use super::*;
+    use crate::clock::{Clock, ManualClock};
+    use crate::node::{self, Node};
+    use crate::peers::Peers;
+
+    const T0: u64 = 1_800_000_000;
+
+    fn descriptor(seed: u8) -> Descriptor {
+        let onion = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from([seed; 32]));
+        Descriptor::sign(
+            &SigningKey::from_bytes(&[seed; 32]),
+            onion.to_bytes(),
+            format!("http://127.0.0.{seed}:7001"),
+            T0,
+            3600,
+        )
+    }
+
+    /// A context over a fresh node: no SQLite, no listener, no HTTP.
+    fn context(dir: &tempfile::TempDir, crypto_slots: usize) -> Arc<Context> {
+        let clock = Clock::Manual(ManualClock::new(T0));
+        node::init(dir.path(), "http://127.0.0.1:7001", T0).unwrap();
+        let node = Arc::new(Node::load(dir.path()).unwrap());
+        let peers = Arc::new(Peers::new(vec![], true, clock.clone(), *node.id()));
+        Arc::new(Context::new(node, peers, clock, crypto_slots))
+    }
+
+    #[test]
+    fn a_path_is_random_middles_then_the_terminal() {
+        let me = descriptor(1).node_id;
+        let terminal = descriptor(2);
+        let routable: Vec<_> = (1..=6).map(descriptor).collect();
+        let mut rng = StdRng::seed_from_u64(7);
+        for hops in 1..=5 {
+            let path = choose_path(&me, &terminal, routable.clone(), hops, &mut rng).unwrap();
+            assert_eq!(path.len(), hops);
+            assert_eq!(path.last(), Some(&hop(&terminal)));
+            let middles = &path[..hops - 1];
+            assert!(
+                middles
+                    .iter()
+                    .all(|h| h.node_id != me && h.node_id != terminal.node_id)
+            );
+            let mut ids: Vec<_> = middles.iter().map(|h| h.node_id).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            assert_eq!(ids.len(), hops - 1, "no middle twice");
+        }
+        // Four candidates (3, 4, 5, 6): a sixth hop would need five middles.
+        assert!(matches!(
+            choose_path(&me, &terminal, routable, 6, &mut rng),
+            Err(SendError::NotEnoughPeers(6))
+        ));
+    }
+
+    #[tokio::test]
+    async fn refusals_before_the_wire() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(&dir, 4);
+        let stranger = descriptor(9);
+        assert!(matches!(
+            send(&ctx, stranger.node_id, 0, b"x".to_vec()).await,
+            Err(SendError::NoHops)
+        ));
+        assert!(matches!(
+            send(
+                &ctx,
+                stranger.node_id,
+                1,
+                vec![0; onion::max_payload(1) + 1]
+            )
+            .await,
+            Err(SendError::TooLarge(_))
+        ));
+        assert!(matches!(
+            send(&ctx, stranger.node_id, 1, b"x".to_vec()).await,
+            Err(SendError::UnknownTerminal)
+        ));
+        assert!(ctx.peers.insert(stranger.clone()));
+        assert!(matches!(
+            send(&ctx, stranger.node_id, 2, b"x".to_vec()).await,
+            Err(SendError::NotEnoughPeers(2))
+        ));
+        // Every crypto slot busy: refused at once, nothing sent.
+        let busy: Vec<_> = (0..4).map(|_| ctx.crypto.try_acquire().unwrap()).collect();
+        assert!(matches!(
+            send(&ctx, stranger.node_id, 1, b"x".to_vec()).await,
+            Err(SendError::Backpressure)
+        ));
+        drop(busy);
+        let s = ctx.counters.snapshot();
+        assert_eq!(
+            (s.verified_client_onion_deliveries, s.retry_attempted),
+            (0, 0)
+        );
+    }
 }

@@ -10,12 +10,14 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use blindrelay::clock::{Clock, ManualClock};
+use blindrelay::context::Context;
 use blindrelay::counters::Snapshot;
-use blindrelay::daemon::{self, ReplayStore, RunConfig};
-use blindrelay::pipeline::{Relay, RelayConfig, Reply};
+use blindrelay::daemon::{self, RelayConfig, RunConfig};
+use blindrelay::pipeline::{Pipeline, wire};
 use blindrelay::proto::envelope::Envelope;
 use blindrelay::proto::onion::{self, Layer};
 use blindrelay::proto::{NodeId, RouteId};
+use blindrelay::replay::ReplayStore;
 use ed25519_dalek::SigningKey;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -36,8 +38,10 @@ fn fresh_ip() -> Ipv4Addr {
 
 /// One node running in this process.
 struct Node {
-    relay: Arc<Relay>,
+    pipeline: Arc<Pipeline>,
+    ctx: Arc<Context>,
     addr: SocketAddr,
+    operator: SocketAddr,
     dir: PathBuf,
     _tmp: Option<tempfile::TempDir>,
     stop: CancellationToken,
@@ -54,17 +58,18 @@ async fn start_in(
     clock: &Clock,
     tweak: impl FnOnce(&mut RelayConfig),
     init: bool,
-) -> (Arc<Relay>, SocketAddr, CancellationToken) {
+) -> (Arc<Pipeline>, SocketAddr, SocketAddr, CancellationToken) {
     let ip = fresh_ip();
     let public = TcpListener::bind((ip, 0)).await.unwrap();
     let operator = TcpListener::bind((ip, 0)).await.unwrap();
     let addr = public.local_addr().unwrap();
+    let operator_addr = operator.local_addr().unwrap();
     if init {
         blindrelay::node::init(dir, &format!("http://{addr}"), clock.unix()).unwrap();
     }
     let mut cfg = RelayConfig::new(true);
     tweak(&mut cfg);
-    let relay = daemon::build(RunConfig {
+    let built = daemon::build(RunConfig {
         state_dir: dir.to_owned(),
         peers: vec![],
         replay_store: ReplayStore::Sqlite,
@@ -72,24 +77,24 @@ async fn start_in(
         clock: clock.clone(),
     })
     .unwrap();
+    let pipeline = Arc::clone(&built.pipeline);
     let stop = CancellationToken::new();
     let s = stop.clone();
-    tokio::spawn(daemon::serve(
-        Arc::clone(&relay),
-        public,
-        operator,
-        async move { s.cancelled().await },
-    ));
-    (relay, addr, stop)
+    tokio::spawn(daemon::serve(built, public, operator, async move {
+        s.cancelled().await
+    }));
+    (pipeline, addr, operator_addr, stop)
 }
 
 async fn node(clock: &Clock, tweak: impl FnOnce(&mut RelayConfig)) -> Node {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("node");
-    let (relay, addr, stop) = start_in(&dir, clock, tweak, true).await;
+    let (pipeline, addr, operator, stop) = start_in(&dir, clock, tweak, true).await;
     Node {
-        relay,
+        ctx: Arc::clone(pipeline.ctx()),
+        pipeline,
         addr,
+        operator,
         dir,
         _tmp: Some(tmp),
         stop,
@@ -111,15 +116,15 @@ fn id(k: &SigningKey) -> NodeId {
 
 /// Makes `b` a known peer of `a`.
 fn introduce(a: &Node, b: &Node) {
-    let now = a.relay.clock.unix();
-    assert!(a.relay.peers.insert(b.relay.node.descriptor(now)));
+    let now = a.ctx.clock.unix();
+    assert!(a.ctx.peers.insert(b.ctx.node.descriptor(now)));
 }
 
 /// A terminal layer for `n` holding `payload`.
 fn terminal_blob(n: &Node, payload: &[u8]) -> Vec<u8> {
     onion::seal_layer(
-        n.relay.node.id(),
-        &n.relay.node.onion_public(),
+        n.ctx.node.id(),
+        &n.ctx.node.onion_public(),
         &Layer::Terminal {
             receipt_key: [7; 32],
             payload: payload.to_vec(),
@@ -130,8 +135,8 @@ fn terminal_blob(n: &Node, payload: &[u8]) -> Vec<u8> {
 /// A forward layer for `n` naming `next`.
 fn forward_blob(n: &Node, next: NodeId, inner: Vec<u8>) -> Vec<u8> {
     onion::seal_layer(
-        n.relay.node.id(),
-        &n.relay.node.onion_public(),
+        n.ctx.node.id(),
+        &n.ctx.node.onion_public(),
         &Layer::Forward {
             next_hop: next,
             next_route_id: rand::random(),
@@ -141,14 +146,23 @@ fn forward_blob(n: &Node, next: NodeId, inner: Vec<u8>) -> Vec<u8> {
 }
 
 fn frame(by: &SigningKey, to: &Node, route: RouteId, ttl: u8, ts: u64, blob: Vec<u8>) -> Envelope {
-    Envelope::sign(route, *to.relay.node.id(), ttl, ts, blob, by)
+    Envelope::sign(route, *to.ctx.node.id(), ttl, ts, blob, by)
+}
+
+/// An answer as it goes on the wire.
+#[derive(Debug, PartialEq, Eq)]
+struct Reply {
+    status: u16,
+    body: Vec<u8>,
 }
 
 async fn submit(n: &Node, bytes: Vec<u8>) -> Reply {
-    match n.relay.admit() {
-        Ok(a) => n.relay.process(a, bytes).await,
-        Err(r) => r,
-    }
+    let verdict = match n.pipeline.admit() {
+        Ok(a) => n.pipeline.process(a, bytes).await,
+        Err(r) => Err(r),
+    };
+    let (status, body) = wire(&verdict);
+    Reply { status, body }
 }
 
 /// A terminal request for `n` carrying `payload`, signed by `by`.
@@ -282,7 +296,7 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
             "self loop",
             &n,
             frame(
-                n.relay.node.signing_key(),
+                n.ctx.node.signing_key(),
                 &n,
                 rand::random(),
                 1,
@@ -367,7 +381,7 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
                 rand::random(),
                 1,
                 now,
-                forward_blob(&strict, *other.relay.node.id(), vec![1; 200]),
+                forward_blob(&strict, *other.ctx.node.id(), vec![1; 200]),
             )
             .encode(),
             502,
@@ -376,10 +390,10 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
         ),
     ];
     for (what, target, bytes, status, why, counter) in cases {
-        let before = target.relay.counters.snapshot();
+        let before = target.ctx.counters.snapshot();
         let r = submit(target, bytes).await;
         assert_eq!((r.status, reason(&r).as_str()), (status, why), "{what}");
-        let after = target.relay.counters.snapshot();
+        let after = target.ctx.counters.snapshot();
         assert_eq!(
             moved(&before, &after),
             counted(&[("received", 1), ("rejected", 1), (counter, 1)]),
@@ -388,7 +402,7 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
     }
 
     // A next hop that does not answer: three attempts, then forward_failed.
-    let before = n.relay.counters.snapshot();
+    let before = n.ctx.counters.snapshot();
     let r = submit(
         &n,
         frame(
@@ -397,13 +411,13 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
             rand::random(),
             1,
             now,
-            forward_blob(&n, *dead.relay.node.id(), terminal_blob(&dead, b"y")),
+            forward_blob(&n, *dead.ctx.node.id(), terminal_blob(&dead, b"y")),
         )
         .encode(),
     )
     .await;
     assert_eq!((r.status, reason(&r).as_str()), (502, "forward_failed"));
-    let after = n.relay.counters.snapshot();
+    let after = n.ctx.counters.snapshot();
     assert_eq!(
         moved(&before, &after),
         counted(&[
@@ -416,11 +430,11 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
     );
 
     // Accepted as the terminal hop.
-    let before = n.relay.counters.snapshot();
+    let before = n.ctx.counters.snapshot();
     let r = deliver(&n, &p, now, b"fine").await;
     assert_eq!((r.status, reason(&r).as_str()), (200, "delivered"));
     assert_eq!(
-        moved(&before, &n.relay.counters.snapshot()),
+        moved(&before, &n.ctx.counters.snapshot()),
         counted(&[("received", 1), ("terminal", 1)])
     );
 
@@ -441,6 +455,87 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
 }
 
 #[tokio::test]
+async fn every_error_of_both_listeners_is_json() {
+    let (_m, clock) = manual();
+    let n = node(&clock, |_| {}).await;
+    let http = reqwest::Client::new();
+    let (op, public) = (n.operator, n.addr);
+    let to = hex::encode([1u8; 32]);
+    let big = vec![0u8; blindrelay::proto::envelope::MAX_ENVELOPE + 1];
+    let cases = [
+        (
+            "hops not a number",
+            http.post(format!("http://{op}/v1/send?to={to}&hops=many")),
+            400,
+            "bad_query",
+        ),
+        (
+            "no query string",
+            http.post(format!("http://{op}/v1/send")),
+            400,
+            "bad_query",
+        ),
+        (
+            "inbox id not a number",
+            http.get(format!("http://{op}/v1/inbox/abc")),
+            400,
+            "bad_path",
+        ),
+        (
+            "not a node id",
+            http.post(format!("http://{op}/v1/send?to=zz&hops=1")),
+            400,
+            "bad_node_id",
+        ),
+        (
+            "body over the limit",
+            http.post(format!("http://{op}/v1/send?to={to}&hops=1"))
+                .body(big),
+            413,
+            "body_too_large",
+        ),
+        (
+            "no such item",
+            http.get(format!("http://{op}/v1/inbox/7")),
+            404,
+            "not_found",
+        ),
+        (
+            "unknown path",
+            http.get(format!("http://{op}/v1/nothing")),
+            404,
+            "not_found",
+        ),
+        (
+            "wrong method",
+            http.get(format!("http://{op}/v1/send")),
+            405,
+            "method_not_allowed",
+        ),
+        (
+            "public unknown path",
+            http.get(format!("http://{public}/v1/nothing")),
+            404,
+            "not_found",
+        ),
+        (
+            "public wrong method",
+            http.get(format!("http://{public}/v1/relay")),
+            405,
+            "method_not_allowed",
+        ),
+    ];
+    for (what, req, status, code) in cases {
+        let r = req.send().await.unwrap();
+        assert_eq!(r.status().as_u16(), status, "{what}");
+        assert_eq!(r.headers()["content-type"], "application/json", "{what}");
+        let v: serde_json::Value = r.json().await.unwrap();
+        assert_eq!(v["error"], code, "{what}");
+        assert!(v["message"].is_string(), "{what}: {v}");
+    }
+}
+
+#[tokio::test]
 async fn the_steps_run_in_the_design_order() {
     let (_m, clock) = manual();
     let n = node(&clock, |_| {}).await;
@@ -457,7 +552,7 @@ async fn the_steps_run_in_the_design_order() {
     f.previous_hop = id(&q);
     assert_eq!(reason(&submit(&n, f.encode()).await), "invalid_signature");
     // A stale self-loop: the timestamp first (5 before 6).
-    let me = n.relay.node.signing_key();
+    let me = n.ctx.node.signing_key();
     assert_eq!(
         reason(
             &submit(
@@ -488,8 +583,8 @@ async fn sixty_four_in_flight_and_the_admission_window() {
     // 200 callers race for the in-flight slots: exactly 64 get one.
     let mut tasks = Vec::new();
     for _ in 0..200 {
-        let relay = Arc::clone(&n.relay);
-        tasks.push(tokio::spawn(async move { relay.admit().ok() }));
+        let pipeline = Arc::clone(&n.pipeline);
+        tasks.push(tokio::spawn(async move { pipeline.admit().ok() }));
     }
     let mut held = Vec::new();
     for t in tasks {
@@ -498,7 +593,7 @@ async fn sixty_four_in_flight_and_the_admission_window() {
         }
     }
     assert_eq!(held.len(), 64);
-    assert_eq!(n.relay.counters.snapshot().backpressure_dropped, 136);
+    assert_eq!(n.ctx.counters.snapshot().backpressure_dropped, 136);
     // Over HTTP too: 429 backpressure at once.
     let http = reqwest::Client::new();
     let r = http
@@ -513,15 +608,15 @@ async fn sixty_four_in_flight_and_the_admission_window() {
         "backpressure"
     );
     drop(held);
-    assert!(n.relay.admit().is_ok());
+    assert!(n.pipeline.admit().is_ok());
 
     // The window: 1000 per minute, process-wide, then a new window.
     let (m, clock) = manual();
     let n = node(&clock, |c| c.window_limit = 10).await;
-    let ok = (0..15).filter(|_| n.relay.admit().is_ok()).count();
+    let ok = (0..15).filter(|_| n.pipeline.admit().is_ok()).count();
     assert_eq!(ok, 10);
     m.advance(Duration::from_secs(60));
-    assert!(n.relay.admit().is_ok());
+    assert!(n.pipeline.admit().is_ok());
 }
 
 #[tokio::test]
@@ -533,9 +628,9 @@ async fn crypto_admission_refuses_at_once_and_keeps_a_slot_for_outbound() {
     let now = clock.unix();
     // Three slots busy: inbound work (which gets total − 1 = 3) is refused at once…
     let busy: Vec<_> = (0..3)
-        .map(|_| n.relay.crypto().try_acquire().unwrap())
+        .map(|_| n.ctx.crypto.try_acquire().unwrap())
         .collect();
-    let before = n.relay.counters.snapshot();
+    let before = n.ctx.counters.snapshot();
     let r = submit(
         &n,
         frame(&key(), &n, rand::random(), 0, now, terminal_blob(&n, b"x")).encode(),
@@ -543,7 +638,7 @@ async fn crypto_admission_refuses_at_once_and_keeps_a_slot_for_outbound() {
     .await;
     assert_eq!((r.status, reason(&r).as_str()), (429, "backpressure"));
     assert_eq!(
-        moved(&before, &n.relay.counters.snapshot()),
+        moved(&before, &n.ctx.counters.snapshot()),
         counted(&[
             ("received", 1),
             ("rejected", 1),
@@ -551,7 +646,7 @@ async fn crypto_admission_refuses_at_once_and_keeps_a_slot_for_outbound() {
         ])
     );
     // …while building a route and checking its receipt still proceed on the last slot.
-    let sent = blindrelay::send::send(&n.relay, *t.relay.node.id(), 1, b"outbound".to_vec()).await;
+    let sent = blindrelay::send::send(&n.ctx, *t.ctx.node.id(), 1, b"outbound".to_vec()).await;
     assert!(sent.is_ok(), "{sent:?}");
     drop(busy);
     let r = submit(
@@ -560,10 +655,10 @@ async fn crypto_admission_refuses_at_once_and_keeps_a_slot_for_outbound() {
     )
     .await;
     assert_eq!(r.status, 200);
-    assert_eq!(blindrelay::pipeline::crypto_slots(1), 4);
-    assert_eq!(blindrelay::pipeline::crypto_slots(2), 4);
-    assert_eq!(blindrelay::pipeline::crypto_slots(12), 6);
-    assert_eq!(blindrelay::pipeline::crypto_slots(64), 8);
+    assert_eq!(blindrelay::context::crypto_slots(1), 4);
+    assert_eq!(blindrelay::context::crypto_slots(2), 4);
+    assert_eq!(blindrelay::context::crypto_slots(12), 6);
+    assert_eq!(blindrelay::context::crypto_slots(64), 8);
 }
 
 #[tokio::test]
@@ -585,13 +680,13 @@ async fn forged_frames_cannot_quarantine_an_honest_node() {
         f.previous_hop = id(&honest);
         assert_eq!(reason(&submit(&n, f.encode()).await), "invalid_signature");
     }
-    let s = n.relay.counters.snapshot();
+    let s = n.ctx.counters.snapshot();
     assert_eq!(
         (s.invalid_signature, s.quarantine_started, s.rejected),
         (13, 0, 13)
     );
     assert!(
-        n.relay.hops().state(&id(&honest)).is_none(),
+        !n.pipeline.hops().remembers(&id(&honest)),
         "nothing charged to the claimed identity"
     );
     let r = deliver(&n, &honest, now, b"real").await;
@@ -614,7 +709,7 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
         reason(&submit(&n, cheap(&n, clock.unix())).await),
         "rate_limited"
     );
-    assert_eq!(n.relay.counters.snapshot().quarantine_started, 1);
+    assert_eq!(n.ctx.counters.snapshot().quarantine_started, 1);
     for step in [1, 100, 198] {
         m.advance(Duration::from_secs(step));
         assert_eq!(
@@ -624,7 +719,7 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
         );
     }
     assert_eq!(
-        n.relay.counters.snapshot().quarantine_started,
+        n.ctx.counters.snapshot().quarantine_started,
         1,
         "refusals do not restart it"
     );
@@ -698,9 +793,9 @@ async fn five_thousand_fresh_identities_cannot_flush_an_active_quarantine() {
             refused += 1;
         }
     }
-    assert!(n.relay.hops().len() <= blindrelay::hopguard::MAX_BUCKETS);
+    assert!(n.pipeline.hops().len() <= blindrelay::pipeline::hop_guard::MAX_BUCKETS);
     assert!(
-        refused > 5000 - blindrelay::hopguard::MAX_BUCKETS as i32,
+        refused > 5000 - blindrelay::pipeline::hop_guard::MAX_BUCKETS as i32,
         "{refused}"
     );
     assert_eq!(reason(&junk(&n, &q, now).await), "quarantined");
@@ -717,21 +812,21 @@ async fn every_replay_outcome() {
     let r1 = submit(&n, first.encode()).await;
     assert_eq!(reason(&r1), "delivered");
     // The same request again: the stored response, receipt and all; nothing delivered twice.
-    let before = n.relay.counters.snapshot();
+    let before = n.ctx.counters.snapshot();
     let r2 = submit(&n, first.encode()).await;
     assert_eq!(r2, r1);
     assert_eq!(
-        moved(&before, &n.relay.counters.snapshot()),
+        moved(&before, &n.ctx.counters.snapshot()),
         counted(&[("received", 1), ("replay_dropped", 1)])
     );
-    assert_eq!(n.relay.inbox().len().unwrap(), 1);
+    assert_eq!(n.pipeline.terminal().inbox().len(), 1);
     // Another request with that route id.
     let other = frame(&p, &n, route, 0, now, terminal_blob(&n, b"other"));
     let r = submit(&n, other.encode()).await;
     assert_eq!((r.status, reason(&r).as_str()), (400, "replay_conflict"));
     // In flight.
     let busy = frame(&p, &n, rand::random(), 0, now, terminal_blob(&n, b"busy"));
-    n.relay
+    n.pipeline
         .replay()
         .reserve(busy.route_id, busy.request_digest(), now)
         .unwrap();
@@ -744,12 +839,12 @@ async fn every_replay_outcome() {
         (r.status, reason(&r).as_str()),
         (409, "replay_response_expired")
     );
-    assert_eq!(n.relay.inbox().len().unwrap(), 1);
+    assert_eq!(n.pipeline.terminal().inbox().len(), 1);
     // Capacity: every slot live → 503, no live reservation evicted.
     let now = clock.unix();
-    let live = n.relay.replay().live(now);
+    let live = n.pipeline.replay().live(now);
     for _ in live..blindrelay::replay::CAPACITY {
-        n.relay
+        n.pipeline
             .replay()
             .reserve(rand::random(), [0; 32], now)
             .unwrap();
@@ -778,15 +873,15 @@ async fn a_forwarded_duplicate_is_not_forwarded_twice() {
         rand::random(),
         1,
         now,
-        forward_blob(&a, *b.relay.node.id(), terminal_blob(&b, b"relayed")),
+        forward_blob(&a, *b.ctx.node.id(), terminal_blob(&b, b"relayed")),
     );
     let r1 = submit(&a, f.encode()).await;
     assert_eq!(reason(&r1), "forwarded");
     let r2 = submit(&a, f.encode()).await;
     assert_eq!(r2, r1);
-    let sb = b.relay.counters.snapshot();
+    let sb = b.ctx.counters.snapshot();
     assert_eq!((sb.received, sb.terminal), (1, 1));
-    assert_eq!(a.relay.counters.snapshot().forwarded, 1);
+    assert_eq!(a.ctx.counters.snapshot().forwarded, 1);
 }
 
 #[tokio::test]
@@ -814,7 +909,7 @@ async fn a_route_accepted_before_a_crash_is_refused_after_the_restart() {
         now,
         terminal_blob(&n, b"cut short"),
     );
-    n.relay
+    n.pipeline
         .replay()
         .reserve(g.route_id, g.request_digest(), now)
         .unwrap();
@@ -824,10 +919,12 @@ async fn a_route_accepted_before_a_crash_is_refused_after_the_restart() {
     let tmp = n._tmp.take();
     drop(n);
     // A new process on the same state dir.
-    let (relay, addr, stop) = start_in(&dir, &clock, |_| {}, false).await;
+    let (pipeline, addr, operator, stop) = start_in(&dir, &clock, |_| {}, false).await;
     let n = Node {
-        relay,
+        ctx: Arc::clone(pipeline.ctx()),
+        pipeline,
         addr,
+        operator,
         dir,
         _tmp: tmp,
         stop,
@@ -837,10 +934,10 @@ async fn a_route_accepted_before_a_crash_is_refused_after_the_restart() {
         r1,
         "replayed, not delivered again"
     );
-    assert_eq!(n.relay.inbox().len().unwrap(), 1);
+    assert_eq!(n.pipeline.terminal().inbox().len(), 1);
     let r = submit(&n, g.encode()).await;
     assert_eq!((r.status, reason(&r).as_str()), (503, "route_interrupted"));
-    assert_eq!(n.relay.inbox().len().unwrap(), 1);
+    assert_eq!(n.pipeline.terminal().inbox().len(), 1);
 }
 
 #[tokio::test]
@@ -874,7 +971,7 @@ async fn a_definitive_answer_is_not_retried() {
         clock.unix(),
         3600,
     );
-    assert!(a.relay.peers.insert(d));
+    assert!(a.ctx.peers.insert(d));
     let p = key();
     let now = clock.unix();
     let r = submit(
@@ -892,7 +989,7 @@ async fn a_definitive_answer_is_not_retried() {
     .await;
     assert_eq!((r.status, reason(&r).as_str()), (502, "forward_failed"));
     assert_eq!(hits.load(Ordering::SeqCst), 1);
-    assert_eq!(a.relay.counters.snapshot().retry_attempted, 0);
+    assert_eq!(a.ctx.counters.snapshot().retry_attempted, 0);
 }
 
 /// 32 bytes that do not decode as an Ed25519 point.
@@ -921,15 +1018,18 @@ async fn the_sender_verifies_the_terminal_receipt() {
     for (x, y) in [(&a, &b), (&a, &c), (&b, &c), (&b, &a), (&c, &a), (&c, &b)] {
         introduce(x, y);
     }
-    let d = blindrelay::send::send(&a.relay, *c.relay.node.id(), 2, b"two hops".to_vec())
+    let d = blindrelay::send::send(&a.ctx, *c.ctx.node.id(), 2, b"two hops".to_vec())
         .await
         .unwrap();
     assert_eq!(d.hops, 2);
-    let s = a.relay.counters.snapshot();
+    let s = a.ctx.counters.snapshot();
     assert_eq!(s.verified_client_onion_deliveries, 1);
     assert!(s.last_verified_client_onion_delivery_at.is_some());
-    assert_eq!(b.relay.counters.snapshot().forwarded, 1);
-    assert_eq!(c.relay.inbox().get(1).unwrap().unwrap(), b"two hops");
+    assert_eq!(b.ctx.counters.snapshot().forwarded, 1);
+    assert_eq!(
+        c.pipeline.terminal().inbox().get(1).unwrap().unwrap(),
+        b"two hops"
+    );
 
     // A middle that answers with a made-up receipt is caught by the sender.
     let app = axum::Router::new().route(
@@ -957,8 +1057,8 @@ async fn the_sender_verifies_the_terminal_receipt() {
     );
     let (_m2, clock2) = manual();
     let solo = node(&clock2, |_| {}).await;
-    assert!(solo.relay.peers.insert(desc));
-    let err = blindrelay::send::send(&solo.relay, id(&liar), 1, b"x".to_vec())
+    assert!(solo.ctx.peers.insert(desc));
+    let err = blindrelay::send::send(&solo.ctx, id(&liar), 1, b"x".to_vec())
         .await
         .unwrap_err();
     assert!(
@@ -966,7 +1066,7 @@ async fn the_sender_verifies_the_terminal_receipt() {
         "{err:?}"
     );
     assert_eq!(
-        solo.relay
+        solo.ctx
             .counters
             .snapshot()
             .verified_client_onion_deliveries,
@@ -975,7 +1075,7 @@ async fn the_sender_verifies_the_terminal_receipt() {
 }
 
 fn status_of(n: &Node) -> serde_json::Value {
-    blindrelay::status::document(&n.relay)
+    serde_json::to_value(blindrelay::status::document(&n.pipeline)).unwrap()
 }
 
 async fn three(clock: &Clock) -> (Node, Node, Node) {
@@ -992,8 +1092,8 @@ async fn three(clock: &Clock) -> (Node, Node, Node) {
 async fn probes_are_kept_apart_from_user_traffic() {
     let (_m, clock) = manual();
     let (a, b, c) = three(&clock).await;
-    blindrelay::probe::round(&a.relay).await;
-    let s = a.relay.counters.snapshot();
+    blindrelay::probe::round(&a.ctx).await;
+    let s = a.ctx.counters.snapshot();
     assert_eq!(
         (s.probe_attempted, s.probe_succeeded, s.probe_failed),
         (2, 2, 0)
@@ -1016,10 +1116,10 @@ async fn probes_are_kept_apart_from_user_traffic() {
         (0, 0, 0, 0)
     );
     // The probed nodes answered as terminals without counting or storing user traffic.
-    let (sb, sc) = (b.relay.counters.snapshot(), c.relay.counters.snapshot());
+    let (sb, sc) = (b.ctx.counters.snapshot(), c.ctx.counters.snapshot());
     assert_eq!(sb.probes_answered + sc.probes_answered, 3);
     assert_eq!(sb.terminal + sc.terminal, 0);
-    assert!(b.relay.inbox().is_empty().unwrap() && c.relay.inbox().is_empty().unwrap());
+    assert!(b.pipeline.terminal().inbox().is_empty() && c.pipeline.terminal().inbox().is_empty());
     // The middle of the two-hop probe cannot tell it from a message: one forward, as designed.
     assert_eq!(sb.forwarded + sc.forwarded, 1);
     let q = &status_of(&a)["quality"];
@@ -1029,7 +1129,7 @@ async fn probes_are_kept_apart_from_user_traffic() {
     assert_eq!(q["relay_acceptance"]["total"], 0);
     assert_eq!(q["synthetic_probes"]["total"], 2);
     // A verified client delivery makes the node really ready.
-    blindrelay::send::send(&a.relay, *c.relay.node.id(), 2, b"real".to_vec())
+    blindrelay::send::send(&a.ctx, *c.ctx.node.id(), 2, b"real".to_vec())
         .await
         .unwrap();
     let q = &status_of(&a)["quality"];
@@ -1095,7 +1195,7 @@ async fn status_moves_with_recent_events_and_recovers() {
     assert_eq!(st(&n), "ready");
     // Backpressure: attention, with what to do.
     let busy: Vec<_> = (0..3)
-        .map(|_| n.relay.crypto().try_acquire().unwrap())
+        .map(|_| n.ctx.crypto.try_acquire().unwrap())
         .collect();
     deliver(&n, &p, clock.unix(), b"d").await;
     drop(busy);
@@ -1115,7 +1215,7 @@ async fn status_moves_with_recent_events_and_recovers() {
             rand::random(),
             1,
             clock.unix(),
-            forward_blob(&n, *dead.relay.node.id(), vec![2; 200]),
+            forward_blob(&n, *dead.ctx.node.id(), vec![2; 200]),
         );
         submit(&n, f.encode()).await;
     }
@@ -1132,7 +1232,7 @@ async fn status_moves_with_recent_events_and_recovers() {
         .cloned();
     assert_eq!(
         failing.unwrap()["node"],
-        blindrelay::proto::Prefix(dead.relay.node.id()).to_string()
+        blindrelay::proto::Prefix(dead.ctx.node.id()).to_string()
     );
 }
 
@@ -1141,10 +1241,10 @@ async fn status_and_metrics_name_no_peer_route_endpoint_or_payload() {
     let (_m, clock) = manual();
     let (a, b, c) = three(&clock).await;
     let payload = b"PRIVATE-PAYLOAD-3f9a".to_vec();
-    blindrelay::send::send(&a.relay, *c.relay.node.id(), 2, payload.clone())
+    blindrelay::send::send(&a.ctx, *c.ctx.node.id(), 2, payload.clone())
         .await
         .unwrap();
-    blindrelay::probe::round(&a.relay).await;
+    blindrelay::probe::round(&a.ctx).await;
     let p = key();
     let route: RouteId = rand::random();
     submit(
@@ -1154,24 +1254,24 @@ async fn status_and_metrics_name_no_peer_route_endpoint_or_payload() {
     .await;
     let mut forbidden: Vec<String> = vec![String::from_utf8(payload.clone()).unwrap()];
     use sha2::Digest;
-    forbidden.push(blindrelay::proto::hex(&sha2::Sha256::digest(&payload)));
-    forbidden.push(blindrelay::proto::hex(
-        &blindrelay::proto::receipt::commitment(&payload),
-    ));
-    forbidden.push(blindrelay::proto::hex(&route));
+    forbidden.push(hex::encode(sha2::Sha256::digest(&payload)));
+    forbidden.push(hex::encode(blindrelay::proto::receipt::commitment(
+        &payload,
+    )));
+    forbidden.push(hex::encode(route));
     for n in [&a, &b, &c] {
-        forbidden.push(blindrelay::proto::hex(n.relay.node.id()));
+        forbidden.push(hex::encode(n.ctx.node.id()));
         forbidden.push(n.addr.to_string());
         forbidden.push(n.addr.ip().to_string());
     }
-    forbidden.push(blindrelay::proto::hex(&id(&p)));
+    forbidden.push(hex::encode(id(&p)));
     for n in [&a, &b, &c] {
-        let text = status_of(n).to_string() + &blindrelay::status::metrics(&n.relay);
+        let text = status_of(n).to_string() + &blindrelay::status::metrics::render(&n.pipeline);
         for f in &forbidden {
             assert!(
                 !text.contains(f.as_str()),
                 "{f} in the status of {}",
-                blindrelay::proto::Prefix(n.relay.node.id())
+                blindrelay::proto::Prefix(n.ctx.node.id())
             );
         }
         assert!(
@@ -1183,7 +1283,7 @@ async fn status_and_metrics_name_no_peer_route_endpoint_or_payload() {
         );
     }
     // The metrics are labelled by status only.
-    let metrics = blindrelay::status::metrics(&a.relay);
+    let metrics = blindrelay::status::metrics::render(&a.pipeline);
     for line in metrics.lines().filter(|l| !l.starts_with('#')) {
         assert!(
             !line.contains('{') || line.starts_with("blindrelay_status{status="),

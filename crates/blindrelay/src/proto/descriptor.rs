@@ -123,12 +123,7 @@ impl Descriptor {
         if self.endpoint.len() > MAX_ENDPOINT_LEN {
             return Err(DescriptorError::EndpointTooLong);
         }
-        if self.issued_at.saturating_sub(DESCRIPTOR_MAX_SKEW) > now {
-            return Err(DescriptorError::NotYetValid);
-        }
-        if now >= self.expires_at {
-            return Err(DescriptorError::Expired);
-        }
+        self.window(now)?;
         let key =
             VerifyingKey::from_bytes(&self.node_id).map_err(|_| DescriptorError::BadSignature)?;
         if key.is_weak() {
@@ -141,6 +136,22 @@ impl Descriptor {
         .map_err(|_| DescriptorError::BadSignature)?;
         if !onion_key_is_usable(&self.onion_key) {
             return Err(DescriptorError::WeakOnionKey);
+        }
+        Ok(())
+    }
+
+    /// Whether `now` is inside the validity window, `issued_at − 120 ≤ now < expires_at`: all
+    /// a descriptor that [`Descriptor::verify`] accepted earlier still needs to be used.
+    pub fn is_current(&self, now: u64) -> bool {
+        self.window(now).is_ok()
+    }
+
+    fn window(&self, now: u64) -> Result<(), DescriptorError> {
+        if self.issued_at.saturating_sub(DESCRIPTOR_MAX_SKEW) > now {
+            return Err(DescriptorError::NotYetValid);
+        }
+        if now >= self.expires_at {
+            return Err(DescriptorError::Expired);
         }
         Ok(())
     }
@@ -165,7 +176,7 @@ mod hex_array {
         bytes: &[u8; N],
         serializer: S,
     ) -> Result<S::Ok, S::Error> {
-        serializer.serialize_str(&crate::proto::hex(bytes))
+        serializer.serialize_str(&hex::encode(bytes))
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>, const N: usize>(
@@ -399,7 +410,7 @@ mod tests {
         let d = sample();
         let json = serde_json::to_string(&d).expect("serializes");
         let value: serde_json::Value = serde_json::from_str(&json).expect("json");
-        assert_eq!(value["node_id"], crate::proto::hex(&d.node_id));
+        assert_eq!(value["node_id"], hex::encode(d.node_id));
         assert_eq!(value["signature"].as_str().map(str::len), Some(128));
         assert_eq!(value["issued_at"], NOW);
         assert_eq!(value["endpoint"], "http://192.0.2.10:7001");
@@ -433,8 +444,8 @@ mod tests {
         let d = sample();
         let text = format!("{d:?}");
         assert!(!text.contains("192.0.2.10"));
-        assert!(!text.contains(&crate::proto::hex(&d.node_id)));
-        assert!(text.contains(&crate::proto::hex(&d.node_id[..4])));
+        assert!(!text.contains(&hex::encode(d.node_id)));
+        assert!(text.contains(&hex::encode(&d.node_id[..4])));
     }
 
     #[test]

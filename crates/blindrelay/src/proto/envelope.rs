@@ -238,7 +238,6 @@ fn array<const N: usize>(bytes: &[u8]) -> [u8; N] {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::proto::hex;
     use proptest::prelude::*;
 
     fn key(byte: u8) -> SigningKey {
@@ -387,10 +386,10 @@ mod tests {
     fn debug_does_not_print_ids_or_blob() {
         let env = sample(b"hello");
         let text = format!("{env:?}");
-        assert!(!text.contains(&hex(&env.next_hop)));
-        assert!(!text.contains(&hex(&env.previous_hop)));
+        assert!(!text.contains(&hex::encode(env.next_hop)));
+        assert!(!text.contains(&hex::encode(env.previous_hop)));
         assert!(!text.contains("route_id"));
-        assert!(text.contains(&hex(&env.next_hop[..4])));
+        assert!(text.contains(&hex::encode(&env.next_hop[..4])));
     }
 
     proptest! {

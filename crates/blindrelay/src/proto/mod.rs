@@ -10,14 +10,18 @@
 //!   building a whole route for a sender.
 //! - [`receipt`]: the terminal's signed delivery receipt, sealed back to the sender.
 //! - [`descriptor`]: a node's signed, expiring descriptor (JSON) and the endpoint address policy.
+//! - [`answer`]: a hop's JSON answer to a relay request (accepted, or the refusal's reason).
+//! - [`probe`]: the terminal payload that marks a synthetic probe.
 //!
 //! # Logging ids
 //! Full node ids, route ids, keys and endpoints never go to logs. The only loggable form of a node
 //! id is its [`Prefix`]; the `Debug` impls of the types here print prefixes and lengths only.
 
+pub mod answer;
 pub mod descriptor;
 pub mod envelope;
 pub mod onion;
+pub mod probe;
 pub mod receipt;
 #[cfg(test)]
 mod vectors;
@@ -53,10 +57,9 @@ pub struct Prefix<'a>(pub &'a NodeId);
 
 impl fmt::Display for Prefix<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for b in &self.0[..4] {
-            write!(f, "{b:02x}")?;
-        }
-        Ok(())
+        let mut out = [0u8; 8];
+        hex::encode_to_slice(&self.0[..4], &mut out).map_err(|_| fmt::Error)?;
+        f.write_str(std::str::from_utf8(&out).map_err(|_| fmt::Error)?)
     }
 }
 
@@ -66,35 +69,10 @@ impl fmt::Debug for Prefix<'_> {
     }
 }
 
-/// Lowercase hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    let mut out = String::with_capacity(bytes.len() * 2);
-    for &b in bytes {
-        out.push(char::from(DIGITS[usize::from(b >> 4)]));
-        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
-    }
-    out
-}
-
 /// Parses exactly `2 * N` hex digits (either case) into `N` bytes; `None` for any other input.
 pub fn from_hex<const N: usize>(s: &str) -> Option<[u8; N]> {
-    fn nibble(c: u8) -> Option<u8> {
-        match c {
-            b'0'..=b'9' => Some(c - b'0'),
-            b'a'..=b'f' => Some(c - b'a' + 10),
-            b'A'..=b'F' => Some(c - b'A' + 10),
-            _ => None,
-        }
-    }
-    let s = s.as_bytes();
-    if s.len() != N * 2 {
-        return None;
-    }
     let mut out = [0u8; N];
-    for (o, pair) in out.iter_mut().zip(s.chunks_exact(2)) {
-        *o = (nibble(pair[0])? << 4) | nibble(pair[1])?;
-    }
+    hex::decode_to_slice(s, &mut out).ok()?;
     Some(out)
 }
 
@@ -113,7 +91,7 @@ mod tests {
     #[test]
     fn hex_round_trip() {
         let bytes: [u8; 5] = [0x00, 0x01, 0x7f, 0x80, 0xff];
-        assert_eq!(hex(&bytes), "00017f80ff");
+        assert_eq!(hex::encode(bytes), "00017f80ff");
         assert_eq!(from_hex::<5>("00017f80ff"), Some(bytes));
         assert_eq!(from_hex::<5>("00017F80FF"), Some(bytes));
         assert_eq!(from_hex::<5>("00017f80f"), None);
@@ -121,6 +99,6 @@ mod tests {
         assert_eq!(from_hex::<5>("00017f80fg"), None);
         assert_eq!(from_hex::<1>("+1"), None);
         assert_eq!(from_hex::<0>(""), Some([]));
-        assert_eq!(hex(&[]), "");
+        assert_eq!(hex::encode([]), "");
     }
 }

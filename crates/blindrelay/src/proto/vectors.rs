@@ -3,7 +3,7 @@
 
 use ed25519_dalek::SigningKey;
 
-use super::{Envelope, Receipt, commitment, from_hex, hex};
+use super::{Envelope, Receipt, commitment, from_hex};
 
 const DOC: &str = include_str!("../../../../docs/blindrelay-protocol.md");
 
@@ -73,15 +73,18 @@ fn envelope() -> Envelope {
 #[test]
 fn envelope_vectors_match_code() {
     let env = envelope();
-    assert_eq!(hex(sender_key().verifying_key().as_bytes()), PUBLIC_KEY);
-    assert_eq!(hex(&env.next_hop), NEXT_HOP);
-    assert_eq!(hex(&env.previous_hop), PUBLIC_KEY);
-    assert_eq!(hex(&env.signing_bytes()), SIGNING_BYTES);
+    assert_eq!(
+        hex::encode(sender_key().verifying_key().as_bytes()),
+        PUBLIC_KEY
+    );
+    assert_eq!(hex::encode(env.next_hop), NEXT_HOP);
+    assert_eq!(hex::encode(env.previous_hop), PUBLIC_KEY);
+    assert_eq!(hex::encode(env.signing_bytes()), SIGNING_BYTES);
     assert_eq!(env.signing_bytes().len(), 120);
-    assert_eq!(hex(&env.encode()), ENVELOPE);
+    assert_eq!(hex::encode(env.encode()), ENVELOPE);
     assert_eq!(env.encode().len(), 166);
-    assert_eq!(hex(&env.signature), ENVELOPE_SIGNATURE);
-    assert_eq!(hex(&env.request_digest()), REQUEST_DIGEST);
+    assert_eq!(hex::encode(env.signature), ENVELOPE_SIGNATURE);
+    assert_eq!(hex::encode(env.request_digest()), REQUEST_DIGEST);
 
     let bytes = from_hex::<166>(ENVELOPE).expect("vector is hex");
     let decoded = Envelope::decode(&bytes).expect("vector decodes");
@@ -92,12 +95,12 @@ fn envelope_vectors_match_code() {
 #[test]
 fn receipt_vectors_match_code() {
     let c = commitment(b"hello");
-    assert_eq!(hex(&c), COMMITMENT);
+    assert_eq!(hex::encode(c), COMMITMENT);
     let receipt = Receipt::sign([0x11; 16], c, &terminal_key(), TIMESTAMP);
-    assert_eq!(hex(&receipt.signing_bytes()), RECEIPT_SIGNING_BYTES);
+    assert_eq!(hex::encode(receipt.signing_bytes()), RECEIPT_SIGNING_BYTES);
     assert_eq!(receipt.signing_bytes().len(), 109);
-    assert_eq!(hex(&receipt.signature), RECEIPT_SIGNATURE);
-    assert_eq!(hex(&receipt.to_bytes()), RECEIPT);
+    assert_eq!(hex::encode(receipt.signature), RECEIPT_SIGNATURE);
+    assert_eq!(hex::encode(receipt.to_bytes()), RECEIPT);
 
     let bytes = from_hex::<152>(RECEIPT).expect("vector is hex");
     let parsed = Receipt::from_bytes(&bytes).expect("vector parses");

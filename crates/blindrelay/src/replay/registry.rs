@@ -22,7 +22,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use rusqlite::{Connection, TransactionBehavior, params};
 
-use super::{ReplayError, SqliteContext, sql_time, sqlite};
+use super::{ReplayError, ReplayStore};
+use crate::sqlite::{self, SqliteContext, StoreError, sql_time};
 
 /// A hop's route id, as in the envelope.
 pub type RouteId = [u8; 16];
@@ -74,21 +75,6 @@ pub enum Outcome {
     Expired,
     /// Every slot holds a live route: 503 `replay_capacity`.
     Capacity,
-}
-
-impl Outcome {
-    /// The HTTP status and error reason to answer with, for the outcomes that reject the request.
-    /// `None` for [`Outcome::New`] (handle the request) and [`Outcome::Duplicate`] (replay the
-    /// stored response).
-    pub fn rejection(&self) -> Option<(u16, &'static str)> {
-        match self {
-            Outcome::New | Outcome::Duplicate(_) => None,
-            Outcome::InFlight => Some((503, "route_in_flight")),
-            Outcome::Conflict => Some((400, "replay_conflict")),
-            Outcome::Expired => Some((409, "replay_response_expired")),
-            Outcome::Capacity => Some((503, "replay_capacity")),
-        }
-    }
 }
 
 #[derive(Debug, Clone)]
@@ -342,10 +328,11 @@ impl ReplayRegistry {
                 Ok(())
             } else {
                 // The file disagrees with the mirror: someone else writes to it.
-                Err(ReplayError::Corrupt {
+                Err(StoreError::Corrupt {
                     table: TABLE,
                     what: "the reservation to complete is missing",
-                })
+                }
+                .into())
             }
         })?;
         if let Some(entry) = inner.entries.get_mut(&route_id) {
@@ -365,9 +352,13 @@ impl ReplayRegistry {
         inner.entries.len()
     }
 
-    /// Whether reservations survive a restart (SQLite).
-    pub fn is_persistent(&self) -> bool {
-        self.persistent
+    /// Where reservations are kept: SQLite survives a restart, memory does not.
+    pub fn kind(&self) -> ReplayStore {
+        if self.persistent {
+            ReplayStore::Sqlite
+        } else {
+            ReplayStore::Memory
+        }
     }
 
     /// The mirror is only changed after the matching SQLite write succeeded, and each change
@@ -449,8 +440,8 @@ impl Inner {
     }
 }
 
-fn entry_from_row(row: &rusqlite::Row<'_>) -> Result<(RouteId, Entry), ReplayError> {
-    let corrupt = |what| ReplayError::Corrupt { table: TABLE, what };
+fn entry_from_row(row: &rusqlite::Row<'_>) -> Result<(RouteId, Entry), StoreError> {
+    let corrupt = |what| StoreError::Corrupt { table: TABLE, what };
     let route_id: Vec<u8> = row.get(0).ctx("read route_id")?;
     let route_id =
         RouteId::try_from(route_id.as_slice()).map_err(|_| corrupt("route_id length"))?;

@@ -81,7 +81,7 @@ pub fn counter(status: &Value, name: &str) -> u64 {
 
 /// Lowercase hex.
 pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(bytes)
 }
 
 /// Random bytes.

@@ -45,12 +45,12 @@ fn fast_dir() -> tempfile::TempDir {
 /// Runs the same script on a memory registry and on a SQLite one.
 fn on_both(capacity: usize, window: u64, script: impl Fn(&ReplayRegistry)) {
     let memory = ReplayRegistry::memory(capacity, window);
-    assert!(!memory.is_persistent());
+    assert_eq!(memory.kind(), ReplayStore::Memory);
     script(&memory);
     let dir = fast_dir();
     let sqlite =
         ReplayRegistry::open_sqlite(&dir.path().join("replay.db"), capacity, window, T0).unwrap();
-    assert!(sqlite.is_persistent());
+    assert_eq!(sqlite.kind(), ReplayStore::Sqlite);
     script(&sqlite);
 }
 
@@ -81,7 +81,7 @@ fn rows(path: &Path) -> Vec<Row> {
 #[test]
 fn every_outcome_of_the_table() {
     on_both(64, WINDOW_SECS, |reg| {
-        let store = if reg.is_persistent() {
+        let store = if reg.kind() == ReplayStore::Sqlite {
             "sqlite"
         } else {
             "memory"
@@ -178,12 +178,12 @@ fn times_beyond_sqlite_integers_are_refused_by_both_stores() {
     on_both(8, WINDOW_SECS, |reg| {
         assert!(matches!(
             reg.reserve(rid(1), dg(1), u64::MAX),
-            Err(ReplayError::TimeOutOfRange(u64::MAX))
+            Err(ReplayError::Store(StoreError::TimeOutOfRange(u64::MAX)))
         ));
         assert_eq!(reserve(reg, 1, 1, T0), Outcome::New);
         assert!(matches!(
             reg.complete(rid(1), dg(1), 200, b"", u64::MAX),
-            Err(ReplayError::TimeOutOfRange(_))
+            Err(ReplayError::Store(StoreError::TimeOutOfRange(_)))
         ));
         assert_eq!(reserve(reg, 1, 1, T0), Outcome::InFlight);
     });
@@ -266,28 +266,6 @@ fn capacity_zero_refuses_everything() {
         assert_eq!(reserve(reg, 1, 1, T0), Outcome::Capacity);
         assert_eq!(reg.live(T0), 0);
     });
-}
-
-#[test]
-fn rejections_map_to_the_design_statuses() {
-    assert_eq!(Outcome::New.rejection(), None);
-    assert_eq!(done(200, b"", 0).rejection(), None);
-    assert_eq!(
-        Outcome::InFlight.rejection(),
-        Some((503, "route_in_flight"))
-    );
-    assert_eq!(
-        Outcome::Conflict.rejection(),
-        Some((400, "replay_conflict"))
-    );
-    assert_eq!(
-        Outcome::Expired.rejection(),
-        Some((409, "replay_response_expired"))
-    );
-    assert_eq!(
-        Outcome::Capacity.rejection(),
-        Some((503, "replay_capacity"))
-    );
 }
 
 #[test]
@@ -453,7 +431,7 @@ fn a_file_that_is_not_a_registry_is_refused() {
     std::fs::write(&path, b"this is not a database, not even close to one.").unwrap();
     assert!(matches!(
         ReplayRegistry::open_sqlite(&path, 8, WINDOW_SECS, T0),
-        Err(ReplayError::Sqlite { .. })
+        Err(ReplayError::Store(StoreError::Sqlite { .. }))
     ));
 }
 
@@ -474,10 +452,10 @@ fn corrupt_rows_are_refused_at_open() {
     assert!(
         matches!(
             err,
-            ReplayError::Corrupt {
+            ReplayError::Store(StoreError::Corrupt {
                 what: "status out of range",
                 ..
-            }
+            })
         ),
         "{err}"
     );

@@ -1,27 +1,62 @@
-//! What the operator sees: evidence quality, proof scope, counters, peer health, and the
-//! Prometheus text. Rules: `docs/blindrelay-status.md`.
+//! Evidence quality: the `status` and `proof_scope` rules over the counters
+//! (`docs/blindrelay-status.md`).
 //!
 //! The four kinds of evidence are kept apart: accepted opaque relay work, synthetic single-hop
 //! probes, synthetic two-hop probes, and terminal-signed receipts of client deliveries this node
 //! verified. `status` looks at **recent** events only (a window of [`RECENT`] seconds), so a
 //! node that was attacked or overloaded returns to `ready` by itself once the trouble stops.
 
-use std::collections::HashMap;
-
-use guard::counters::{Kind, PromText};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::counters::Snapshot;
-use crate::pipeline::Relay;
-use crate::proto::Prefix;
 
 /// Evidence younger than this is fresh.
 pub const FRESH: u64 = 1800;
 /// Problems younger than this set `protecting`, `degraded` or `attention`.
 pub const RECENT: u64 = 1800;
 
+named_enum! {
+    /// A node's status, first match wins (see [`quality`]).
+    pub enum Status {
+        /// No relay or probe activity yet.
+        Idle = "idle",
+        /// Some evidence, readiness not established.
+        Observing = "observing",
+        /// Earlier success evidence is no longer fresh.
+        Stale = "stale",
+        /// Fresh evidence, no recent trouble.
+        Ready = "ready",
+        /// The abuse guard refused frames recently; the relay keeps working.
+        Protecting = "protecting",
+        /// Forwards or probes failed recently.
+        Degraded = "degraded",
+        /// Backpressure or exhausted retries recently: the operator should act.
+        Attention = "attention",
+    }
+}
+
+named_enum! {
+    /// The strongest evidence ever observed, first match wins (see [`quality`]).
+    pub enum ProofScope {
+        /// A client delivery was verified.
+        ClientMessageDelivery = "client_message_delivery",
+        /// Relay work was accepted.
+        RelayAcceptance = "relay_acceptance",
+        /// A two-hop probe delivered and its receipt verified.
+        MessageDelivery = "message_delivery",
+        /// A two-hop probe was attempted.
+        ControlPlane = "control_plane",
+        /// A single-hop probe was attempted.
+        SingleHopControlPlane = "single_hop_control_plane",
+        /// A request was received.
+        Attempted = "attempted",
+        /// Nothing.
+        None = "none",
+    }
+}
+
 /// One kind of evidence.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Evidence {
     /// How many, since start.
     pub total: u64,
@@ -32,18 +67,18 @@ pub struct Evidence {
 }
 
 /// The quality summary.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Quality {
-    /// idle, observing, stale, ready, protecting, degraded, attention.
-    pub status: &'static str,
+    /// The status.
+    pub status: Status,
     /// The strongest evidence ever observed.
-    pub proof_scope: &'static str,
+    pub proof_scope: ProofScope,
     /// A fresh client delivery receipt, verified by this node.
     pub real_relay_ready: bool,
     /// Why `status` is what it is.
-    pub reason: &'static str,
+    pub reason: String,
     /// What the operator should do.
-    pub next_action: &'static str,
+    pub next_action: String,
     /// Accepted opaque relay work (terminal + forwarded).
     pub relay_acceptance: Evidence,
     /// Synthetic single-hop probes that succeeded.
@@ -106,19 +141,19 @@ pub fn quality(s: &Snapshot, now: u64) -> Quality {
         > 0;
     let (status, reason, next_action) = if !any_activity {
         (
-            "idle",
+            Status::Idle,
             "no relay or probe activity yet",
             "add peers with --peer, or wait for relay traffic and probes",
         )
     } else if recent(s.last_backpressure_at) {
         (
-            "attention",
+            Status::Attention,
             "backpressure: requests refused for lack of CPU slots or in-flight room",
             "give the node more CPU, or take less relay traffic",
         )
     } else if recent(s.last_retry_exhausted_at) {
         (
-            "attention",
+            Status::Attention,
             "forwards failed after every retry",
             "check that the next hops are reachable (see peer_health)",
         )
@@ -127,52 +162,41 @@ pub fn quality(s: &Snapshot, now: u64) -> Quality {
         || recent(s.last_two_hop_probe_failed_at)
     {
         (
-            "degraded",
+            Status::Degraded,
             "forwards or probes failed recently",
             "look at the failing peers in peer_health",
         )
     } else if recent(s.last_protection_at) {
         (
-            "protecting",
+            Status::Protecting,
             "the abuse guard refused frames recently, the relay keeps working",
             "nothing to do unless it lasts: quarantined peers are in peer_health",
         )
     } else if any_fresh {
-        ("ready", "fresh evidence of working relay", "nothing to do")
+        (
+            Status::Ready,
+            "fresh evidence of working relay",
+            "nothing to do",
+        )
     } else if any_success {
         (
-            "stale",
+            Status::Stale,
             "earlier success evidence is no longer fresh",
             "send a message or let the probes run",
         )
     } else {
         (
-            "observing",
+            Status::Observing,
             "activity without success evidence yet",
             "wait for a delivery or a successful probe",
         )
     };
-    let proof_scope = if s.verified_client_onion_deliveries > 0 {
-        "client_message_delivery"
-    } else if s.terminal + s.forwarded > 0 {
-        "relay_acceptance"
-    } else if s.two_hop_probe_succeeded > 0 {
-        "message_delivery"
-    } else if s.two_hop_probe_attempted > 0 {
-        "control_plane"
-    } else if s.probe_attempted > 0 {
-        "single_hop_control_plane"
-    } else if s.received > 0 {
-        "attempted"
-    } else {
-        "none"
-    };
     Quality {
         status,
-        proof_scope,
+        proof_scope: proof_scope(s),
         real_relay_ready: client_delivery_receipts.fresh,
-        reason,
-        next_action,
+        reason: reason.to_owned(),
+        next_action: next_action.to_owned(),
         relay_acceptance,
         synthetic_probes,
         synthetic_two_hop_probes,
@@ -180,117 +204,23 @@ pub fn quality(s: &Snapshot, now: u64) -> Quality {
     }
 }
 
-/// The whole status document (`GET /v1/status`).
-pub fn document(relay: &Relay) -> serde_json::Value {
-    let now = relay.clock.unix();
-    let counters = relay.counters.snapshot();
-    let q = quality(&counters, now);
-    let descriptors: HashMap<_, _> = relay
-        .peers
-        .all()
-        .into_iter()
-        .map(|d| (d.node_id, d.expires_at))
-        .collect();
-    let instant = relay.clock.instant();
-    let hops = relay.hops();
-    let quarantine = |id: &crate::proto::NodeId| {
-        hops.state(id)
-            .map_or(0, |s| s.quarantine_remaining(instant))
-    };
-    let health = relay.health().summary(now, &descriptors, quarantine);
-    drop(hops);
-    serde_json::json!({
-        "node": Prefix(relay.node.id()).to_string(),
-        "quality": q,
-        "counters": counters,
-        "peer_health": health,
-        "replay": {
-            "store": if relay.replay().is_persistent() { "sqlite" } else { "memory" },
-            "live_routes": relay.replay().live(now),
-        },
-        "peers": { "known": descriptors.len(), "routable": relay.peers.routable(now).len() },
-        "inbox": { "items": relay.inbox().len().unwrap_or(0) },
-    })
-}
-
-/// The Prometheus text (`GET /metrics`): aggregates only, no label names a peer, route or
-/// address.
-pub fn metrics(relay: &Relay) -> String {
-    let now = relay.clock.unix();
-    let c = &relay.counters;
-    let q = quality(&c.snapshot(), now);
-    let mut out = PromText::new();
-    for (name, value) in c.named() {
-        let metric = format!("blindrelay_{name}_total");
-        out.family(
-            &metric,
-            Kind::Counter,
-            &format!("Requests or events counted as {name}."),
-        );
-        out.sample(&metric, &[], value);
+/// The strongest evidence ever observed, first match wins.
+fn proof_scope(s: &Snapshot) -> ProofScope {
+    if s.verified_client_onion_deliveries > 0 {
+        ProofScope::ClientMessageDelivery
+    } else if s.terminal + s.forwarded > 0 {
+        ProofScope::RelayAcceptance
+    } else if s.two_hop_probe_succeeded > 0 {
+        ProofScope::MessageDelivery
+    } else if s.two_hop_probe_attempted > 0 {
+        ProofScope::ControlPlane
+    } else if s.probe_attempted > 0 {
+        ProofScope::SingleHopControlPlane
+    } else if s.received > 0 {
+        ProofScope::Attempted
+    } else {
+        ProofScope::None
     }
-    const STATUSES: [&str; 7] = [
-        "idle",
-        "observing",
-        "stale",
-        "ready",
-        "protecting",
-        "degraded",
-        "attention",
-    ];
-    out.family(
-        "blindrelay_status",
-        Kind::Gauge,
-        "1 for the node's current quality status.",
-    );
-    for st in STATUSES {
-        out.sample(
-            "blindrelay_status",
-            &[("status", st)],
-            u64::from(q.status == st),
-        );
-    }
-    out.family(
-        "blindrelay_real_relay_ready",
-        Kind::Gauge,
-        "1 when a fresh client delivery receipt was verified.",
-    );
-    out.sample(
-        "blindrelay_real_relay_ready",
-        &[],
-        u64::from(q.real_relay_ready),
-    );
-    out.family(
-        "blindrelay_replay_live_routes",
-        Kind::Gauge,
-        "Routes reserved in the replay registry.",
-    );
-    out.sample(
-        "blindrelay_replay_live_routes",
-        &[],
-        relay.replay().live(now) as u64,
-    );
-    out.family(
-        "blindrelay_peers_routable",
-        Kind::Gauge,
-        "Peers with a valid descriptor and an allowed endpoint.",
-    );
-    out.sample(
-        "blindrelay_peers_routable",
-        &[],
-        relay.peers.routable(now).len() as u64,
-    );
-    out.family(
-        "blindrelay_guard_identities",
-        Kind::Gauge,
-        "Previous hops the guard remembers.",
-    );
-    out.sample(
-        "blindrelay_guard_identities",
-        &[],
-        relay.hops().len() as u64,
-    );
-    out.finish()
 }
 
 #[cfg(test)]
@@ -302,37 +232,37 @@ mod tests {
     #[test]
     fn transitions_follow_the_rules() {
         let mut s = Snapshot::default();
-        assert_eq!(quality(&s, T).status, "idle");
-        assert_eq!(quality(&s, T).proof_scope, "none");
+        assert_eq!(quality(&s, T).status.as_str(), "idle");
+        assert_eq!(quality(&s, T).proof_scope.as_str(), "none");
         // A request refused for no route: activity, no success.
         s.received = 1;
         s.rejected = 1;
         s.no_route = 1;
-        assert_eq!(quality(&s, T).status, "observing");
-        assert_eq!(quality(&s, T).proof_scope, "attempted");
+        assert_eq!(quality(&s, T).status.as_str(), "observing");
+        assert_eq!(quality(&s, T).proof_scope.as_str(), "attempted");
         // Accepted work: ready, then stale once it is older than FRESH.
         s.received += 1;
         s.forwarded = 1;
         s.last_accepted_at = Some(T);
-        assert_eq!(quality(&s, T).status, "ready");
-        assert_eq!(quality(&s, T).proof_scope, "relay_acceptance");
-        assert_eq!(quality(&s, T + FRESH).status, "stale");
+        assert_eq!(quality(&s, T).status.as_str(), "ready");
+        assert_eq!(quality(&s, T).proof_scope.as_str(), "relay_acceptance");
+        assert_eq!(quality(&s, T + FRESH).status.as_str(), "stale");
         // A rate limit: protecting, back to ready once RECENT has passed and evidence is fresh.
         s.rate_limited = 1;
         s.last_protection_at = Some(T + 10);
         s.last_accepted_at = Some(T + 20);
-        assert_eq!(quality(&s, T + 30).status, "protecting");
+        assert_eq!(quality(&s, T + 30).status.as_str(), "protecting");
         s.last_accepted_at = Some(T + 10 + RECENT);
-        assert_eq!(quality(&s, T + 10 + RECENT).status, "ready");
+        assert_eq!(quality(&s, T + 10 + RECENT).status.as_str(), "ready");
         // Forward failures: degraded; backpressure: attention (it wins).
         s.last_forward_failed_at = Some(T + 5000);
-        assert_eq!(quality(&s, T + 5000).status, "degraded");
+        assert_eq!(quality(&s, T + 5000).status.as_str(), "degraded");
         s.last_backpressure_at = Some(T + 5000);
         let q = quality(&s, T + 5000);
-        assert_eq!(q.status, "attention");
+        assert_eq!(q.status.as_str(), "attention");
         assert!(q.next_action.contains("CPU"));
         // Both problems age out.
-        assert_eq!(quality(&s, T + 5000 + RECENT).status, "stale");
+        assert_eq!(quality(&s, T + 5000 + RECENT).status.as_str(), "stale");
     }
 
     #[test]
@@ -341,21 +271,28 @@ mod tests {
             probe_attempted: 1,
             ..Default::default()
         };
-        assert_eq!(quality(&s, T).proof_scope, "single_hop_control_plane");
+        assert_eq!(
+            quality(&s, T).proof_scope.as_str(),
+            "single_hop_control_plane"
+        );
         s.two_hop_probe_attempted = 1;
-        assert_eq!(quality(&s, T).proof_scope, "control_plane");
+        assert_eq!(quality(&s, T).proof_scope.as_str(), "control_plane");
         s.two_hop_probe_succeeded = 1;
         s.last_two_hop_probe_succeeded_at = Some(T);
         let q = quality(&s, T);
         assert_eq!(
-            (q.proof_scope, q.status, q.real_relay_ready),
+            (
+                q.proof_scope.as_str(),
+                q.status.as_str(),
+                q.real_relay_ready
+            ),
             ("message_delivery", "ready", false)
         );
         s.verified_client_onion_deliveries = 1;
         s.last_verified_client_onion_delivery_at = Some(T);
         let q = quality(&s, T);
         assert_eq!(
-            (q.proof_scope, q.real_relay_ready),
+            (q.proof_scope.as_str(), q.real_relay_ready),
             ("client_message_delivery", true)
         );
         assert!(!quality(&s, T + FRESH).real_relay_ready);

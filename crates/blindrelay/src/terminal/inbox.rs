@@ -1,5 +1,5 @@
 //! The terminal's durable inbox: payloads delivered to this node, committed to SQLite before
-//! the delivery receipt is signed.
+//! the delivery receipt is released. Every call may block on the disk.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -7,7 +7,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use super::{ReplayError, SqliteContext, sql_time, sqlite};
+use crate::sqlite::{self, SqliteContext, StoreError, sql_time};
 
 /// Items an inbox holds at most.
 pub const INBOX_MAX_ITEMS: usize = 10_000;
@@ -16,8 +16,23 @@ pub const INBOX_MAX_BYTES: u64 = 256 * 1024 * 1024;
 
 const TABLE: &str = "inbox_items";
 
+/// Why the inbox did not store or read.
+#[derive(Debug, thiserror::Error)]
+pub enum InboxError {
+    /// The SQLite file.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The inbox holds its maximum number of items or bytes; nothing was stored.
+    #[error("the inbox is full")]
+    Full,
+    /// The blocking task running the call did not finish (it panicked); nothing is known to be
+    /// stored.
+    #[error("the inbox call was interrupted")]
+    Interrupted,
+}
+
 /// One stored payload, without its bytes.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct InboxItem {
     /// Assigned by [`Inbox::store`], increasing, never reused.
     pub id: u64,
@@ -55,16 +70,12 @@ impl fmt::Debug for Inbox {
 impl Inbox {
     /// Opens (or creates) the inbox at `path`, capped at [`INBOX_MAX_ITEMS`] items and
     /// [`INBOX_MAX_BYTES`] payload bytes.
-    pub fn open(path: &Path) -> Result<Self, ReplayError> {
+    pub fn open(path: &Path) -> Result<Self, InboxError> {
         Self::open_with_limits(path, INBOX_MAX_ITEMS, INBOX_MAX_BYTES)
     }
 
     /// [`Inbox::open`] with other caps.
-    pub fn open_with_limits(
-        path: &Path,
-        max_items: usize,
-        max_bytes: u64,
-    ) -> Result<Self, ReplayError> {
+    fn open_with_limits(path: &Path, max_items: usize, max_bytes: u64) -> Result<Self, InboxError> {
         let conn = sqlite::open_durable(path)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS inbox_items (
@@ -83,7 +94,7 @@ impl Inbox {
                 |row| Ok((row.get(0)?, row.get(1)?)),
             )
             .ctx("count inbox items")?;
-        let corrupt = |what| ReplayError::Corrupt { table: TABLE, what };
+        let corrupt = |what| StoreError::Corrupt { table: TABLE, what };
         let items = usize::try_from(items).map_err(|_| corrupt("item count"))?;
         let bytes = u64::try_from(bytes).map_err(|_| corrupt("total size"))?;
         tracing::info!(items, bytes, "inbox opened");
@@ -96,8 +107,8 @@ impl Inbox {
     }
 
     /// Stores `payload` and returns its id once the row is committed to disk. Fails with
-    /// [`ReplayError::InboxFull`], storing nothing, when the item or byte cap would be exceeded.
-    pub fn store(&self, payload: &[u8], received_at: u64) -> Result<u64, ReplayError> {
+    /// [`InboxError::Full`], storing nothing, when the item or byte cap would be exceeded.
+    pub fn store(&self, payload: &[u8], received_at: u64) -> Result<u64, InboxError> {
         let received_at = sql_time(received_at)?;
         let size = payload.len() as u64;
         let mut inner = self.lock();
@@ -107,9 +118,9 @@ impl Inbox {
                 .checked_add(size)
                 .is_none_or(|total| total > self.max_bytes)
         {
-            return Err(ReplayError::InboxFull);
+            return Err(InboxError::Full);
         }
-        let size_sql = i64::try_from(size).map_err(|_| ReplayError::InboxFull)?;
+        let size_sql = i64::try_from(size).map_err(|_| InboxError::Full)?;
         // One statement in autocommit mode: one transaction, synced (synchronous=FULL) when
         // execute returns.
         inner
@@ -122,14 +133,17 @@ impl Inbox {
         let id = inner.conn.last_insert_rowid();
         inner.items += 1;
         inner.bytes += size;
-        u64::try_from(id).map_err(|_| ReplayError::Corrupt {
-            table: TABLE,
-            what: "negative id",
+        u64::try_from(id).map_err(|_| {
+            StoreError::Corrupt {
+                table: TABLE,
+                what: "negative id",
+            }
+            .into()
         })
     }
 
     /// Every item, oldest (first stored) first.
-    pub fn list(&self) -> Result<Vec<InboxItem>, ReplayError> {
+    pub fn list(&self) -> Result<Vec<InboxItem>, InboxError> {
         let inner = self.lock();
         let mut stmt = inner
             .conn
@@ -137,7 +151,7 @@ impl Inbox {
             .ctx("prepare listing the inbox")?;
         let mut rows = stmt.query([]).ctx("list the inbox")?;
         let mut items = Vec::new();
-        let corrupt = |what| ReplayError::Corrupt { table: TABLE, what };
+        let corrupt = |what| StoreError::Corrupt { table: TABLE, what };
         while let Some(row) = rows.next().ctx("list the inbox")? {
             let id: i64 = row.get(0).ctx("read id")?;
             let received_at: i64 = row.get(1).ctx("read received_at")?;
@@ -153,7 +167,7 @@ impl Inbox {
     }
 
     /// The payload stored under `id`, if any.
-    pub fn get(&self, id: u64) -> Result<Option<Vec<u8>>, ReplayError> {
+    pub fn get(&self, id: u64) -> Result<Option<Vec<u8>>, InboxError> {
         let Ok(id) = i64::try_from(id) else {
             return Ok(None);
         };
@@ -163,11 +177,13 @@ impl Inbox {
             .prepare_cached("SELECT payload FROM inbox_items WHERE id = ?1")
             .and_then(|mut stmt| stmt.query_row([id], |row| row.get(0)).optional())
             .ctx("read an inbox item")
+            .map_err(InboxError::from)
     }
 
     /// Removes the item `id` (committed before it returns), freeing its room. `false` if there
-    /// was no such item.
-    pub fn remove(&self, id: u64) -> Result<bool, ReplayError> {
+    /// was no such item. (The node never deletes; the tests free room with it.)
+    #[cfg(test)]
+    fn remove(&self, id: u64) -> Result<bool, InboxError> {
         let Ok(id) = i64::try_from(id) else {
             return Ok(false);
         };
@@ -189,18 +205,19 @@ impl Inbox {
         Ok(true)
     }
 
-    /// How many items the inbox holds.
-    pub fn len(&self) -> Result<usize, ReplayError> {
-        Ok(self.lock().items)
+    /// How many items the inbox holds (counted in memory: no disk read).
+    pub fn len(&self) -> usize {
+        self.lock().items
     }
 
     /// Whether the inbox holds no item.
-    pub fn is_empty(&self) -> Result<bool, ReplayError> {
-        Ok(self.lock().items == 0)
+    pub fn is_empty(&self) -> bool {
+        self.lock().items == 0
     }
 
     /// Payload bytes the inbox holds.
-    pub fn bytes(&self) -> u64 {
+    #[cfg(test)]
+    fn bytes(&self) -> u64 {
         self.lock().bytes
     }
 
@@ -223,17 +240,17 @@ mod tests {
         let dir = dir();
         let path = dir.path().join("inbox.db");
         let inbox = Inbox::open(&path).unwrap();
-        assert!(inbox.is_empty().unwrap());
+        assert!(inbox.is_empty());
         let a = inbox.store(b"first payload", 1_000).unwrap();
         let b = inbox.store(b"", 1_001).unwrap();
         let c = inbox.store(&[0xff; 4096], 999).unwrap();
         assert!(a < b && b < c);
-        assert_eq!(inbox.len().unwrap(), 3);
+        assert_eq!(inbox.len(), 3);
         assert_eq!(inbox.bytes(), 13 + 4096);
         drop(inbox);
 
         let inbox = Inbox::open(&path).unwrap();
-        assert_eq!(inbox.len().unwrap(), 3);
+        assert_eq!(inbox.len(), 3);
         assert_eq!(inbox.bytes(), 13 + 4096);
         assert_eq!(
             inbox.list().unwrap(),
@@ -297,14 +314,14 @@ mod tests {
         let first = inbox.store(b"1", 1).unwrap();
         inbox.store(b"2", 2).unwrap();
         inbox.store(b"3", 3).unwrap();
-        assert!(matches!(inbox.store(b"4", 4), Err(ReplayError::InboxFull)));
-        assert_eq!(inbox.len().unwrap(), 3);
+        assert!(matches!(inbox.store(b"4", 4), Err(InboxError::Full)));
+        assert_eq!(inbox.len(), 3);
         assert_eq!(inbox.list().unwrap().len(), 3);
         drop(inbox);
 
         // Still full after a reopen: the counts come from the file.
         let inbox = Inbox::open_with_limits(&path, 3, 1_000).unwrap();
-        assert!(matches!(inbox.store(b"4", 4), Err(ReplayError::InboxFull)));
+        assert!(matches!(inbox.store(b"4", 4), Err(InboxError::Full)));
         assert!(inbox.remove(first).unwrap());
         assert!(!inbox.remove(first).unwrap());
         let fourth = inbox.store(b"4", 4).unwrap();
@@ -326,30 +343,18 @@ mod tests {
         let path = dir.path().join("inbox.db");
         let inbox = Inbox::open_with_limits(&path, 100, 10).unwrap();
         inbox.store(&[1; 6], 1).unwrap();
-        assert!(matches!(
-            inbox.store(&[2; 5], 2),
-            Err(ReplayError::InboxFull)
-        ));
+        assert!(matches!(inbox.store(&[2; 5], 2), Err(InboxError::Full)));
         inbox.store(&[3; 4], 3).unwrap();
         assert_eq!(inbox.bytes(), 10);
-        assert!(matches!(
-            inbox.store(&[4; 1], 4),
-            Err(ReplayError::InboxFull)
-        ));
+        assert!(matches!(inbox.store(&[4; 1], 4), Err(InboxError::Full)));
         // An empty payload still fits the byte cap.
         inbox.store(&[], 5).unwrap();
-        assert!(matches!(
-            inbox.store(&[0; 11], 6),
-            Err(ReplayError::InboxFull)
-        ));
+        assert!(matches!(inbox.store(&[0; 11], 6), Err(InboxError::Full)));
         drop(inbox);
         let inbox = Inbox::open_with_limits(&path, 100, 10).unwrap();
         assert_eq!(inbox.bytes(), 10);
-        assert_eq!(inbox.len().unwrap(), 3);
-        assert!(matches!(
-            inbox.store(&[4; 1], 4),
-            Err(ReplayError::InboxFull)
-        ));
+        assert_eq!(inbox.len(), 3);
+        assert!(matches!(inbox.store(&[4; 1], 4), Err(InboxError::Full)));
     }
 
     #[test]
@@ -360,8 +365,8 @@ mod tests {
         assert_eq!(inbox.max_bytes, 256 * 1024 * 1024);
         // A payload larger than the whole byte cap is refused outright.
         let huge = vec![0u8; (INBOX_MAX_BYTES + 1) as usize];
-        assert!(matches!(inbox.store(&huge, 1), Err(ReplayError::InboxFull)));
-        assert_eq!(inbox.len().unwrap(), 0);
+        assert!(matches!(inbox.store(&huge, 1), Err(InboxError::Full)));
+        assert_eq!(inbox.len(), 0);
     }
 
     #[test]
@@ -370,9 +375,9 @@ mod tests {
         let inbox = Inbox::open(&dir.path().join("inbox.db")).unwrap();
         assert!(matches!(
             inbox.store(b"x", u64::MAX),
-            Err(ReplayError::TimeOutOfRange(u64::MAX))
+            Err(InboxError::Store(StoreError::TimeOutOfRange(u64::MAX)))
         ));
-        assert!(inbox.is_empty().unwrap());
+        assert!(inbox.is_empty());
     }
 
     #[test]

@@ -7,8 +7,8 @@
 //! - a fixed window of [`RATE_WINDOW`]: request [`RATE_LIMIT`]` + 1` inside it starts a
 //!   quarantine of [`QUARANTINE`];
 //! - a failure score over [`FAILURE_WINDOW`]: [`FAILURE_THRESHOLD`] scored failures start the
-//!   same quarantine. Only [`Scored`] reasons count; timeouts, lost acks, duplicate retries and
-//!   replay conflicts never do;
+//!   same quarantine. Only scored reasons count ([`Reason::is_scored`]); timeouts, lost acks,
+//!   duplicate retries and replay conflicts never do;
 //! - during a quarantine every request is refused as `quarantined`, and those refusals neither
 //!   count in the window nor restart the quarantine.
 //!
@@ -16,12 +16,21 @@
 //! forgotten, and a bucket is only ever dropped when it carries no memory — an active
 //! quarantine is never evicted to make room. When the table is full of active buckets, a new
 //! identity is refused (`rate_limited`) until one comes to rest.
+//!
+//! The table's lock stays inside [`HopGuard`]: every method does its work under the lock and
+//! returns a value, so no caller ever holds it while taking another lock.
 
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use guard::limiter::{Full, KeyedLimiter, Limits, Rule};
+use tracing::debug;
 
-use crate::proto::NodeId;
+use crate::counters::Counters;
+use crate::proto::{NodeId, Prefix};
+use crate::reason::Reason;
 
 /// Requests one previous hop may send per window…
 pub const RATE_LIMIT: u32 = 120;
@@ -36,20 +45,9 @@ pub const QUARANTINE: Duration = Duration::from_secs(300);
 /// Most identities remembered.
 pub const MAX_BUCKETS: usize = 4096;
 
-/// Failures that count towards a quarantine.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Scored {
-    /// The previous hop is this node: a frame reflected back.
-    SelfLoop,
-    /// The next hop is the previous hop, or this node.
-    RouteLoop,
-    /// No hops left.
-    TtlExhausted,
-}
-
 /// One identity's state.
 #[derive(Debug, Clone, Copy)]
-pub struct HopState {
+struct HopState {
     window_start: Instant,
     count: u32,
     fail_start: Instant,
@@ -59,16 +57,16 @@ pub struct HopState {
 
 impl HopState {
     /// Seconds of quarantine left at `now` (0: none).
-    pub fn quarantine_remaining(&self, now: Instant) -> u64 {
+    fn quarantine_remaining(&self, now: Instant) -> u64 {
         self.quarantine_until.map_or(0, |u| {
             u.saturating_duration_since(now).as_secs_f64().ceil() as u64
         })
     }
 }
 
-/// What step 4 says about a request.
+/// What the guard says about a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Verdict {
+enum Verdict {
     /// Go on.
     Allowed,
     /// Over the rate: a quarantine starts now.
@@ -81,7 +79,7 @@ pub enum Verdict {
 
 /// The rule over one identity's bucket.
 #[derive(Debug, Clone, Copy)]
-pub struct HopRule;
+struct HopRule;
 
 impl Rule for HopRule {
     type State = HopState;
@@ -123,9 +121,9 @@ impl Rule for HopRule {
 }
 
 /// The previous-hop guard.
-#[derive(Debug)]
 pub struct HopGuard {
-    buckets: KeyedLimiter<NodeId, HopRule>,
+    /// Never held by a caller: each method takes it for its own work.
+    buckets: Mutex<KeyedLimiter<NodeId, HopRule>>,
 }
 
 impl Default for HopGuard {
@@ -134,32 +132,75 @@ impl Default for HopGuard {
     }
 }
 
+/// Counts only: the table is keyed by full node ids.
+impl fmt::Debug for HopGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HopGuard")
+            .field("identities", &self.len())
+            .finish()
+    }
+}
+
 impl HopGuard {
     /// A guard remembering at most `max_buckets` identities.
     pub fn new(max_buckets: usize) -> Self {
         HopGuard {
-            buckets: KeyedLimiter::new(
+            buckets: Mutex::new(KeyedLimiter::new(
                 HopRule,
                 Limits {
                     max_keys: max_buckets,
                     forget: RATE_WINDOW,
                     sweep_gap: Duration::from_secs(1),
                 },
-            ),
+            )),
         }
     }
 
-    /// Step 4 for an authenticated previous hop.
-    pub fn admit(&mut self, hop: &NodeId, now: Instant) -> Verdict {
-        match self.buckets.check(hop, now) {
+    fn lock(&self) -> MutexGuard<'_, KeyedLimiter<NodeId, HopRule>> {
+        self.buckets.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Step 4 for an authenticated previous hop; a quarantine it starts is counted.
+    ///
+    /// # Errors
+    /// `rate_limited` (over the rate, or a new identity while the table is full of active
+    /// ones) or `quarantined`.
+    pub(super) fn check(
+        &self,
+        hop: &NodeId,
+        now: Instant,
+        counters: &Counters,
+    ) -> Result<(), Reason> {
+        match self.admit(hop, now) {
+            Verdict::Allowed => Ok(()),
+            Verdict::RateLimited => {
+                counters.quarantine_started.inc();
+                debug!(peer = %Prefix(hop), "previous hop quarantined (rate)");
+                Err(Reason::RateLimited)
+            }
+            Verdict::Quarantined => Err(Reason::Quarantined),
+            Verdict::TableFull => Err(Reason::RateLimited),
+        }
+    }
+
+    /// Charges a scored failure to `hop`; a quarantine it starts is counted.
+    pub(super) fn charge(&self, hop: &NodeId, now: Instant, counters: &Counters) {
+        if self.score(hop, now) {
+            counters.quarantine_started.inc();
+            debug!(peer = %Prefix(hop), "previous hop quarantined (failures)");
+        }
+    }
+
+    fn admit(&self, hop: &NodeId, now: Instant) -> Verdict {
+        match self.lock().check(hop, now) {
             Ok(v) => v,
             Err(Full) => Verdict::TableFull,
         }
     }
 
     /// Scores a failure against `hop`; true when it started a quarantine.
-    pub fn score(&mut self, hop: &NodeId, _why: Scored, now: Instant) -> bool {
-        self.buckets
+    fn score(&self, hop: &NodeId, now: Instant) -> bool {
+        self.lock()
             .update(hop, now, |_, s| {
                 if now.saturating_duration_since(s.fail_start) >= FAILURE_WINDOW {
                     s.fail_start = now;
@@ -178,28 +219,33 @@ impl HopGuard {
     }
 
     /// Forgets identities at rest and idle.
-    pub fn sweep(&mut self, now: Instant) {
-        self.buckets.sweep(now);
+    pub fn sweep(&self, now: Instant) {
+        self.lock().sweep(now);
     }
 
     /// Identities remembered.
     pub fn len(&self) -> usize {
-        self.buckets.len()
+        self.lock().len()
     }
 
     /// True when none is remembered.
     pub fn is_empty(&self) -> bool {
-        self.buckets.is_empty()
+        self.lock().is_empty()
     }
 
-    /// The state of one identity.
-    pub fn state(&self, hop: &NodeId) -> Option<&HopState> {
-        self.buckets.get(hop)
+    /// Whether `hop` has a bucket (it was charged something).
+    pub fn remembers(&self, hop: &NodeId) -> bool {
+        self.lock().get(hop).is_some()
     }
 
-    /// Every remembered identity and its state.
-    pub fn iter(&self) -> impl Iterator<Item = (&NodeId, &HopState)> {
-        self.buckets.iter()
+    /// Every identity quarantined at `now`, with its seconds left: a copy, so the caller can
+    /// look other things up without this lock.
+    pub fn quarantines(&self, now: Instant) -> HashMap<NodeId, u64> {
+        self.lock()
+            .iter()
+            .map(|(id, s)| (*id, s.quarantine_remaining(now)))
+            .filter(|(_, left)| *left > 0)
+            .collect()
     }
 }
 
@@ -216,7 +262,7 @@ mod tests {
     #[test]
     fn rate_limit_starts_a_quarantine_that_expires() {
         let t0 = Instant::now();
-        let mut g = HopGuard::default();
+        let g = HopGuard::default();
         for _ in 0..RATE_LIMIT {
             assert_eq!(g.admit(&id(1), t0), Verdict::Allowed);
         }
@@ -228,11 +274,10 @@ mod tests {
                 Verdict::Quarantined
             );
         }
+        assert!(g.remembers(&id(1)));
         assert_eq!(
-            g.state(&id(1))
-                .unwrap()
-                .quarantine_remaining(t0 + Duration::from_secs(299)),
-            1
+            g.quarantines(t0 + Duration::from_secs(299)),
+            HashMap::from([(id(1), 1)])
         );
         assert_eq!(g.admit(&id(1), t0 + QUARANTINE), Verdict::Allowed);
         // Others were never affected.
@@ -240,9 +285,36 @@ mod tests {
     }
 
     #[test]
+    fn the_step_refuses_with_reasons_and_counts_quarantines() {
+        let t0 = Instant::now();
+        let (g, c) = (HopGuard::default(), Counters::default());
+        for _ in 0..RATE_LIMIT {
+            assert_eq!(g.check(&id(1), t0, &c), Ok(()));
+        }
+        assert_eq!(g.check(&id(1), t0, &c), Err(Reason::RateLimited));
+        assert_eq!(g.check(&id(1), t0, &c), Err(Reason::Quarantined));
+        assert_eq!(c.quarantine_started.get(), 1);
+        // Charged only after step 4 saw it (the pipeline's order).
+        assert_eq!(g.check(&id(2), t0, &c), Ok(()));
+        for _ in 0..FAILURE_THRESHOLD {
+            g.charge(&id(2), t0, &c);
+        }
+        assert_eq!(c.quarantine_started.get(), 2);
+        assert_eq!(g.check(&id(2), t0, &c), Err(Reason::Quarantined));
+        let full = HopGuard::new(1);
+        assert_eq!(full.check(&id(1), t0, &c), Ok(()));
+        assert_eq!(
+            full.check(&id(2), t0, &c),
+            Err(Reason::RateLimited),
+            "a new identity while the table is full of active ones"
+        );
+        assert_eq!(c.quarantine_started.get(), 2);
+    }
+
+    #[test]
     fn the_window_resets() {
         let t0 = Instant::now();
-        let mut g = HopGuard::default();
+        let g = HopGuard::default();
         for _ in 0..RATE_LIMIT {
             g.admit(&id(1), t0);
         }
@@ -265,26 +337,26 @@ mod tests {
     #[test]
     fn twelve_scored_failures_quarantine() {
         let t0 = Instant::now();
-        let mut g = HopGuard::default();
+        let g = HopGuard::default();
         assert_eq!(g.admit(&id(1), t0), Verdict::Allowed);
         for _ in 0..11 {
-            assert!(!g.score(&id(1), Scored::RouteLoop, t0));
+            assert!(!g.score(&id(1), t0));
         }
-        assert!(g.score(&id(1), Scored::TtlExhausted, t0));
+        assert!(g.score(&id(1), t0));
         assert_eq!(g.admit(&id(1), t0), Verdict::Quarantined);
         // Failures spread over more than the window do not add up.
-        let mut g = HopGuard::default();
+        let g = HopGuard::default();
         g.admit(&id(1), t0);
         for i in 0..11 {
-            assert!(!g.score(&id(1), Scored::SelfLoop, t0 + Duration::from_secs(i)));
+            assert!(!g.score(&id(1), t0 + Duration::from_secs(i)));
         }
-        assert!(!g.score(&id(1), Scored::SelfLoop, t0 + FAILURE_WINDOW));
+        assert!(!g.score(&id(1), t0 + FAILURE_WINDOW));
     }
 
     #[test]
     fn idle_buckets_are_evicted_but_never_an_active_quarantine() {
         let t0 = Instant::now();
-        let mut g = HopGuard::new(16);
+        let g = HopGuard::new(16);
         // One quarantined identity…
         for _ in 0..=RATE_LIMIT {
             g.admit(&id(0), t0);

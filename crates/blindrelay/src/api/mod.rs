@@ -1,0 +1,203 @@
+//! The two listeners: the public relay listener (`--listen`: descriptor and relay) and the
+//! operator listener (`--operator`, loopback by default: send, inbox, status, metrics, probe).
+//! Both share the one process-wide [`Pipeline`] and its [`crate::context::Context`].
+//!
+//! Handlers turn what the pipeline, the sender and the stores decide into responses; every
+//! error goes through [`ApiError`]. SQLite reads and the status document (whose locks may wait
+//! for a commit) run on blocking threads.
+
+mod error;
+
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
+use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+
+pub use self::error::ApiError;
+use crate::pipeline::{Answer, Pipeline};
+use crate::proto::envelope::MAX_ENVELOPE;
+use crate::proto::from_hex;
+use crate::reason::Reason;
+use crate::send::{self, Delivered};
+use crate::terminal::InboxItem;
+use crate::{probe, status};
+
+/// The public relay listener.
+pub fn public(pipeline: Arc<Pipeline>) -> Router {
+    Router::new()
+        .route("/v1/descriptor", get(descriptor))
+        .route("/v1/relay", post(relay_request))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .with_state(pipeline)
+}
+
+/// The operator listener.
+pub fn operator(pipeline: Arc<Pipeline>) -> Router {
+    Router::new()
+        .route("/v1/send", post(send_message))
+        .route("/v1/inbox", get(inbox_list))
+        .route("/v1/inbox/{id}", get(inbox_item))
+        .route("/v1/status", get(status_document))
+        .route("/metrics", get(metrics))
+        .route("/v1/probe", post(probe_now))
+        .route("/v1/descriptor", get(descriptor))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(MAX_ENVELOPE))
+        .with_state(pipeline)
+}
+
+async fn not_found() -> ApiError {
+    ApiError::NotFound("no such path")
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError::MethodNotAllowed
+}
+
+/// Runs blocking work (SQLite, locks that may wait for a commit) off the reactor.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|_| ApiError::Internal)
+}
+
+async fn descriptor(State(pipeline): State<Arc<Pipeline>>) -> Response {
+    let ctx = pipeline.ctx();
+    Json(ctx.node.descriptor(ctx.clock.unix())).into_response()
+}
+
+/// `POST /v1/relay`: step 1 before the body is read, the body capped before it is parsed, then
+/// the pipeline.
+async fn relay_request(
+    State(pipeline): State<Arc<Pipeline>>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let admitted = pipeline.admit()?;
+    let body = axum::body::to_bytes(req.into_body(), MAX_ENVELOPE)
+        .await
+        .map_err(|_| pipeline.refuse(Reason::EnvelopeTooLarge))?;
+    let answer = pipeline.process(admitted, body.to_vec()).await?;
+    Ok(relay_answer(&answer))
+}
+
+/// An answer as the protocol has it (a replayed one exactly as first sent).
+fn relay_answer(answer: &Answer) -> Response {
+    let (status, body) = answer.wire();
+    (
+        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+/// `POST /v1/send`'s query string.
+#[derive(Debug, Deserialize)]
+struct SendQuery {
+    to: String,
+    hops: usize,
+}
+
+/// `POST /v1/send`'s answer: a verified delivery.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sent {
+    /// Always true: anything else is an error.
+    pub delivered: bool,
+    /// What was delivered where.
+    #[serde(flatten)]
+    pub delivery: Delivered,
+}
+
+async fn send_message(
+    State(pipeline): State<Arc<Pipeline>>,
+    query: Result<Query<SendQuery>, QueryRejection>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<Sent>, ApiError> {
+    let Query(q) = query?;
+    let body = body?;
+    let to = from_hex::<32>(&q.to).ok_or(ApiError::BadNodeId)?;
+    let delivery = send::send(pipeline.ctx(), to, q.hops, body.to_vec()).await?;
+    Ok(Json(Sent {
+        delivered: true,
+        delivery,
+    }))
+}
+
+/// `GET /v1/inbox`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct InboxList {
+    /// Every item, oldest first.
+    pub items: Vec<InboxItem>,
+}
+
+async fn inbox_list(State(pipeline): State<Arc<Pipeline>>) -> Result<Json<InboxList>, ApiError> {
+    let inbox = Arc::clone(pipeline.terminal().inbox());
+    let items = blocking(move || inbox.list())
+        .await?
+        .map_err(|_| ApiError::InboxUnavailable)?;
+    Ok(Json(InboxList { items }))
+}
+
+async fn inbox_item(
+    State(pipeline): State<Arc<Pipeline>>,
+    id: Result<Path<u64>, PathRejection>,
+) -> Result<Response, ApiError> {
+    let Path(id) = id?;
+    let inbox = Arc::clone(pipeline.terminal().inbox());
+    match blocking(move || inbox.get(id)).await? {
+        Ok(Some(bytes)) => Ok((
+            [(header::CONTENT_TYPE, "application/octet-stream")],
+            Body::from(bytes),
+        )
+            .into_response()),
+        Ok(None) => Err(ApiError::NotFound("no such item")),
+        Err(_) => Err(ApiError::InboxUnavailable),
+    }
+}
+
+async fn status_document(
+    State(pipeline): State<Arc<Pipeline>>,
+) -> Result<Json<status::Document>, ApiError> {
+    Ok(Json(blocking(move || status::document(&pipeline)).await?))
+}
+
+async fn metrics(State(pipeline): State<Arc<Pipeline>>) -> Result<Response, ApiError> {
+    let text = blocking(move || status::metrics::render(&pipeline)).await?;
+    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
+}
+
+/// `POST /v1/probe`'s answer: the probe counters after the round.
+#[derive(Debug, Serialize)]
+struct ProbeCounts {
+    probe_attempted: u64,
+    probe_succeeded: u64,
+    probe_failed: u64,
+    two_hop_probe_attempted: u64,
+    two_hop_probe_succeeded: u64,
+    two_hop_probe_failed: u64,
+}
+
+/// Runs a probe round now (the periodic one runs every `--probe-interval`).
+async fn probe_now(State(pipeline): State<Arc<Pipeline>>) -> Json<ProbeCounts> {
+    let ctx = pipeline.ctx();
+    probe::round(ctx).await;
+    let s = ctx.counters.snapshot();
+    Json(ProbeCounts {
+        probe_attempted: s.probe_attempted,
+        probe_succeeded: s.probe_succeeded,
+        probe_failed: s.probe_failed,
+        two_hop_probe_attempted: s.two_hop_probe_attempted,
+        two_hop_probe_succeeded: s.two_hop_probe_succeeded,
+        two_hop_probe_failed: s.two_hop_probe_failed,
+    })
+}

@@ -1,0 +1,241 @@
+//! The operator's commands, `blindrelay send | inbox | status`: an HTTP client of the local
+//! node's operator API. Answers are read into the server's own types ([`Sent`], [`InboxList`],
+//! [`Document`], [`ErrorBody`]), never indexed by string.
+//!
+//! Errors never carry reqwest's text: it holds the URL (the operator endpoint, and for `send`
+//! the terminal's full id), which must not be printed.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+
+use serde::de::DeserializeOwned;
+
+use crate::api::{InboxList, Sent};
+use crate::health::Row;
+use crate::proto::answer::ErrorBody;
+use crate::status::{Document, Evidence};
+
+/// The `send` file that means standard input.
+pub const STDIN: &str = "-";
+
+/// The status document as the client reads it: counters by name.
+type Status = Document<BTreeMap<String, Option<u64>>>;
+
+/// Prints a line to standard output; a closed pipe (`| head`) is not an error worth a panic.
+macro_rules! say {
+    ($($t:tt)*) => {{
+        let _ = writeln!(std::io::stdout().lock(), $($t)*);
+    }};
+}
+
+/// `blindrelay send`: sends `file` ([`STDIN`]: standard input) to `to` over `hops` hops; `Ok`
+/// only on a verified delivery.
+///
+/// # Errors
+/// What went wrong, in words for the operator.
+pub async fn send(operator: &str, to: &str, hops: usize, file: &str) -> Result<(), String> {
+    let mut payload = Vec::new();
+    if file == STDIN {
+        std::io::stdin()
+            .read_to_end(&mut payload)
+            .map_err(|e| format!("stdin: {e}"))?;
+    } else {
+        payload = std::fs::read(file).map_err(|e| format!("{file}: {e}"))?;
+    }
+    let url = format!("{}/v1/send?to={to}&hops={hops}", base(operator));
+    let resp = http()
+        .post(url)
+        .body(payload)
+        .send()
+        .await
+        .map_err(operator_error)?;
+    if resp.status().is_success() {
+        let sent: Sent = resp.json().await.map_err(operator_error)?;
+        if sent.delivered {
+            let d = sent.delivery;
+            say!(
+                "delivered to {} over {} hop{}, receipt verified",
+                d.terminal,
+                d.hops,
+                if d.hops == 1 { "" } else { "s" }
+            );
+            return Ok(());
+        }
+        return Err("not delivered: unknown error".into());
+    }
+    let err: ErrorBody<'static> = resp.json().await.map_err(operator_error)?;
+    Err(format!(
+        "not delivered: {}",
+        err.message.as_deref().unwrap_or(&err.error)
+    ))
+}
+
+/// `blindrelay inbox`: the listing (a table, or JSON), or with `read` one item's raw bytes.
+///
+/// # Errors
+/// What went wrong, in words for the operator.
+pub async fn inbox(operator: &str, read: Option<u64>, json: bool) -> Result<(), String> {
+    let base = base(operator);
+    if let Some(id) = read {
+        let resp = http()
+            .get(format!("{base}/v1/inbox/{id}"))
+            .send()
+            .await
+            .map_err(operator_error)?;
+        if !resp.status().is_success() {
+            return Err(format!("no message {id}"));
+        }
+        let bytes = resp.bytes().await.map_err(operator_error)?;
+        return std::io::stdout()
+            .write_all(&bytes)
+            .map_err(|e| e.to_string());
+    }
+    let url = format!("{base}/v1/inbox");
+    if json {
+        return print_json(&url).await;
+    }
+    let list: InboxList = get_json(&url).await?;
+    if list.items.is_empty() {
+        say!("inbox empty");
+    }
+    say!("{:>6}  {:>12}  {:>8}", "ID", "RECEIVED", "BYTES");
+    for it in list.items {
+        say!("{:>6}  {:>12}  {:>8}", it.id, it.received_at, it.size);
+    }
+    Ok(())
+}
+
+/// `blindrelay status`: the status document as tables, or as JSON.
+///
+/// # Errors
+/// What went wrong, in words for the operator.
+pub async fn status(operator: &str, json: bool) -> Result<(), String> {
+    let url = format!("{}/v1/status", base(operator));
+    if json {
+        return print_json(&url).await;
+    }
+    render_status(&get_json::<Status>(&url).await?);
+    Ok(())
+}
+
+/// The status document as readable tables.
+fn render_status(s: &Status) {
+    let q = &s.quality;
+    say!(
+        "node {}   status {}   proof scope {}   real relay ready {}",
+        s.node,
+        q.status,
+        q.proof_scope,
+        q.real_relay_ready
+    );
+    say!("  why:  {}", q.reason);
+    say!("  next: {}", q.next_action);
+    say!("");
+    say!(
+        "{:<28} {:>8} {:>12} {:>6}",
+        "EVIDENCE",
+        "TOTAL",
+        "LAST",
+        "FRESH"
+    );
+    let evidence: [(&str, &Evidence); 4] = [
+        ("relay_acceptance", &q.relay_acceptance),
+        ("synthetic_probes", &q.synthetic_probes),
+        ("synthetic_two_hop_probes", &q.synthetic_two_hop_probes),
+        ("client_delivery_receipts", &q.client_delivery_receipts),
+    ];
+    for (k, e) in evidence {
+        let last = e.last_at.map_or("never".to_string(), |x| x.to_string());
+        say!("{:<28} {:>8} {:>12} {:>6}", k, e.total, last, e.fresh);
+    }
+    say!("");
+    say!("COUNTERS");
+    for (k, val) in s.counters.iter().filter(|(k, _)| !k.starts_with("last_")) {
+        say!("  {k:<34} {}", val.unwrap_or(0));
+    }
+    let h = &s.peer_health;
+    say!("");
+    say!(
+        "PEERS  {} known: {} healthy, {} degraded, {} failing, {} quarantined, {} unknown",
+        h.total_peers,
+        h.healthy,
+        h.degraded,
+        h.failing,
+        h.quarantined,
+        h.unknown
+    );
+    say!(
+        "{:<10} {:<12} {:<10} {:<8} {:<8} {:>6} {:>6} {:>10}  REASONS",
+        "NODE",
+        "HEALTH",
+        "DESCRIPTOR",
+        "CONTACT",
+        "ROUTE OK",
+        "OK",
+        "FAIL",
+        "QUARANTINE"
+    );
+    for r in &h.rows {
+        say!(
+            "{:<10} {:<12} {:<10} {:<8} {:<8} {:>6} {:>6} {:>10}  {}",
+            r.node,
+            r.health,
+            r.descriptor,
+            r.last_contact,
+            r.last_route_success,
+            r.route_successes,
+            r.route_failures,
+            r.quarantine_remaining_secs,
+            reasons(r)
+        );
+    }
+}
+
+/// A row's reason buckets as `name=count`, by name.
+fn reasons(r: &Row) -> String {
+    let mut by_name: Vec<_> = r.reasons.iter().map(|(b, n)| (b.as_str(), n)).collect();
+    by_name.sort_unstable();
+    by_name
+        .iter()
+        .map(|(b, n)| format!("{b}={n}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn base(operator: &str) -> &str {
+    operator.trim_end_matches('/')
+}
+
+/// An operator API failure, classified, without reqwest's text.
+fn operator_error(e: reqwest::Error) -> String {
+    let what = if e.is_timeout() {
+        "timed out"
+    } else if e.is_connect() {
+        "cannot connect"
+    } else if e.is_decode() {
+        "answered something that is not JSON"
+    } else {
+        "request failed"
+    };
+    format!("operator API: {what}")
+}
+
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .no_proxy()
+        .timeout(std::time::Duration::from_secs(60))
+        .build()
+        .unwrap_or_default()
+}
+
+async fn get_json<T: DeserializeOwned>(url: &str) -> Result<T, String> {
+    let resp = http().get(url).send().await.map_err(operator_error)?;
+    resp.json().await.map_err(operator_error)
+}
+
+/// Prints the JSON the node answered, pretty.
+async fn print_json(url: &str) -> Result<(), String> {
+    let v: serde_json::Value = get_json(url).await?;
+    say!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+    Ok(())
+}

@@ -1,0 +1,99 @@
+//! The end of step 7, the route replay reservation, and after step 8 the replay record (the
+//! final answer, success or failure, kept for duplicates). Both are SQLite commits
+//! (`synchronous=FULL`): they run on a blocking thread, with no crypto slot held.
+
+use std::sync::Arc;
+
+use tracing::debug;
+
+use crate::reason::Reason;
+use crate::replay::{Digest, Outcome, ReplayRegistry, RouteId, StoredResponse};
+
+/// A reservation that lets the request go on, or answers it.
+#[derive(Debug)]
+pub(super) enum Reserved {
+    /// Reserved for this request: go on.
+    New,
+    /// The same request, completed: answer with its stored response.
+    Duplicate(StoredResponse),
+}
+
+/// Reserves `route_id` for the request `digest` at `now`.
+///
+/// # Errors
+/// The registry's refusal (`route_in_flight`, `replay_conflict`, `replay_response_expired`,
+/// `replay_capacity`); `replay_capacity` too when the registry cannot be written.
+pub(super) async fn reserve(
+    replay: &Arc<ReplayRegistry>,
+    route_id: RouteId,
+    digest: Digest,
+    now: u64,
+) -> Result<Reserved, Reason> {
+    let registry = Arc::clone(replay);
+    let reserved =
+        tokio::task::spawn_blocking(move || registry.reserve(route_id, digest, now)).await;
+    match reserved {
+        Ok(Ok(outcome)) => decide(outcome),
+        Ok(Err(_)) | Err(_) => {
+            debug!("replay registry unavailable");
+            Err(Reason::ReplayCapacity)
+        }
+    }
+}
+
+/// What a registry outcome means for the request: the one mapping from the registry's table
+/// to reasons (whose status and counter are [`Reason`]'s).
+fn decide(outcome: Outcome) -> Result<Reserved, Reason> {
+    match outcome {
+        Outcome::New => Ok(Reserved::New),
+        Outcome::Duplicate(stored) => Ok(Reserved::Duplicate(stored)),
+        Outcome::InFlight => Err(Reason::RouteInFlight),
+        Outcome::Conflict => Err(Reason::ReplayConflict),
+        Outcome::Expired => Err(Reason::ReplayResponseExpired),
+        Outcome::Capacity => Err(Reason::ReplayCapacity),
+    }
+}
+
+/// Records the final answer (`status`, `body`) of the route reserved for `digest`, at `now`.
+/// A failure is only logged: the route then stays in flight until its window ends, and never
+/// runs twice.
+pub(super) async fn complete(
+    replay: &Arc<ReplayRegistry>,
+    route_id: RouteId,
+    digest: Digest,
+    (status, body): (u16, Vec<u8>),
+    now: u64,
+) {
+    let registry = Arc::clone(replay);
+    let stored = tokio::task::spawn_blocking(move || {
+        registry.complete(route_id, digest, status, &body, now)
+    })
+    .await;
+    if !matches!(stored, Ok(Ok(()))) {
+        debug!("replay registry: completion not stored");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejections_map_to_the_design_statuses() {
+        let refused = |o: Outcome| decide(o).err().map(|r| (r.status(), r.as_str()));
+        assert_eq!(refused(Outcome::New), None);
+        let stored = StoredResponse {
+            status: 200,
+            body: Vec::new(),
+            completed_at: 0,
+        };
+        assert_eq!(refused(Outcome::Duplicate(stored)), None);
+        assert_eq!(refused(Outcome::InFlight), Some((503, "route_in_flight")));
+        assert_eq!(refused(Outcome::Conflict), Some((400, "replay_conflict")));
+        assert_eq!(
+            refused(Outcome::Expired),
+            Some((409, "replay_response_expired"))
+        );
+        assert_eq!(refused(Outcome::Capacity), Some((503, "replay_capacity")));
+    }
+}

@@ -1,0 +1,107 @@
+//! A hop's answer to `POST /v1/relay` (JSON), as in `docs/blindrelay-protocol.md`:
+//!
+//! - accepted, 200: `{"outcome": "delivered" | "forwarded", "receipt": "<hex of the sealed receipt>"}`;
+//! - refused: `{"error": "<reason>"}` with the reason's status.
+//!
+//! The error shape `{"error", "message"}` is also every error body of the operator API; relay
+//! refusals carry no message.
+
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// What an accepting hop did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// This hop was the terminal: stored (or, for a probe, answered).
+    Delivered,
+    /// This hop forwarded and the next hop accepted.
+    Forwarded,
+}
+
+/// A 200 answer: the outcome and the terminal's sealed receipt, passed back hop by hop.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accepted {
+    /// What the answering hop did.
+    pub outcome: Outcome,
+    /// Hex of the sealed receipt, opaque to every hop but the sender.
+    pub receipt: String,
+}
+
+impl Accepted {
+    /// The JSON body.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("invariant: an enum and a string serialize")
+    }
+}
+
+/// Prints the outcome and the receipt's length only.
+impl fmt::Debug for Accepted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Accepted")
+            .field("outcome", &self.outcome)
+            .field("receipt_len", &self.receipt.len())
+            .finish()
+    }
+}
+
+/// An error body: a stable code, and for the operator API a sentence for people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorBody<'a> {
+    /// The stable code (a relay refusal's reason).
+    pub error: Cow<'a, str>,
+    /// What went wrong, in words (never on relay refusals).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<Cow<'a, str>>,
+}
+
+impl<'a> ErrorBody<'a> {
+    /// A body with a code only: a relay refusal.
+    pub fn code(error: &'a str) -> Self {
+        ErrorBody {
+            error: Cow::Borrowed(error),
+            message: None,
+        }
+    }
+
+    /// The JSON body.
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("invariant: strings serialize")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_shapes() {
+        let a = Accepted {
+            outcome: Outcome::Forwarded,
+            receipt: "ab".into(),
+        };
+        assert_eq!(a.to_json(), br#"{"outcome":"forwarded","receipt":"ab"}"#);
+        assert_eq!(serde_json::from_slice::<Accepted>(&a.to_json()).unwrap(), a);
+        assert!(
+            serde_json::from_slice::<Accepted>(br#"{"outcome":"other","receipt":""}"#).is_err()
+        );
+        assert_eq!(
+            ErrorBody::code("route_loop").to_json(),
+            br#"{"error":"route_loop"}"#
+        );
+        let e = ErrorBody {
+            error: "not_found".into(),
+            message: Some("no such item".into()),
+        };
+        assert_eq!(
+            e.to_json(),
+            br#"{"error":"not_found","message":"no such item"}"#
+        );
+        assert_eq!(
+            serde_json::from_slice::<ErrorBody>(&e.to_json()).unwrap(),
+            e
+        );
+    }
+}

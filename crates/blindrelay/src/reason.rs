@@ -1,0 +1,226 @@
+//! The reason vocabulary: why the pipeline refuses a relay request.
+//!
+//! One table (the `match`es below, the design's table in `docs/blindrelay.md`): each reason has
+//! a stable wire string, one HTTP status, exactly one aggregate counter (besides `received` and
+//! `rejected`), whether it is the abuse guard at work (status `protecting`), and whether it
+//! scores against the authenticated previous hop. Every pipeline step returns one of these;
+//! nothing else decides a refusal's status or counter.
+
+use guard::counters::Counter;
+
+use crate::counters::Counters;
+
+/// Why a request was refused: one stable reason, one status, one counter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    /// No capacity now (request gate or crypto slots).
+    Backpressure,
+    /// Not an envelope (bad magic, truncated).
+    MalformedEnvelope,
+    /// Over the size limit.
+    EnvelopeTooLarge,
+    /// The previous hop is not a valid Ed25519 key.
+    InvalidPreviousHop,
+    /// The signature does not verify.
+    InvalidSignature,
+    /// Over the previous hop's rate: a quarantine starts.
+    RateLimited,
+    /// The previous hop is quarantined.
+    Quarantined,
+    /// Older than the envelope age limit.
+    TimestampExpired,
+    /// Further ahead than the future-skew limit.
+    TimestampInFuture,
+    /// The previous hop is this node.
+    SelfLoop,
+    /// The frame is addressed to another node.
+    WrongHop,
+    /// The onion layer does not open with this node's keys.
+    OnionPeelFailed,
+    /// The next hop is the previous hop or this node.
+    RouteLoop,
+    /// No hop left to forward with.
+    TtlExhausted,
+    /// No valid descriptor for the next hop.
+    NoRoute,
+    /// The next hop's endpoint is not allowed.
+    InvalidEndpoint,
+    /// The same request is being handled.
+    RouteInFlight,
+    /// Another request used this route id.
+    ReplayConflict,
+    /// The same request, but its stored response is too old to replay.
+    ReplayResponseExpired,
+    /// Every replay slot holds a live route.
+    ReplayCapacity,
+    /// The next hop or the terminal store failed.
+    ForwardFailed,
+}
+
+impl Reason {
+    /// Every reason, for the docs' table and tests.
+    pub const ALL: [Reason; 21] = {
+        use Reason::*;
+        [
+            Backpressure,
+            MalformedEnvelope,
+            EnvelopeTooLarge,
+            InvalidPreviousHop,
+            InvalidSignature,
+            RateLimited,
+            Quarantined,
+            TimestampExpired,
+            TimestampInFuture,
+            SelfLoop,
+            WrongHop,
+            OnionPeelFailed,
+            RouteLoop,
+            TtlExhausted,
+            NoRoute,
+            InvalidEndpoint,
+            RouteInFlight,
+            ReplayConflict,
+            ReplayResponseExpired,
+            ReplayCapacity,
+            ForwardFailed,
+        ]
+    };
+
+    /// The wire string.
+    pub fn as_str(self) -> &'static str {
+        use Reason::*;
+        match self {
+            Backpressure => "backpressure",
+            MalformedEnvelope => "malformed_envelope",
+            EnvelopeTooLarge => "envelope_too_large",
+            InvalidPreviousHop => "invalid_previous_hop",
+            InvalidSignature => "invalid_signature",
+            RateLimited => "rate_limited",
+            Quarantined => "quarantined",
+            TimestampExpired => "timestamp_expired",
+            TimestampInFuture => "timestamp_in_future",
+            SelfLoop => "self_loop",
+            WrongHop => "wrong_hop",
+            OnionPeelFailed => "onion_peel_failed",
+            RouteLoop => "route_loop",
+            TtlExhausted => "ttl_exhausted",
+            NoRoute => "no_route",
+            InvalidEndpoint => "invalid_endpoint",
+            RouteInFlight => "route_in_flight",
+            ReplayConflict => "replay_conflict",
+            ReplayResponseExpired => "replay_response_expired",
+            ReplayCapacity => "replay_capacity",
+            ForwardFailed => "forward_failed",
+        }
+    }
+
+    /// The HTTP status.
+    pub fn status(self) -> u16 {
+        use Reason::*;
+        match self {
+            Backpressure | RateLimited | Quarantined => 429,
+            EnvelopeTooLarge => 413,
+            MalformedEnvelope | InvalidPreviousHop | InvalidSignature | TimestampExpired
+            | TimestampInFuture | SelfLoop | WrongHop | OnionPeelFailed | RouteLoop
+            | TtlExhausted | ReplayConflict => 400,
+            ReplayResponseExpired => 409,
+            NoRoute | InvalidEndpoint | ForwardFailed => 502,
+            RouteInFlight | ReplayCapacity => 503,
+        }
+    }
+
+    /// The one aggregate counter it bumps (besides `received` and `rejected`).
+    pub fn counter(self, c: &Counters) -> &Counter {
+        use Reason::*;
+        match self {
+            Backpressure => &c.backpressure_dropped,
+            MalformedEnvelope | EnvelopeTooLarge => &c.envelope_too_large,
+            InvalidPreviousHop | InvalidSignature | OnionPeelFailed => &c.invalid_signature,
+            RateLimited => &c.rate_limited,
+            Quarantined => &c.quarantined,
+            TimestampExpired | TimestampInFuture => &c.timestamp_rejected,
+            SelfLoop | RouteLoop => &c.loop_detected,
+            TtlExhausted => &c.ttl_exhausted,
+            WrongHop | NoRoute => &c.no_route,
+            InvalidEndpoint => &c.invalid_endpoint,
+            RouteInFlight | ReplayConflict | ReplayResponseExpired | ReplayCapacity => {
+                &c.replay_dropped
+            }
+            ForwardFailed => &c.forward_failed,
+        }
+    }
+
+    /// A refusal by the abuse guard: the node is protecting itself (status `protecting`).
+    pub fn is_protection(self) -> bool {
+        use Reason::*;
+        matches!(
+            self,
+            InvalidPreviousHop
+                | InvalidSignature
+                | OnionPeelFailed
+                | RateLimited
+                | Quarantined
+                | TimestampExpired
+                | TimestampInFuture
+                | SelfLoop
+                | RouteLoop
+                | TtlExhausted
+        )
+    }
+
+    /// A failure that counts towards the previous hop's quarantine (the design's list). The
+    /// two authentication failures are on it but never charged: a frame that fails
+    /// authentication has no authenticated previous hop to charge, so forged frames cannot
+    /// quarantine the node they name. Timeouts, lost answers, duplicates and replay conflicts
+    /// never score.
+    pub fn is_scored(self) -> bool {
+        use Reason::*;
+        matches!(
+            self,
+            InvalidPreviousHop | InvalidSignature | SelfLoop | RouteLoop | TtlExhausted
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The design's table, row by row: reason, status, counter, scored.
+    #[test]
+    fn the_table_of_the_docs() {
+        let table: [(&str, u16, &str, bool); 21] = [
+            ("backpressure", 429, "backpressure_dropped", false),
+            ("malformed_envelope", 400, "envelope_too_large", false),
+            ("envelope_too_large", 413, "envelope_too_large", false),
+            ("invalid_previous_hop", 400, "invalid_signature", true),
+            ("invalid_signature", 400, "invalid_signature", true),
+            ("rate_limited", 429, "rate_limited", false),
+            ("quarantined", 429, "quarantined", false),
+            ("timestamp_expired", 400, "timestamp_rejected", false),
+            ("timestamp_in_future", 400, "timestamp_rejected", false),
+            ("self_loop", 400, "loop_detected", true),
+            ("wrong_hop", 400, "no_route", false),
+            ("onion_peel_failed", 400, "invalid_signature", false),
+            ("route_loop", 400, "loop_detected", true),
+            ("ttl_exhausted", 400, "ttl_exhausted", true),
+            ("no_route", 502, "no_route", false),
+            ("invalid_endpoint", 502, "invalid_endpoint", false),
+            ("route_in_flight", 503, "replay_dropped", false),
+            ("replay_conflict", 400, "replay_dropped", false),
+            ("replay_response_expired", 409, "replay_dropped", false),
+            ("replay_capacity", 503, "replay_dropped", false),
+            ("forward_failed", 502, "forward_failed", false),
+        ];
+        for (r, (name, status, counter, scored)) in Reason::ALL.into_iter().zip(table) {
+            assert_eq!(
+                (r.as_str(), r.status(), r.is_scored()),
+                (name, status, scored)
+            );
+            let c = Counters::default();
+            r.counter(&c).inc();
+            let moved: Vec<_> = c.named().into_iter().filter(|(_, v)| *v > 0).collect();
+            assert_eq!(moved, vec![(counter, 1)], "{name}");
+        }
+    }
+}
