@@ -19,6 +19,7 @@ pub mod control;
 pub mod daemon;
 pub mod et;
 pub mod net;
+pub mod probe;
 pub mod proof;
 pub mod registry;
 pub mod server;

@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 use crate::config::ServerConfig;
-use crate::proof::{KeyHash, hex, key_hash, parse_key_hash};
+use crate::proof::{KeyHash, key_hash, parse_key_hash};
 use crate::server::{Ban, ServerHandle};
 
 /// What every registered server shares.
@@ -415,7 +415,7 @@ impl Inner {
                 .map(|r| ServerRecord {
                     port: r.port,
                     upstream: r.upstream,
-                    key_sha256: hex(&r.key_hash),
+                    key_sha256: hex::encode(r.key_hash),
                     registered_at: unix(r.registered_at),
                 })
                 .collect(),

@@ -93,7 +93,7 @@ impl QueryCache {
         let now = Instant::now();
         Ok(QueryCache {
             upstream,
-            socket: super::upstream_socket(upstream)?,
+            socket: crate::net::upstream_socket(upstream)?,
             max_age,
             kinds: [Kind::default(), Kind::default()].map(|mut k| {
                 k.waiters.reserve_exact(MAX_WAITERS);
@@ -243,7 +243,7 @@ impl QueryCache {
             }
         }
         if gave_up {
-            match super::upstream_socket(self.upstream) {
+            match crate::net::upstream_socket(self.upstream) {
                 Ok(s) => self.socket = s,
                 Err(e) => debug!("cache: cannot reopen its socket: {e}"),
             }

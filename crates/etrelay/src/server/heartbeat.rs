@@ -13,14 +13,12 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use rand::Rng;
-use tokio::net::UdpSocket;
 use tracing::{debug, info, warn};
 
 use super::Shared;
 use super::metrics::ProbeState;
-use crate::config::PROBE_ATTEMPTS;
-use crate::et::info::{INFO_RESPONSE, Template};
+use crate::et::classify::Query;
+use crate::probe;
 
 /// Longest wait for one master's name to resolve.
 const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -51,17 +49,18 @@ pub(super) async fn run(shared: Arc<Shared>) {
     let cfg = &shared.config;
     let mut state = ProbeState::Unknown;
     loop {
-        // A fresh socket each round: one connected before the route to the game server existed
-        // (a tunnel that came up later) would keep a source address the server cannot answer.
-        let answered = match super::upstream_socket(cfg.upstream) {
-            Ok(s) => tokio::select! {
-                () = shared.cancel.cancelled() => break,
-                up = probe(&s, cfg.probe_timeout) => up,
+        // A fresh socket each round (in `probe::ask`): one connected before the route to the
+        // game server existed (a tunnel that came up later) would keep a source address the
+        // server cannot answer.
+        let answered = tokio::select! {
+            () = shared.cancel.cancelled() => break,
+            r = probe::ask(cfg.upstream, Query::Info, "hb", cfg.probe_timeout) => match r {
+                Ok(answer) => answer.is_some(),
+                Err(e) => {
+                    warn!("heartbeat: cannot open the probe socket: {e}");
+                    false
+                }
             },
-            Err(e) => {
-                warn!("heartbeat: cannot open the probe socket: {e}");
-                false
-            }
         };
         let next = if answered {
             ProbeState::Up
@@ -104,46 +103,6 @@ fn record(shared: &Shared, state: ProbeState, answered: bool) {
     if answered {
         p.last_answer = Some(now);
     }
-}
-
-/// Asks the game server `getinfo` up to [`PROBE_ATTEMPTS`] times; true when it answered.
-async fn probe(socket: &UdpSocket, timeout: Duration) -> bool {
-    let mut buf = vec![0u8; 16 * 1024];
-    for attempt in 1..=PROBE_ATTEMPTS {
-        let nonce: u32 = rand::rng().random();
-        let challenge = format!("hb{nonce:08x}");
-        let mut pkt = Vec::with_capacity(32);
-        pkt.extend_from_slice(b"\xff\xff\xff\xffgetinfo ");
-        pkt.extend_from_slice(challenge.as_bytes());
-        if let Err(e) = socket.send(&pkt).await {
-            debug!("probe {attempt}: send failed: {e}");
-        }
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            match tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
-                Err(_) => break,
-                Ok(Err(_)) => continue_after_error().await,
-                Ok(Ok(n)) => {
-                    if let Some((_, Some(echoed))) = Template::parse(&buf[..n], INFO_RESPONSE)
-                        && echoed == challenge.as_bytes()
-                    {
-                        return true;
-                    }
-                }
-            }
-            if tokio::time::Instant::now() >= deadline {
-                break;
-            }
-        }
-        debug!("probe {attempt}/{PROBE_ATTEMPTS}: no answer");
-    }
-    false
-}
-
-/// A receive error on a connected UDP socket is an ICMP error from a server that is down; wait
-/// a little so the loop does not spin on a stream of them.
-async fn continue_after_error() {
-    tokio::time::sleep(Duration::from_millis(50)).await;
 }
 
 /// Sends `packet` to every master from the public socket.

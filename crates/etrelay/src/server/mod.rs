@@ -24,7 +24,7 @@ pub mod session;
 
 use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -138,18 +138,6 @@ impl Shared {
             }
         }
     }
-}
-
-/// Opens a UDP socket connected to `upstream`, from an ephemeral port of the matching family.
-pub(crate) fn upstream_socket(upstream: SocketAddr) -> io::Result<UdpSocket> {
-    let any: IpAddr = match upstream {
-        SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
-        SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
-    };
-    let socket = std::net::UdpSocket::bind((any, 0))?;
-    socket.connect(upstream)?;
-    socket.set_nonblocking(true)?;
-    UdpSocket::from_std(socket)
 }
 
 /// Information on one open session, for the control API and tests.

@@ -145,7 +145,7 @@ pub(super) fn open(
     permit: Permit,
 ) -> io::Result<Arc<Session>> {
     let upstream = shared.config.upstream;
-    let socket = super::upstream_socket(upstream)?;
+    let socket = crate::net::upstream_socket(upstream)?;
     let session = Arc::new(Session {
         id,
         client,
