@@ -13,7 +13,9 @@
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
 pub mod admin;
+pub mod bans;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod control;
 pub mod daemon;

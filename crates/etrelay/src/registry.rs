@@ -15,7 +15,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use guard::admission::Gate;
 use guard::statefile::{self, StateFileError};
@@ -26,9 +26,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::bans::{self, Ban};
+use crate::clock::{from_unix, unix};
 use crate::config::ServerConfig;
 use crate::proof::{KeyHash, key_hash, parse_key_hash};
-use crate::server::{Ban, ServerHandle};
+use crate::server::ServerHandle;
 
 /// What every registered server shares.
 #[derive(Debug, Clone)]
@@ -113,52 +115,6 @@ struct ServerRecord {
     registered_at: u64,
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BansFile {
-    bans: Vec<BanRecord>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BanRecord {
-    ip: IpAddr,
-    reason: String,
-    since: u64,
-    expires_at: Option<u64>,
-}
-
-/// Unix seconds of a time (0 before the epoch).
-pub fn unix(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-fn from_unix(s: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_secs(s)
-}
-
-impl From<&Ban> for BanRecord {
-    fn from(b: &Ban) -> Self {
-        BanRecord {
-            ip: b.ip,
-            reason: b.reason.clone(),
-            since: unix(b.since),
-            expires_at: b.expires.map(unix),
-        }
-    }
-}
-
-impl From<BanRecord> for Ban {
-    fn from(r: BanRecord) -> Self {
-        Ban {
-            ip: r.ip,
-            reason: r.reason,
-            since: from_unix(r.since),
-            expires: r.expires_at.map(from_unix),
-        }
-    }
-}
-
 /// A change, for the writer task.
 #[derive(Debug)]
 enum Op {
@@ -241,10 +197,9 @@ impl Registry {
                 );
                 continue;
             };
-            let bans: BansFile =
-                statefile::load_json(&inner.bans_path(rec.port))?.unwrap_or_default();
+            let bans = bans::load(&inner.bans_path(rec.port))?;
             let handle = match inner
-                .start_server(rec.port, rec.upstream, bans.bans.into_iter().map(Ban::from))
+                .start_server(rec.port, rec.upstream, bans.into_iter())
                 .await
             {
                 Ok(h) => Some(h),
@@ -371,7 +326,7 @@ impl Inner {
     }
 
     fn bans_path(&self, port: u16) -> PathBuf {
-        self.config.state_dir.join(format!("bans-{port}.json"))
+        bans::path(&self.config.state_dir, port)
     }
 
     /// Binds the public port and starts relaying `upstream` there with `bans`.
@@ -423,17 +378,29 @@ impl Inner {
     }
 }
 
-/// Writes a state file off the reactor.
-async fn save<T: Serialize + Send + 'static>(path: PathBuf, value: T) -> Result<(), RegistryError> {
-    tokio::task::spawn_blocking(move || statefile::save_json(&path, &value))
-        .await
-        .map_err(|e| {
-            RegistryError::State(StateFileError::Io {
-                path: PathBuf::new(),
-                source: io::Error::other(e.to_string()),
-            })
-        })??;
+/// Writes a state file off the reactor (`write` runs on tokio's blocking pool).
+async fn save(
+    write: impl FnOnce() -> Result<(), StateFileError> + Send + 'static,
+) -> Result<(), RegistryError> {
+    tokio::task::spawn_blocking(write).await.map_err(|e| {
+        RegistryError::State(StateFileError::Io {
+            path: PathBuf::new(),
+            source: io::Error::other(e.to_string()),
+        })
+    })??;
     Ok(())
+}
+
+/// Writes `servers.json` off the reactor.
+async fn save_servers(inner: &Inner, map: &BTreeMap<u16, Registered>) -> Result<(), RegistryError> {
+    let (path, file) = (inner.servers_path(), Inner::servers_file(map));
+    save(move || statefile::save_json(&path, &file)).await
+}
+
+/// Writes `bans-<port>.json` off the reactor.
+async fn save_bans(inner: &Inner, port: u16, list: Vec<Ban>) -> Result<(), RegistryError> {
+    let path = inner.bans_path(port);
+    save(move || bans::save(&path, &list)).await
 }
 
 fn remove_file(path: &Path) {
@@ -519,7 +486,7 @@ async fn register(
             ..e.clone()
         };
         next.insert(target, entry.clone());
-        save(inner.servers_path(), Inner::servers_file(&next)).await?;
+        save_servers(inner, &next).await?;
         inner.lock().insert(target, entry.clone());
         info!("server {upstream} on port {target} taken over by a new key");
         return Ok((entry, false));
@@ -536,15 +503,10 @@ async fn register(
         Some(Registered {
             handle: Some(h), ..
         }) => h.bans(),
-        Some(e) => statefile::load_json::<BansFile>(&inner.bans_path(e.port))?
-            .map(|f| f.bans.into_iter().map(Ban::from).collect())
-            .unwrap_or_default(),
+        Some(e) => bans::load(&inner.bans_path(e.port))?,
         None => Vec::new(),
     };
-    let bans_file = BansFile {
-        bans: bans.iter().map(BanRecord::from).collect(),
-    };
-    save(inner.bans_path(target), bans_file).await?;
+    save_bans(inner, target, bans.clone()).await?;
     let mut next = map.clone();
     if let Some(e) = &existing {
         next.remove(&e.port);
@@ -557,7 +519,7 @@ async fn register(
         handle: None,
     };
     next.insert(target, entry.clone());
-    save(inner.servers_path(), Inner::servers_file(&next)).await?;
+    save_servers(inner, &next).await?;
     // Committed: start relaying.
     match inner.start_on(public, upstream, bans.into_iter()) {
         Ok(h) => entry.handle = Some(h),
@@ -591,7 +553,7 @@ async fn register(
 async fn leave(inner: &Inner, port: u16) -> Result<(), RegistryError> {
     let mut next = inner.lock().clone();
     let gone = next.remove(&port).ok_or(RegistryError::NoServer)?;
-    save(inner.servers_path(), Inner::servers_file(&next)).await?;
+    save_servers(inner, &next).await?;
     inner.lock().remove(&port);
     if let Some(h) = &gone.handle {
         h.stop().await;
@@ -609,37 +571,15 @@ fn handle_of(inner: &Inner, port: u16) -> Result<Arc<ServerHandle>, RegistryErro
 
 async fn ban_op(inner: &Inner, port: u16, ban: Ban) -> Result<(), RegistryError> {
     let handle = handle_of(inner, port)?;
-    let mut bans: Vec<Ban> = handle
-        .bans()
-        .into_iter()
-        .filter(|b| b.ip != ban.ip)
-        .collect();
-    if bans.len() >= crate::server::MAX_BANS {
-        return Err(RegistryError::BansFull);
-    }
-    bans.push(ban.clone());
-    save(
-        inner.bans_path(port),
-        BansFile {
-            bans: bans.iter().map(BanRecord::from).collect(),
-        },
-    )
-    .await?;
+    let list = bans::with(handle.bans(), ban.clone()).map_err(|_| RegistryError::BansFull)?;
+    save_bans(inner, port, list).await?;
     handle.ban(ban).map_err(|_| RegistryError::BansFull)
 }
 
 async fn unban_op(inner: &Inner, port: u16, ip: IpAddr) -> Result<(), RegistryError> {
     let handle = handle_of(inner, port)?;
-    let bans = handle.bans();
-    if !bans.iter().any(|b| b.ip == ip) {
-        return Err(RegistryError::NotBanned);
-    }
-    let rest: Vec<BanRecord> = bans
-        .iter()
-        .filter(|b| b.ip != ip)
-        .map(BanRecord::from)
-        .collect();
-    save(inner.bans_path(port), BansFile { bans: rest }).await?;
+    let rest = bans::without(&handle.bans(), ip).ok_or(RegistryError::NotBanned)?;
+    save_bans(inner, port, rest).await?;
     handle.unban(ip);
     Ok(())
 }

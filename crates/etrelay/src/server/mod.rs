@@ -27,16 +27,17 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use guard::admission::Gate;
-use guard::expiring::{ExpiringTable, Expiry, TableFull};
 use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{info, trace};
 
+use crate::bans::{Ban, BanTable, TableFull};
+use crate::clock::Instant;
 use crate::config::ServerConfig;
 pub use heartbeat::ProbeStatus;
 pub use metrics::{Drop, ProbeState, ServerMetrics};
@@ -45,42 +46,11 @@ use session::Session;
 /// Receive and send buffer asked for the public socket.
 const SOCKET_BUFFER: usize = 4 << 20;
 
-/// Most bans one server keeps.
-pub const MAX_BANS: usize = 65_536;
-
-/// A ban of one address.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ban {
-    /// The banned address.
-    pub ip: IpAddr,
-    /// Why, as the admin said.
-    pub reason: String,
-    /// When it was set.
-    pub since: SystemTime,
-    /// When it ends; `None`: permanent.
-    pub expires: Option<SystemTime>,
-}
-
-impl Ban {
-    /// True when the ban no longer applies at `now`.
-    pub fn expired(&self, now: SystemTime) -> bool {
-        self.expires.is_some_and(|e| e <= now)
-    }
-
-    /// The table deadline of this ban, on the monotonic clock.
-    fn expiry(&self, now_sys: SystemTime, now: Instant) -> Expiry {
-        match self.expires {
-            None => Expiry::Never,
-            Some(at) => Expiry::At(now + at.duration_since(now_sys).unwrap_or(Duration::ZERO)),
-        }
-    }
-}
-
 /// What the relay loop and the sessions share. The mutex is never held across an `.await`.
 #[derive(Debug)]
 struct State {
     sessions: HashMap<SocketAddr, Arc<Session>>,
-    bans: ExpiringTable<IpAddr, Ban>,
+    bans: BanTable,
 }
 
 /// Everything of one server that its tasks share.
@@ -193,7 +163,7 @@ impl ServerHandle {
             metrics: ServerMetrics::default(),
             state: Mutex::new(State {
                 sessions: HashMap::new(),
-                bans: ExpiringTable::new(MAX_BANS),
+                bans: BanTable::default(),
             }),
             probe: Mutex::new(ProbeStatus::default()),
             epoch: Instant::now(),
@@ -286,13 +256,12 @@ impl ServerHandle {
     /// Replaces an existing ban of the same address.
     ///
     /// # Errors
-    /// [`TableFull`] when [`MAX_BANS`] live bans are held already.
+    /// [`TableFull`] when [`crate::bans::MAX_BANS`] live bans are held already.
     pub fn ban(&self, ban: Ban) -> Result<(), TableFull> {
         let (now_sys, now) = (SystemTime::now(), Instant::now());
         let mut st = self.shared.lock();
-        let expiry = ban.expiry(now_sys, now);
         let ip = ban.ip;
-        st.bans.insert(ip, ban, expiry, now)?;
+        st.bans.insert(ban, now_sys, now)?;
         st.sessions.retain(|client, s| {
             let cut = client.ip() == ip;
             if cut {
@@ -309,21 +278,12 @@ impl ServerHandle {
 
     /// Lifts the ban of `ip`; false when it was not banned.
     pub fn unban(&self, ip: IpAddr) -> bool {
-        self.shared
-            .lock()
-            .bans
-            .remove(&ip, Instant::now())
-            .is_some()
+        self.shared.lock().bans.remove(ip, Instant::now())
     }
 
     /// The bans in force, oldest first.
     pub fn bans(&self) -> Vec<Ban> {
-        let now = Instant::now();
-        let mut st = self.shared.lock();
-        st.bans.purge(now);
-        let mut v: Vec<Ban> = st.bans.iter(now).map(|(_, b, _)| b.clone()).collect();
-        v.sort_by(|a, b| a.since.cmp(&b.since).then(a.ip.cmp(&b.ip)));
-        v
+        self.shared.lock().bans.list(Instant::now())
     }
 
     /// Sessions open now.

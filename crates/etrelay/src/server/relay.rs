@@ -10,7 +10,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use guard::limiter::{KeyedLimiter, Limits, TokenBucket};
 use tracing::{debug, trace, warn};
@@ -18,6 +18,7 @@ use tracing::{debug, trace, warn};
 use super::cache::{Outcome, QueryCache};
 use super::metrics::Drop;
 use super::{Shared, session};
+use crate::clock::Instant;
 use crate::et::classify::{Packet, Reject, classify};
 use crate::et::{self, command_word};
 use crate::net::BatchRecv;
@@ -154,7 +155,7 @@ impl Handler {
         match packet {
             Packet::Game | Packet::Pass(_) => self.enqueue(src, data),
             Packet::Query(q, challenge) => {
-                match self.limiter.check(&src.ip(), now) {
+                match self.limiter.check(&src.ip(), now.into_std()) {
                     Ok(true) => {}
                     Ok(false) | Err(_) => {
                         m.query_sources.set(self.limiter.len() as u64);
@@ -169,7 +170,7 @@ impl Handler {
                     return;
                 };
                 let challenge = challenge.map(|r| &data[r]);
-                match cache.query(q, challenge, src, now, &mut self.scratch, m) {
+                match cache.query(q, challenge, src, now.into_std(), &mut self.scratch, m) {
                     Outcome::Answer => {
                         m.cache_hits.inc();
                         send_now(&self.shared, &self.scratch, src);
@@ -191,8 +192,7 @@ impl Handler {
     }
 
     fn banned(&self, ip: IpAddr, now: Instant) -> bool {
-        let st = self.shared.lock();
-        !st.bans.is_empty() && st.bans.contains(&ip, now)
+        self.shared.lock().bans.is_banned(ip, now)
     }
 
     /// Queues a packet on the client's session, opening one if needed.
@@ -249,7 +249,7 @@ impl Handler {
         };
         let shared = &self.shared;
         cache.on_readable(
-            Instant::now(),
+            Instant::now().into_std(),
             &mut self.scratch,
             &shared.metrics,
             |pkt, to| {
@@ -260,13 +260,13 @@ impl Handler {
     }
 
     fn tick(&mut self, now: Instant) {
-        self.limiter.sweep(now);
+        self.limiter.sweep(now.into_std());
         self.shared
             .metrics
             .query_sources
             .set(self.limiter.len() as u64);
         if let Some(cache) = self.cache.as_mut() {
-            let dropped = cache.expire(now);
+            let dropped = cache.expire(now.into_std());
             if dropped > 0 {
                 debug!("cache: the game server did not answer; {dropped} queries dropped");
             }

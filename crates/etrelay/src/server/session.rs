@@ -14,7 +14,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
 use guard::admission::Permit;
 use guard::counters::Counter;
@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, trace};
 
 use super::Shared;
+use crate::clock::Instant;
 use crate::et;
 
 /// Queue buffers larger than this are not kept for reuse (bounds a session's idle memory:
@@ -191,7 +192,7 @@ async fn run(shared: Arc<Shared>, session: Arc<Session>, upstream: UdpSocket, pe
                 if deadline <= Instant::now() {
                     break;
                 }
-                idle.as_mut().reset(deadline.into());
+                idle.as_mut().reset(deadline);
             }
         }
     }
