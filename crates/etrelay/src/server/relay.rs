@@ -13,21 +13,24 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use guard::limiter::{KeyedLimiter, Limits, TokenBucket};
+use tokio::net::UdpSocket;
 use tracing::{debug, trace, warn};
 
 use super::cache::{Outcome, QueryCache};
 use super::metrics::Drop;
 use super::{Shared, session};
 use crate::clock::Instant;
-use crate::et::classify::{Packet, Reject, classify};
+use crate::et::classify::{Packet, Query, Reject, classify};
 use crate::et::{self, command_word};
-use crate::net::BatchRecv;
+use crate::net::{BatchRecv, upstream_socket};
 
 /// Batches read per wake-up before the loop yields, so the sessions can send what it queued
 /// (a batch is up to [`crate::net::BATCH`] datagrams: 64 per turn, one full session queue).
 const ROUNDS_PER_WAKE: usize = 2;
 /// How often idle limiter entries and late cache refreshes are looked at.
 const TICK: Duration = Duration::from_millis(250);
+/// Datagrams read from the cache socket per turn.
+const CACHE_READS: usize = 64;
 /// Shortest gap between two full limiter sweeps forced by a full table.
 const SWEEP_GAP: Duration = Duration::from_millis(200);
 
@@ -43,9 +46,18 @@ pub(super) struct RelayLoop {
 struct Handler {
     shared: Arc<Shared>,
     limiter: KeyedLimiter<IpAddr, TokenBucket>,
-    cache: Option<QueryCache>,
-    /// Where cached answers are rendered.
+    /// `None` when the cache is off (`cache_max_age` 0).
+    cache: Option<Cache>,
+    /// Where cached answers and refreshes are written.
     scratch: Vec<u8>,
+}
+
+/// The query cache and the socket its refreshes go out on and their answers come back on.
+#[derive(Debug)]
+struct Cache {
+    machine: QueryCache,
+    socket: UdpSocket,
+    recv_buf: Vec<u8>,
 }
 
 impl RelayLoop {
@@ -67,11 +79,11 @@ impl RelayLoop {
         let cache = if cfg.cache_max_age.is_zero() {
             None
         } else {
-            Some(QueryCache::new(
-                cfg.upstream,
-                cfg.cache_max_age,
-                cfg.session.max_packet,
-            )?)
+            Some(Cache {
+                machine: QueryCache::new(cfg.cache_max_age, Instant::now()),
+                socket: upstream_socket(cfg.upstream)?,
+                recv_buf: vec![0; cfg.session.max_packet.max(1)],
+            })
         };
         Ok(RelayLoop {
             batch: BatchRecv::new(&shared.public)?,
@@ -170,11 +182,26 @@ impl Handler {
                     return;
                 };
                 let challenge = challenge.map(|r| &data[r]);
-                match cache.query(q, challenge, src, now.into_std(), &mut self.scratch, m) {
+                match cache
+                    .machine
+                    .query(q, challenge, src, now, &mut self.scratch)
+                {
                     Outcome::Answer => {
                         m.cache_hits.inc();
                         send_now(&self.shared, &self.scratch, src);
                     }
+                    Outcome::Refresh => match cache.socket.try_send(&self.scratch) {
+                        Ok(n) => {
+                            m.cache_refreshes.inc();
+                            m.upstream_packets.inc();
+                            m.upstream_bytes.add(n as u64);
+                        }
+                        Err(e) => {
+                            trace!(error = %e, "cache refresh send");
+                            cache.machine.unsent(q);
+                            m.drop(Drop::CacheBusy);
+                        }
+                    },
                     Outcome::Waiting => {}
                     Outcome::Busy => m.drop(Drop::CacheBusy),
                 }
@@ -242,21 +269,42 @@ impl Handler {
         }
     }
 
-    /// Answers that arrived on the cache socket.
+    /// Answers that arrived on the cache socket (at most [`CACHE_READS`] per turn): a refresh's
+    /// answer goes to each of its waiters, with their own challenge.
     fn cache_answers(&mut self) {
         let Some(cache) = self.cache.as_mut() else {
             return;
         };
         let shared = &self.shared;
-        cache.on_readable(
-            Instant::now().into_std(),
-            &mut self.scratch,
-            &shared.metrics,
-            |pkt, to| {
-                shared.metrics.cache_hits.inc();
-                send_now(shared, pkt, to);
-            },
-        );
+        let m = &shared.metrics;
+        let now = Instant::now();
+        for _ in 0..CACHE_READS {
+            let n = match cache.socket.try_recv(&mut cache.recv_buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    trace!(error = %e, "cache receive");
+                    continue;
+                }
+            };
+            m.server_packets.inc();
+            m.server_bytes.add(n as u64);
+            let Some(mut waiters) = cache.machine.on_answer(&cache.recv_buf[..n], now) else {
+                continue;
+            };
+            m.cache_refresh_answers.inc();
+            debug!(
+                "cache: {} refreshed ({n} B)",
+                match waiters.query() {
+                    Query::Info => "infoResponse",
+                    Query::Status => "statusResponse",
+                }
+            );
+            while let Some(to) = waiters.next(&mut self.scratch) {
+                m.cache_hits.inc();
+                send_now(shared, &self.scratch, to);
+            }
+        }
     }
 
     fn tick(&mut self, now: Instant) {
@@ -265,10 +313,17 @@ impl Handler {
             .metrics
             .query_sources
             .set(self.limiter.len() as u64);
-        if let Some(cache) = self.cache.as_mut() {
-            let dropped = cache.expire(now.into_std());
+        if let Some(cache) = self.cache.as_mut()
+            && let Some(dropped) = cache.machine.expire(now)
+        {
             if dropped > 0 {
                 debug!("cache: the game server did not answer; {dropped} queries dropped");
+            }
+            // A socket connected before the route to the game server existed (a tunnel that
+            // came up later) keeps a source address the server cannot answer: open it again.
+            match upstream_socket(self.shared.config.upstream) {
+                Ok(s) => cache.socket = s,
+                Err(e) => debug!("cache: cannot reopen its socket: {e}"),
             }
         }
     }
@@ -293,9 +348,9 @@ fn send_now(shared: &Shared, pkt: &[u8], to: SocketAddr) {
 }
 
 /// Waits until the cache socket is readable; forever when there is no cache.
-async fn readable(cache: Option<&QueryCache>) -> io::Result<()> {
+async fn readable(cache: Option<&Cache>) -> io::Result<()> {
     match cache {
-        Some(c) => c.socket().readable().await,
+        Some(c) => c.socket.readable().await,
         None => std::future::pending().await,
     }
 }
