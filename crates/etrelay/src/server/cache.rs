@@ -30,13 +30,13 @@ use crate::et::classify::{MAX_CHALLENGE, Query};
 use crate::et::info::Template;
 
 /// Askers waiting for one refresh, per kind.
-pub const MAX_WAITERS: usize = 256;
+pub(super) const MAX_WAITERS: usize = 256;
 /// How long a refresh may take before its askers are given up.
-pub const REFRESH_TIMEOUT: Duration = Duration::from_secs(1);
+pub(super) const REFRESH_TIMEOUT: Duration = Duration::from_secs(1);
 /// Refreshes the relay may send at once…
-pub const REFRESH_BURST: u32 = 5;
+pub(super) const REFRESH_BURST: u32 = 5;
 /// …then one per this interval (both kinds together).
-pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+pub(super) const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
 /// Characters of a refresh's challenge.
 const NONCE_LEN: usize = 10;
 
@@ -62,7 +62,7 @@ struct Kind {
 
 /// What to do with a query.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
+pub(super) enum Outcome {
     /// Send the answer written in `out` to the asker now.
     Answer,
     /// Send the refresh written in `out` to the game server; the asker waits for its answer.
@@ -76,7 +76,7 @@ pub enum Outcome {
 
 /// The query cache of one server. No I/O: see the module docs.
 #[derive(Debug)]
-pub struct QueryCache {
+pub(super) struct QueryCache {
     max_age: Duration,
     kinds: [Kind; 2],
     budget: TokenBucket,
@@ -93,7 +93,7 @@ fn idx(q: Query) -> usize {
 
 impl QueryCache {
     /// A cache serving answers up to `max_age` old, with its full refresh budget at `now`.
-    pub fn new(max_age: Duration, now: Instant) -> Self {
+    pub(super) fn new(max_age: Duration, now: Instant) -> Self {
         QueryCache {
             max_age,
             kinds: [Kind::default(), Kind::default()].map(|mut k| {
@@ -107,7 +107,7 @@ impl QueryCache {
 
     /// Handles one query of `from` (its challenge, if it sent one) at `now`. On
     /// [`Outcome::Answer`] and [`Outcome::Refresh`] the packet to send is in `out`.
-    pub fn query(
+    pub(super) fn query(
         &mut self,
         q: Query,
         challenge: Option<&[u8]>,
@@ -158,7 +158,7 @@ impl QueryCache {
 
     /// The refresh of `q` that [`QueryCache::query`] asked for could not be sent: it is
     /// forgotten with its asker, and the next query may ask again.
-    pub fn unsent(&mut self, q: Query) {
+    pub(super) fn unsent(&mut self, q: Query) {
         let kind = &mut self.kinds[idx(q)];
         kind.pending = None;
         kind.waiters.clear();
@@ -167,7 +167,7 @@ impl QueryCache {
     /// Takes a datagram the game server sent to the cache's socket at `now`. When it is the
     /// answer a refresh waits for, it becomes the cached answer and its waiters are to be
     /// answered: [`Refreshed::next`] gives each one's packet. Anything else is ignored.
-    pub fn on_answer(&mut self, packet: &[u8], now: Instant) -> Option<Refreshed<'_>> {
+    pub(super) fn on_answer(&mut self, packet: &[u8], now: Instant) -> Option<Refreshed<'_>> {
         let (query, (template, echoed)) = [Query::Info, Query::Status]
             .into_iter()
             .find_map(|q| Template::parse(packet, q.answer_header()).map(|t| (q, t)))?;
@@ -186,7 +186,7 @@ impl QueryCache {
     /// cache's socket should then be opened again (one connected before the route to the game
     /// server existed, a tunnel that came up later, keeps a source address the server cannot
     /// answer).
-    pub fn expire(&mut self, now: Instant) -> Option<usize> {
+    pub(super) fn expire(&mut self, now: Instant) -> Option<usize> {
         let mut dropped = None;
         for kind in &mut self.kinds {
             if let Some((_, sent)) = kind.pending
@@ -203,20 +203,20 @@ impl QueryCache {
 
 /// The waiters of a refresh that was just answered, to be answered in turn.
 #[derive(Debug)]
-pub struct Refreshed<'a> {
+pub(super) struct Refreshed<'a> {
     kind: &'a mut Kind,
     query: Query,
 }
 
 impl Refreshed<'_> {
     /// Which query was refreshed.
-    pub fn query(&self) -> Query {
+    pub(super) fn query(&self) -> Query {
         self.query
     }
 
     /// Writes the next waiter's answer (with its own challenge) into `out` and returns where to
     /// send it; `None` once every waiter is answered.
-    pub fn next(&mut self, out: &mut Vec<u8>) -> Option<SocketAddr> {
+    pub(super) fn next(&mut self, out: &mut Vec<u8>) -> Option<SocketAddr> {
         let (template, _) = self.kind.answer.as_ref()?;
         let w = self.kind.waiters.pop_front()?;
         template.render(w.len.map(|l| &w.challenge[..usize::from(l)]), out);

@@ -15,8 +15,8 @@ use std::time::{Duration, SystemTime};
 
 use tracing::{debug, info, warn};
 
-use super::Shared;
 use super::metrics::ProbeState;
+use super::shared::Shared;
 use crate::et::classify::Query;
 use crate::probe;
 
@@ -96,7 +96,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
 
 fn record(shared: &Shared, state: ProbeState, answered: bool) {
     shared.metrics.probe_state.set(state as u64);
-    let mut p = shared.probe.lock().unwrap_or_else(|p| p.into_inner());
+    let mut p = shared.probe_status();
     let now = SystemTime::now();
     p.state = state;
     p.last_probe = Some(now);

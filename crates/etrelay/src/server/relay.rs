@@ -9,7 +9,6 @@
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use guard::limiter::{KeyedLimiter, Limits, TokenBucket};
@@ -17,8 +16,9 @@ use tokio::net::UdpSocket;
 use tracing::{debug, trace, warn};
 
 use super::cache::{Outcome, QueryCache};
+use super::forward;
 use super::metrics::Drop;
-use super::{Shared, session};
+use super::shared::Shared;
 use crate::clock::Instant;
 use crate::et::classify::{Packet, Query, Reject, classify};
 use crate::et::{self, command_word};
@@ -225,35 +225,26 @@ impl Handler {
     /// Queues a packet on the client's session, opening one if needed.
     fn enqueue(&mut self, src: SocketAddr, data: &[u8]) {
         let shared = &self.shared;
-        let cfg = &shared.config.session;
         let now_ms = shared.now_ms();
         let mut st = shared.lock();
         if let Some(s) = st.sessions.get(&src)
             && !s.is_closed()
         {
-            if s.push(data, cfg.queue, now_ms).is_err() {
+            if s.push(data, now_ms).is_err() {
                 shared.metrics.drop(Drop::QueueFull);
             }
             return;
         }
-        // A new session: first forget the ones that expired.
-        let timeout_ms = cfg.timeout.as_millis() as u64;
-        st.sessions.retain(|_, s| {
-            let expired = s.is_closed() || now_ms.saturating_sub(s.last_active_ms()) >= timeout_ms;
-            if expired {
-                s.cut();
-            }
-            !expired
-        });
+        // A new source: the session cap first, before any work. (Idle sessions end on their
+        // own deadline, in their task: nothing to sweep here.)
         let Some(permit) = shared.sessions_gate.try_acquire() else {
             shared.metrics.drop(Drop::SessionCap);
             debug!("{src}: no session (MAX_SESSIONS reached)");
             return;
         };
-        let id = shared.next_session.fetch_add(1, Ordering::Relaxed);
-        match session::open(shared, src, id, now_ms, permit) {
+        match forward::open(shared, src, now_ms, permit) {
             Ok(s) => {
-                if s.push(data, cfg.queue, now_ms).is_err() {
+                if s.push(data, now_ms).is_err() {
                     shared.metrics.drop(Drop::QueueFull);
                 }
                 st.sessions.insert(src, s);
