@@ -23,7 +23,7 @@
 mod cache;
 mod forward;
 mod heartbeat;
-
+mod heartbeat_task;
 mod metrics;
 mod relay;
 mod session;
@@ -86,7 +86,7 @@ impl ServerHandle {
         ));
         let relay_loop = relay::RelayLoop::new(Arc::clone(&shared))?;
         let relay = tokio::spawn(relay_loop.run());
-        let heartbeat = tokio::spawn(heartbeat::run(Arc::clone(&shared)));
+        let heartbeat = tokio::spawn(heartbeat_task::run(Arc::clone(&shared)));
         info!(
             "relaying {} on {public_addr} (masters: {})",
             shared.config.upstream,
