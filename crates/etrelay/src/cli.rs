@@ -4,7 +4,6 @@
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
@@ -13,6 +12,7 @@ use crate::config::{self, DEFAULT_MASTERS, Game, QueryLimits, ServerConfig, Sess
 use crate::daemon::DaemonConfig;
 use crate::proof::MIN_KEY;
 use crate::registry::RegistryConfig;
+use crate::secret::Secret;
 
 /// UDP relay for Wolfenstein: Enemy Territory (Quake 3 engine) servers behind NAT.
 ///
@@ -117,21 +117,21 @@ pub struct RunArgs {
 
     /// Master protocol: `et` heartbeats `EnemyTerritory-1` and flatlines `ETFlatline-1`;
     /// `q3` heartbeats `QuakeArena-1` (OpenArena and other Quake 3 engine servers), no flatline.
-    #[arg(long, value_enum, env = "ETRELAY_GAME", default_value = "et")]
+    #[arg(long, value_enum, env = "ETRELAY_GAME", default_value_t = config::GAME)]
     pub game: Game,
 
     /// Time between two heartbeats (humantime: `5m`, `30s`, `2s`).
-    #[arg(long, env = "ETRELAY_HEARTBEAT_INTERVAL", default_value = "5m", value_parser = humantime::parse_duration)]
-    pub heartbeat_interval: Duration,
+    #[arg(long, env = "ETRELAY_HEARTBEAT_INTERVAL", default_value_t = config::HEARTBEAT_INTERVAL.into())]
+    pub heartbeat_interval: humantime::Duration,
 
     /// Wait for each of the 3 probes (`getinfo` before heartbeats, `getstatus` for a
     /// registration's proof) before the game server counts as not answering.
-    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
-    pub probe_timeout: Duration,
+    #[arg(long, default_value_t = config::PROBE_TIMEOUT.into())]
+    pub probe_timeout: humantime::Duration,
 
     /// A session closes after this long without a packet either way.
-    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
-    pub session_timeout: Duration,
+    #[arg(long, default_value_t = config::SESSION_TIMEOUT.into())]
+    pub session_timeout: humantime::Duration,
 
     /// Packets a session holds for the game server; a full queue drops the packet.
     #[arg(long, default_value_t = config::SESSION_QUEUE, value_parser = clap::value_parser!(u32).range(1..=65_536).map(|v| v as usize))]
@@ -150,8 +150,8 @@ pub struct RunArgs {
     pub query_burst: u32,
 
     /// …then one per this interval.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub query_interval: Duration,
+    #[arg(long, default_value_t = config::QUERY_INTERVAL.into())]
+    pub query_interval: humantime::Duration,
 
     /// Source IPs the query limiter remembers at most. At the cap, sources whose bucket has
     /// refilled make room; if none has, new sources are refused until one does.
@@ -159,13 +159,13 @@ pub struct RunArgs {
     pub query_sources: usize,
 
     /// A source idle this long is forgotten.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
-    pub query_forget: Duration,
+    #[arg(long, default_value_t = config::QUERY_FORGET.into())]
+    pub query_forget: humantime::Duration,
 
     /// getinfo/getstatus are answered from the server's last answer while it is younger than
     /// this; `0s` disables the cache (queries then go to the server like any packet).
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
-    pub cache_max_age: Duration,
+    #[arg(long, default_value_t = config::CACHE_MAX_AGE.into())]
+    pub cache_max_age: humantime::Duration,
 
     /// Log every session and connectionless packet (overridden by `RUST_LOG`).
     #[arg(long)]
@@ -200,14 +200,14 @@ impl RunArgs {
                     control,
                     token,
                     max_sessions: self.max_sessions,
-                    proof_timeout: self.probe_timeout,
+                    proof_timeout: self.probe_timeout.into(),
                 }))
             }
             (None, None) => Err("give the game server to relay, or --ports for several".into()),
         }
     }
 
-    fn token(&self) -> Result<String, String> {
+    fn token(&self) -> Result<Secret, String> {
         let token = match &self.token_file {
             Some(path) => std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?
@@ -223,7 +223,7 @@ impl RunArgs {
                 "the relay token must have at least {MIN_KEY} characters"
             ));
         }
-        Ok(token)
+        Ok(Secret::new(token))
     }
 
     /// The settings of a server relaying `upstream`.
@@ -239,20 +239,20 @@ impl RunArgs {
             upstream,
             game: self.game,
             masters,
-            heartbeat_interval: self.heartbeat_interval,
-            probe_timeout: self.probe_timeout,
+            heartbeat_interval: self.heartbeat_interval.into(),
+            probe_timeout: self.probe_timeout.into(),
             session: SessionLimits {
-                timeout: self.session_timeout,
+                timeout: self.session_timeout.into(),
                 queue: self.session_queue,
                 max_packet: self.max_packet,
             },
             query: QueryLimits {
                 burst: self.query_burst,
-                interval: self.query_interval,
+                interval: self.query_interval.into(),
                 max_sources: self.query_sources,
-                forget: self.query_forget,
+                forget: self.query_forget.into(),
             },
-            cache_max_age: self.cache_max_age,
+            cache_max_age: self.cache_max_age.into(),
         })
     }
 }
@@ -266,8 +266,11 @@ fn resolve(s: &str) -> Result<SocketAddr, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::time::Duration;
+
     use clap::CommandFactory;
+
+    use super::*;
 
     #[test]
     fn cli_is_consistent() {

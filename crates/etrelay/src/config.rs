@@ -30,6 +30,8 @@ pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(300);
 pub const PROBE_ATTEMPTS: u32 = 3;
 /// …each waiting this long for the answer.
 pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// The master protocol spoken by default.
+pub const GAME: Game = Game::Et;
 /// The masters ET 2.60b and ET: Legacy clients browse.
 pub const DEFAULT_MASTERS: &str = "etmaster.idsoftware.com:27950,etmaster.net:27950";
 
@@ -131,7 +133,7 @@ impl ServerConfig {
     pub fn new(upstream: SocketAddr) -> Self {
         ServerConfig {
             upstream,
-            game: Game::Et,
+            game: GAME,
             masters: parse_masters(DEFAULT_MASTERS),
             heartbeat_interval: HEARTBEAT_INTERVAL,
             probe_timeout: PROBE_TIMEOUT,

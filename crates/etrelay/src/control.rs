@@ -28,6 +28,7 @@ use crate::bans::{self, Ban, BanError, BanRecord};
 use crate::clock::unix;
 use crate::proof::{self, MIN_KEY, ProofError};
 use crate::registry::{Registered, Registry, RegistryError};
+use crate::secret::Secret;
 use crate::server::{ProbeState, ServerMetrics};
 
 /// Largest request body accepted.
@@ -40,7 +41,7 @@ pub const BIND_RETRY: Duration = Duration::from_secs(10);
 pub struct ControlState {
     registry: Registry,
     /// SHA-256 of the relay token: compared in constant time whatever the candidate's length.
-    token_hash: [u8; 32],
+    token_hash: Secret<[u8; 32]>,
     /// Wait for each proof `getstatus`.
     proof_timeout: Duration,
 }
@@ -50,7 +51,7 @@ impl ControlState {
     pub fn new(registry: Registry, token: &str, proof_timeout: Duration) -> Self {
         ControlState {
             registry,
-            token_hash: Sha256::digest(token.as_bytes()).into(),
+            token_hash: Secret::new(Sha256::digest(token.as_bytes()).into()),
             proof_timeout,
         }
     }
@@ -201,7 +202,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 fn require_relay_token(st: &ControlState, headers: &HeaderMap) -> Result<(), ApiError> {
     let given = bearer(headers).ok_or_else(unauthorized)?;
     let h: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-    if bool::from(h.ct_eq(&st.token_hash)) {
+    if bool::from(h.ct_eq(st.token_hash.expose())) {
         Ok(())
     } else {
         Err(unauthorized())
@@ -272,7 +273,7 @@ pub async fn serve_on(listener: TcpListener, state: ControlState, cancel: Cancel
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PutServer {
-    key: String,
+    key: Secret,
     upstream: String,
     #[serde(default)]
     port: Option<u16>,
@@ -330,7 +331,8 @@ async fn put_server(
             "a body is required",
         )
     })?;
-    if body.key.chars().count() < MIN_KEY {
+    let key = body.key.expose();
+    if key.chars().count() < MIN_KEY {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "key_too_short",
@@ -354,7 +356,7 @@ async fn put_server(
     {
         return Err(RegistryError::PortNotAllowed(p).into());
     }
-    proof::check(upstream, &body.key, st.proof_timeout)
+    proof::check(upstream, key, st.proof_timeout)
         .await
         .map_err(|e| {
             let why = match e {
@@ -368,7 +370,7 @@ async fn put_server(
         })?;
     let (entry, created) = st
         .registry
-        .register(proof::key_hash(&body.key), upstream, body.port)
+        .register(proof::key_hash(key), upstream, body.port)
         .await?;
     let status = if created {
         StatusCode::CREATED

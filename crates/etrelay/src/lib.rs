@@ -24,4 +24,5 @@ pub mod net;
 pub mod probe;
 pub mod proof;
 pub mod registry;
+pub mod secret;
 pub mod server;

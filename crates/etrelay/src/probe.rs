@@ -10,7 +10,7 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::clock::Instant;
 use tracing::debug;
 
 use crate::config::PROBE_ATTEMPTS;

@@ -107,11 +107,6 @@ impl ServerHandle {
         self.shared.public_addr
     }
 
-    /// The server's configuration.
-    pub fn config(&self) -> &ServerConfig {
-        &self.shared.config
-    }
-
     /// The server's counters.
     pub fn metrics(&self) -> &ServerMetrics {
         &self.shared.metrics
