@@ -10,9 +10,9 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::clock::Instant;
 use tracing::debug;
 
+use crate::clock::Instant;
 use crate::config::PROBE_ATTEMPTS;
 use crate::et::classify::Query;
 use crate::et::info::{find_key, info_string};
