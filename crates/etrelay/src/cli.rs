@@ -4,6 +4,7 @@
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
@@ -121,17 +122,17 @@ pub struct RunArgs {
     pub game: Game,
 
     /// Time between two heartbeats (humantime: `5m`, `30s`, `2s`).
-    #[arg(long, env = "ETRELAY_HEARTBEAT_INTERVAL", default_value_t = config::HEARTBEAT_INTERVAL.into())]
-    pub heartbeat_interval: humantime::Duration,
+    #[arg(long, env = "ETRELAY_HEARTBEAT_INTERVAL", default_value = config::HEARTBEAT_INTERVAL_TEXT, value_parser = humantime::parse_duration)]
+    pub heartbeat_interval: Duration,
 
     /// Wait for each of the 3 probes (`getinfo` before heartbeats, `getstatus` for a
     /// registration's proof) before the game server counts as not answering.
-    #[arg(long, default_value_t = config::PROBE_TIMEOUT.into())]
-    pub probe_timeout: humantime::Duration,
+    #[arg(long, default_value = config::PROBE_TIMEOUT_TEXT, value_parser = humantime::parse_duration)]
+    pub probe_timeout: Duration,
 
     /// A session closes after this long without a packet either way.
-    #[arg(long, default_value_t = config::SESSION_TIMEOUT.into())]
-    pub session_timeout: humantime::Duration,
+    #[arg(long, default_value = config::SESSION_TIMEOUT_TEXT, value_parser = humantime::parse_duration)]
+    pub session_timeout: Duration,
 
     /// Packets a session holds for the game server; a full queue drops the packet.
     #[arg(long, default_value_t = config::SESSION_QUEUE, value_parser = clap::value_parser!(u32).range(1..=65_536).map(|v| v as usize))]
@@ -150,8 +151,8 @@ pub struct RunArgs {
     pub query_burst: u32,
 
     /// …then one per this interval.
-    #[arg(long, default_value_t = config::QUERY_INTERVAL.into())]
-    pub query_interval: humantime::Duration,
+    #[arg(long, default_value = config::QUERY_INTERVAL_TEXT, value_parser = humantime::parse_duration)]
+    pub query_interval: Duration,
 
     /// Source IPs the query limiter remembers at most. At the cap, sources whose bucket has
     /// refilled make room; if none has, new sources are refused until one does.
@@ -159,13 +160,13 @@ pub struct RunArgs {
     pub query_sources: usize,
 
     /// A source idle this long is forgotten.
-    #[arg(long, default_value_t = config::QUERY_FORGET.into())]
-    pub query_forget: humantime::Duration,
+    #[arg(long, default_value = config::QUERY_FORGET_TEXT, value_parser = humantime::parse_duration)]
+    pub query_forget: Duration,
 
     /// getinfo/getstatus are answered from the server's last answer while it is younger than
     /// this; `0s` disables the cache (queries then go to the server like any packet).
-    #[arg(long, default_value_t = config::CACHE_MAX_AGE.into())]
-    pub cache_max_age: humantime::Duration,
+    #[arg(long, default_value = config::CACHE_MAX_AGE_TEXT, value_parser = humantime::parse_duration)]
+    pub cache_max_age: Duration,
 
     /// Log every session and connectionless packet (overridden by `RUST_LOG`).
     #[arg(long)]
@@ -200,7 +201,7 @@ impl RunArgs {
                     control,
                     token,
                     max_sessions: self.max_sessions,
-                    proof_timeout: self.probe_timeout.into(),
+                    proof_timeout: self.probe_timeout,
                 }))
             }
             (None, None) => Err("give the game server to relay, or --ports for several".into()),
@@ -239,20 +240,20 @@ impl RunArgs {
             upstream,
             game: self.game,
             masters,
-            heartbeat_interval: self.heartbeat_interval.into(),
-            probe_timeout: self.probe_timeout.into(),
+            heartbeat_interval: self.heartbeat_interval,
+            probe_timeout: self.probe_timeout,
             session: SessionLimits {
-                timeout: self.session_timeout.into(),
+                timeout: self.session_timeout,
                 queue: self.session_queue,
                 max_packet: self.max_packet,
             },
             query: QueryLimits {
                 burst: self.query_burst,
-                interval: self.query_interval.into(),
+                interval: self.query_interval,
                 max_sources: self.query_sources,
-                forget: self.query_forget.into(),
+                forget: self.query_forget,
             },
-            cache_max_age: self.cache_max_age.into(),
+            cache_max_age: self.cache_max_age,
         })
     }
 }
@@ -266,8 +267,6 @@ fn resolve(s: &str) -> Result<SocketAddr, String> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use clap::CommandFactory;
 
     use super::*;
