@@ -8,7 +8,7 @@ use std::path::Path;
 
 use rand::RngCore as _;
 
-use super::AdminError;
+use super::error::AdminError;
 use crate::proof::MIN_KEY as MIN_KEY_LEN;
 pub(crate) use crate::proof::fingerprint;
 

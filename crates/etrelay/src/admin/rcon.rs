@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::net::UdpSocket;
 use tokio::time::Instant;
 
-use super::AdminError;
+use super::error::AdminError;
 use crate::secret::Secret;
 
 const OOB: &[u8] = b"\xff\xff\xff\xff";
