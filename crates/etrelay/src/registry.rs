@@ -456,42 +456,90 @@ async fn register(
 ) -> Result<(Registered, bool), RegistryError> {
     let map = inner.lock().clone();
     let existing = map.values().find(|r| r.upstream == upstream).cloned();
-    let target = match port {
-        Some(p) if !inner.config.ports.contains(&p) => {
-            return Err(RegistryError::PortNotAllowed(p));
+    let target = pick_port(inner, &map, existing.as_ref(), upstream, port)?;
+    let entry = Registered {
+        port: target,
+        upstream,
+        key_hash,
+        registered_at: SystemTime::now(),
+        handle: None,
+    };
+    match existing {
+        Some(e) if e.port == target => take_over(inner, map, e, entry).await,
+        Some(e) => {
+            let former = e.port;
+            let entry = start(inner, map, Some(e), entry).await?;
+            info!("server {upstream} moved from port {former} to {target} (new key)");
+            Ok((entry, false))
         }
-        Some(p) => {
-            if map.get(&p).is_some_and(|r| r.upstream != upstream) {
-                return Err(RegistryError::PortTaken(p));
-            }
-            p
+        None => {
+            let entry = start(inner, map, None, entry).await?;
+            info!("server {upstream} registered on port {target}");
+            Ok((entry, true))
         }
-        None => match &existing {
-            Some(e) => e.port,
-            None => *inner
+    }
+}
+
+/// The port a registration of `upstream` gets: the one asked for, else the one it has, else
+/// the first free one.
+fn pick_port(
+    inner: &Inner,
+    map: &BTreeMap<u16, Registered>,
+    existing: Option<&Registered>,
+    upstream: SocketAddr,
+    port: Option<u16>,
+) -> Result<u16, RegistryError> {
+    match port {
+        Some(p) if !inner.config.ports.contains(&p) => Err(RegistryError::PortNotAllowed(p)),
+        Some(p) if map.get(&p).is_some_and(|r| r.upstream != upstream) => {
+            Err(RegistryError::PortTaken(p))
+        }
+        Some(p) => Ok(p),
+        None => match existing {
+            Some(e) => Ok(e.port),
+            None => inner
                 .config
                 .ports
                 .iter()
                 .find(|p| !map.contains_key(p))
-                .ok_or(RegistryError::NoFreePort)?,
+                .copied()
+                .ok_or(RegistryError::NoFreePort),
         },
-    };
-    let now = SystemTime::now();
-    if let Some(e) = existing.as_ref().filter(|e| e.port == target) {
-        // Taken over on the same port: the relay goes on, with the new key.
-        let mut next = map.clone();
-        let entry = Registered {
-            key_hash,
-            registered_at: now,
-            ..e.clone()
-        };
-        next.insert(target, entry.clone());
-        save_servers(inner, &next).await?;
-        inner.lock().insert(target, entry.clone());
-        info!("server {upstream} on port {target} taken over by a new key");
-        return Ok((entry, false));
     }
-    // A new server, or one moving to another port: bind first, so a port in use changes nothing.
+}
+
+/// Taken over on the same port: the relay goes on, with the new key.
+async fn take_over(
+    inner: &Inner,
+    mut map: BTreeMap<u16, Registered>,
+    existing: Registered,
+    new: Registered,
+) -> Result<(Registered, bool), RegistryError> {
+    let entry = Registered {
+        key_hash: new.key_hash,
+        registered_at: new.registered_at,
+        ..existing
+    };
+    map.insert(entry.port, entry.clone());
+    save_servers(inner, &map).await?;
+    inner.lock().insert(entry.port, entry.clone());
+    info!(
+        "server {} on port {} taken over by a new key",
+        entry.upstream, entry.port
+    );
+    Ok((entry, false))
+}
+
+/// A new server, or one moving to another port (`existing`): binds its port first, so a port in
+/// use changes nothing; saves its bans, then `servers.json`; then starts relaying it and stops
+/// the former server.
+async fn start(
+    inner: &Inner,
+    mut map: BTreeMap<u16, Registered>,
+    existing: Option<Registered>,
+    mut entry: Registered,
+) -> Result<Registered, RegistryError> {
+    let (target, upstream) = (entry.port, entry.upstream);
     let public = UdpSocket::bind((inner.config.bind, target))
         .await
         .map_err(|source| RegistryError::Bind {
@@ -507,19 +555,11 @@ async fn register(
         None => Vec::new(),
     };
     save_bans(inner, target, bans.clone()).await?;
-    let mut next = map.clone();
     if let Some(e) = &existing {
-        next.remove(&e.port);
+        map.remove(&e.port);
     }
-    let mut entry = Registered {
-        port: target,
-        upstream,
-        key_hash,
-        registered_at: now,
-        handle: None,
-    };
-    next.insert(target, entry.clone());
-    save_servers(inner, &next).await?;
+    map.insert(target, entry.clone());
+    save_servers(inner, &map).await?;
     // Committed: start relaying.
     match inner.start_on(public, upstream, bans.into_iter()) {
         Ok(h) => entry.handle = Some(h),
@@ -539,15 +579,8 @@ async fn register(
         if e.port != target {
             remove_file(&inner.bans_path(e.port));
         }
-        info!(
-            "server {upstream} moved from port {} to {target} (new key)",
-            e.port
-        );
-        Ok((entry, false))
-    } else {
-        info!("server {upstream} registered on port {target}");
-        Ok((entry, true))
     }
+    Ok(entry)
 }
 
 async fn leave(inner: &Inner, port: u16) -> Result<(), RegistryError> {
