@@ -6,9 +6,13 @@
 //!   token, then clears the proof.
 //! - `status`, `sessions`, `bans`, `ban`, `unban`, `leave` then use the key alone.
 //!
-//! Layout: [`key`] (key file and fingerprint, the secrets read from files), [`rcon`] (rcon over
-//! UDP), `client` (the HTTP client), `api` (the answers shown), `table` (human output), `error`
-//! ([`AdminError`], what the user is told).
+//! Layout:
+//! - `key`: the key file and its fingerprint, and the other secrets read from files.
+//! - `rcon`: rcon to the game server over UDP.
+//! - `client`: the HTTP client of the control API.
+//! - `api`: the API's answers, as this tool shows them.
+//! - `table`: human output.
+//! - `error`: [`AdminError`], what the user is told.
 
 mod api;
 mod client;

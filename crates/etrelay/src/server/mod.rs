@@ -10,15 +10,15 @@
 //! game server → session task → public socket → client
 //! ```
 //!
-//! - [`shared`]: what the server's tasks share: settings, public socket, counters, the state
+//! - `shared`: what the server's tasks share: settings, public socket, counters, the state
 //!   lock over sessions and bans.
-//! - [`relay`]: the relay loop: the packet path above, and the query cache's socket.
-//! - [`session`]: one client's session: its queue, counters and last activity (no I/O).
-//! - [`forward`]: a session's task and upstream socket: queue → game server, answers → client.
-//! - [`cache`]: the query cache, a state machine without I/O driven by the relay loop.
-//! - [`heartbeat`]: probes, heartbeats and the flatline, a state machine without I/O.
-//! - [`heartbeat_task`]: the task that drives it: probes, master name lookups, sends.
-//! - [`metrics`]: the counters of the server.
+//! - `relay`: the relay loop: the packet path above, and the query cache's socket.
+//! - `session`: one client's session: its queue, counters and last activity (no I/O).
+//! - `forward`: a session's task and upstream socket: queue → game server, answers → client.
+//! - `cache`: the query cache, a state machine without I/O driven by the relay loop.
+//! - `heartbeat`: probes, heartbeats and the flatline, a state machine without I/O.
+//! - `heartbeat_task`: the task that drives it: probes, master name lookups, sends.
+//! - `metrics`: the counters of the server.
 
 mod cache;
 mod forward;

@@ -1,10 +1,14 @@
-//! The relay loop of one server: everything that arrives on the public socket.
+//! The relay loop of one server: everything that arrives on the public socket, and the query
+//! cache's socket.
 //!
-//! Each wake-up drains the socket in batches ([`BatchRecv`], one system call per batch) and
-//! runs every datagram through the same straight line: size, ban, [`classify`], query limiter,
-//! then the query cache or the client's session. Nothing in it waits: opening a session is a
-//! non-blocking bind and connect, a full queue drops the packet, and answers from the cache
-//! leave with a non-blocking send. The per-packet path does not allocate.
+//! Each wake-up drains the public socket in batches ([`BatchRecv`], one system call per batch)
+//! and runs every datagram through the same straight line: size, ban, [`classify`], query
+//! limiter, then the query cache or the client's session (for a new client, the session cap
+//! first). Nothing in it waits: opening a session is a non-blocking bind and connect, a full
+//! queue drops the packet, and cached answers and cache refreshes leave with a non-blocking
+//! send. The loop drives the cache's state machine ([`QueryCache`]): it sends the refreshes the
+//! cache asks for, hands what the game server sends back to it, and answers the waiters it
+//! names. The per-packet path does not allocate.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
