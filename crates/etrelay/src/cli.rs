@@ -13,6 +13,7 @@ use crate::config::{self, DEFAULT_MASTERS, Game, QueryLimits, ServerConfig, Sess
 use crate::daemon::DaemonConfig;
 use crate::proof::MIN_KEY;
 use crate::registry::RegistryConfig;
+use crate::secret::Secret;
 
 /// UDP relay for Wolfenstein: Enemy Territory (Quake 3 engine) servers behind NAT.
 ///
@@ -117,20 +118,20 @@ pub struct RunArgs {
 
     /// Master protocol: `et` heartbeats `EnemyTerritory-1` and flatlines `ETFlatline-1`;
     /// `q3` heartbeats `QuakeArena-1` (OpenArena and other Quake 3 engine servers), no flatline.
-    #[arg(long, value_enum, env = "ETRELAY_GAME", default_value = "et")]
+    #[arg(long, value_enum, env = "ETRELAY_GAME", default_value_t = config::GAME)]
     pub game: Game,
 
     /// Time between two heartbeats (humantime: `5m`, `30s`, `2s`).
-    #[arg(long, env = "ETRELAY_HEARTBEAT_INTERVAL", default_value = "5m", value_parser = humantime::parse_duration)]
+    #[arg(long, env = "ETRELAY_HEARTBEAT_INTERVAL", default_value = config::HEARTBEAT_INTERVAL_TEXT, value_parser = humantime::parse_duration)]
     pub heartbeat_interval: Duration,
 
     /// Wait for each of the 3 probes (`getinfo` before heartbeats, `getstatus` for a
     /// registration's proof) before the game server counts as not answering.
-    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = config::PROBE_TIMEOUT_TEXT, value_parser = humantime::parse_duration)]
     pub probe_timeout: Duration,
 
     /// A session closes after this long without a packet either way.
-    #[arg(long, default_value = "2m", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = config::SESSION_TIMEOUT_TEXT, value_parser = humantime::parse_duration)]
     pub session_timeout: Duration,
 
     /// Packets a session holds for the game server; a full queue drops the packet.
@@ -150,7 +151,7 @@ pub struct RunArgs {
     pub query_burst: u32,
 
     /// …then one per this interval.
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = config::QUERY_INTERVAL_TEXT, value_parser = humantime::parse_duration)]
     pub query_interval: Duration,
 
     /// Source IPs the query limiter remembers at most. At the cap, sources whose bucket has
@@ -159,12 +160,12 @@ pub struct RunArgs {
     pub query_sources: usize,
 
     /// A source idle this long is forgotten.
-    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = config::QUERY_FORGET_TEXT, value_parser = humantime::parse_duration)]
     pub query_forget: Duration,
 
     /// getinfo/getstatus are answered from the server's last answer while it is younger than
     /// this; `0s` disables the cache (queries then go to the server like any packet).
-    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    #[arg(long, default_value = config::CACHE_MAX_AGE_TEXT, value_parser = humantime::parse_duration)]
     pub cache_max_age: Duration,
 
     /// Log every session and connectionless packet (overridden by `RUST_LOG`).
@@ -207,7 +208,7 @@ impl RunArgs {
         }
     }
 
-    fn token(&self) -> Result<String, String> {
+    fn token(&self) -> Result<Secret, String> {
         let token = match &self.token_file {
             Some(path) => std::fs::read_to_string(path)
                 .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?
@@ -223,7 +224,7 @@ impl RunArgs {
                 "the relay token must have at least {MIN_KEY} characters"
             ));
         }
-        Ok(token)
+        Ok(Secret::new(token))
     }
 
     /// The settings of a server relaying `upstream`.
@@ -266,8 +267,9 @@ fn resolve(s: &str) -> Result<SocketAddr, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use clap::CommandFactory;
+
+    use super::*;
 
     #[test]
     fn cli_is_consistent() {

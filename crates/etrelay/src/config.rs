@@ -1,13 +1,17 @@
 //! What one relayed server needs to run, with the design's defaults.
 //!
 //! The command line ([`crate::cli`]) builds these; tests build them directly. Every duration is
-//! a [`Duration`] from here on.
+//! a [`Duration`] from here on. Each default is written once: a duration's default as the text
+//! the command line shows and parses (`SESSION_TIMEOUT_TEXT`), and its [`Duration`]
+//! (`SESSION_TIMEOUT`) read from that text at compile time.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 /// Idle time after which a session closes (no packet either way).
-pub const SESSION_TIMEOUT: Duration = Duration::from_secs(120);
+pub const SESSION_TIMEOUT: Duration = duration(SESSION_TIMEOUT_TEXT);
+/// [`SESSION_TIMEOUT`] as written.
+pub const SESSION_TIMEOUT_TEXT: &str = "2m";
 /// Packets a session holds for the game server before it drops more.
 pub const SESSION_QUEUE: usize = 64;
 /// Largest datagram relayed.
@@ -17,21 +21,55 @@ pub const MAX_SESSIONS: usize = 2048;
 /// `getstatus`/`getinfo` a source IP may send at once…
 pub const QUERY_BURST: u32 = 5;
 /// …then one per this interval.
-pub const QUERY_INTERVAL: Duration = Duration::from_secs(1);
+pub const QUERY_INTERVAL: Duration = duration(QUERY_INTERVAL_TEXT);
+/// [`QUERY_INTERVAL`] as written.
+pub const QUERY_INTERVAL_TEXT: &str = "1s";
 /// Source IPs the query limiter remembers at most.
 pub const MAX_QUERY_SOURCES: usize = 65_536;
 /// A source idle this long (and whose bucket refilled) is forgotten.
-pub const QUERY_FORGET: Duration = Duration::from_secs(60);
+pub const QUERY_FORGET: Duration = duration(QUERY_FORGET_TEXT);
+/// [`QUERY_FORGET`] as written.
+pub const QUERY_FORGET_TEXT: &str = "60s";
 /// Age of a cached `infoResponse`/`statusResponse` past which the relay asks the server again.
-pub const CACHE_MAX_AGE: Duration = Duration::from_secs(1);
+pub const CACHE_MAX_AGE: Duration = duration(CACHE_MAX_AGE_TEXT);
+/// [`CACHE_MAX_AGE`] as written.
+pub const CACHE_MAX_AGE_TEXT: &str = "1s";
 /// Time between two heartbeats.
-pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(300);
+pub const HEARTBEAT_INTERVAL: Duration = duration(HEARTBEAT_INTERVAL_TEXT);
+/// [`HEARTBEAT_INTERVAL`] as written.
+pub const HEARTBEAT_INTERVAL_TEXT: &str = "5m";
 /// Probes of the game server before it is declared down…
 pub const PROBE_ATTEMPTS: u32 = 3;
 /// …each waiting this long for the answer.
-pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+pub const PROBE_TIMEOUT: Duration = duration(PROBE_TIMEOUT_TEXT);
+/// [`PROBE_TIMEOUT`] as written.
+pub const PROBE_TIMEOUT_TEXT: &str = "3s";
+/// The master protocol spoken by default.
+pub const GAME: Game = Game::Et;
 /// The masters ET 2.60b and ET: Legacy clients browse.
 pub const DEFAULT_MASTERS: &str = "etmaster.idsoftware.com:27950,etmaster.net:27950";
+
+/// Reads a default duration at compile time: digits, then `ms`, `s` or `m` (a subset of what
+/// `humantime` reads, which the command line uses; a test checks both agree). Anything else
+/// stops the build.
+const fn duration(text: &str) -> Duration {
+    let b = text.as_bytes();
+    let mut i = 0;
+    let mut n: u64 = 0;
+    while i < b.len() && b[i].is_ascii_digit() {
+        n = n * 10 + (b[i] - b'0') as u64;
+        i += 1;
+    }
+    if i == 0 {
+        panic!("a default duration starts with digits");
+    }
+    match b.len() - i {
+        1 if b[i] == b's' => Duration::from_secs(n),
+        1 if b[i] == b'm' => Duration::from_secs(n * 60),
+        2 if b[i] == b'm' && b[i + 1] == b's' => Duration::from_millis(n),
+        _ => panic!("a default duration's unit is ms, s or m"),
+    }
+}
 
 /// Which game's master protocol the relay speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -131,7 +169,7 @@ impl ServerConfig {
     pub fn new(upstream: SocketAddr) -> Self {
         ServerConfig {
             upstream,
-            game: Game::Et,
+            game: GAME,
             masters: parse_masters(DEFAULT_MASTERS),
             heartbeat_interval: HEARTBEAT_INTERVAL,
             probe_timeout: PROBE_TIMEOUT,
@@ -167,6 +205,22 @@ pub fn check_master(m: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn default_durations_read_as_the_command_line_reads_them() {
+        for (text, d) in [
+            (SESSION_TIMEOUT_TEXT, SESSION_TIMEOUT),
+            (QUERY_INTERVAL_TEXT, QUERY_INTERVAL),
+            (QUERY_FORGET_TEXT, QUERY_FORGET),
+            (CACHE_MAX_AGE_TEXT, CACHE_MAX_AGE),
+            (HEARTBEAT_INTERVAL_TEXT, HEARTBEAT_INTERVAL),
+            (PROBE_TIMEOUT_TEXT, PROBE_TIMEOUT),
+        ] {
+            assert_eq!(humantime::parse_duration(text).unwrap(), d, "{text}");
+        }
+        assert_eq!(duration("250ms"), Duration::from_millis(250));
+        assert_eq!(HEARTBEAT_INTERVAL, Duration::from_secs(300));
+    }
 
     #[test]
     fn masters_list() {

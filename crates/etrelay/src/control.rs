@@ -24,23 +24,24 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::bans::{self, Ban, BanError, BanRecord};
+use crate::clock::unix;
 use crate::proof::{self, MIN_KEY, ProofError};
-use crate::registry::{Registered, Registry, RegistryError, unix};
-use crate::server::{Ban, ProbeState, ServerMetrics};
+use crate::registry::{Registered, Registry, RegistryError};
+use crate::secret::Secret;
+use crate::server::{ProbeState, ServerMetrics};
 
 /// Largest request body accepted.
 pub const MAX_BODY: usize = 64 * 1024;
 /// Time between two attempts to bind the control address.
 pub const BIND_RETRY: Duration = Duration::from_secs(10);
-/// Longest ban accepted (10 years).
-const MAX_BAN_SECS: u64 = 10 * 365 * 24 * 3600;
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
 pub struct ControlState {
     registry: Registry,
     /// SHA-256 of the relay token: compared in constant time whatever the candidate's length.
-    token_hash: [u8; 32],
+    token_hash: Secret<[u8; 32]>,
     /// Wait for each proof `getstatus`.
     proof_timeout: Duration,
 }
@@ -50,7 +51,7 @@ impl ControlState {
     pub fn new(registry: Registry, token: &str, proof_timeout: Duration) -> Self {
         ControlState {
             registry,
-            token_hash: Sha256::digest(token.as_bytes()).into(),
+            token_hash: Secret::new(Sha256::digest(token.as_bytes()).into()),
             proof_timeout,
         }
     }
@@ -201,7 +202,7 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 fn require_relay_token(st: &ControlState, headers: &HeaderMap) -> Result<(), ApiError> {
     let given = bearer(headers).ok_or_else(unauthorized)?;
     let h: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-    if bool::from(h.ct_eq(&st.token_hash)) {
+    if bool::from(h.ct_eq(st.token_hash.expose())) {
         Ok(())
     } else {
         Err(unauthorized())
@@ -272,7 +273,7 @@ pub async fn serve_on(listener: TcpListener, state: ControlState, cancel: Cancel
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PutServer {
-    key: String,
+    key: Secret,
     upstream: String,
     #[serde(default)]
     port: Option<u16>,
@@ -330,7 +331,8 @@ async fn put_server(
             "a body is required",
         )
     })?;
-    if body.key.chars().count() < MIN_KEY {
+    let key = body.key.expose();
+    if key.chars().count() < MIN_KEY {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "key_too_short",
@@ -354,7 +356,7 @@ async fn put_server(
     {
         return Err(RegistryError::PortNotAllowed(p).into());
     }
-    proof::check(upstream, &body.key, st.proof_timeout)
+    proof::check(upstream, key, st.proof_timeout)
         .await
         .map_err(|e| {
             let why = match e {
@@ -368,7 +370,7 @@ async fn put_server(
         })?;
     let (entry, created) = st
         .registry
-        .register(proof::key_hash(&body.key), upstream, body.port)
+        .register(proof::key_hash(key), upstream, body.port)
         .await?;
     let status = if created {
         StatusCode::CREATED
@@ -427,12 +429,17 @@ async fn get_sessions(
 }
 
 fn ban_json(b: &Ban) -> serde_json::Value {
-    json!({
-        "ip": b.ip.to_string(),
-        "reason": b.reason,
-        "since": unix(b.since),
-        "expires_at": b.expires.map(unix),
-    })
+    serde_json::to_value(BanRecord::from(b)).expect("invariant: a ban record always serializes")
+}
+
+impl From<BanError> for ApiError {
+    fn from(e: BanError) -> Self {
+        let code = match e {
+            BanError::ReasonTooLong => "invalid_body",
+            BanError::NoDuration | BanError::TooLong => "bad_duration",
+        };
+        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())
+    }
 }
 
 async fn get_bans(
@@ -472,37 +479,7 @@ async fn put_ban(
     let r = require_key(&st, &headers)?;
     let ip = parse_ip(&ip)?;
     let body = body.json::<PutBan>()?.unwrap_or_default();
-    if body.reason.len() > 1024 {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_body",
-            "reason is over 1024 bytes",
-        ));
-    }
-    let expires = match body.duration_secs {
-        None => None,
-        Some(0) => {
-            return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "bad_duration",
-                "duration_secs must be at least 1",
-            ));
-        }
-        Some(s) if s > MAX_BAN_SECS => {
-            return Err(ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "bad_duration",
-                format!("duration_secs is over {MAX_BAN_SECS}"),
-            ));
-        }
-        Some(s) => Some(SystemTime::now() + Duration::from_secs(s)),
-    };
-    let ban = Ban {
-        ip: normalize(ip),
-        reason: body.reason,
-        since: SystemTime::now(),
-        expires,
-    };
+    let ban = Ban::new(ip, body.reason, body.duration_secs, SystemTime::now())?;
     st.registry.ban(r.port, ban.clone()).await?;
     info!("port {}: {} banned", r.port, ban.ip);
     Ok(Json(ban_json(&ban)))
@@ -514,18 +491,10 @@ async fn delete_ban(
     Path(ip): Path<String>,
 ) -> Result<StatusCode, ApiError> {
     let r = require_key(&st, &headers)?;
-    let ip = normalize(parse_ip(&ip)?);
+    let ip = bans::normalize(parse_ip(&ip)?);
     st.registry.unban(r.port, ip).await?;
     info!("port {}: {ip} unbanned", r.port);
     Ok(StatusCode::NO_CONTENT)
-}
-
-/// An IPv4-mapped IPv6 address is the IPv4 address (that is how it arrives on the socket).
-fn normalize(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
 }
 
 async fn get_metrics(

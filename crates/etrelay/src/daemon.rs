@@ -13,6 +13,10 @@ use tracing::info;
 
 use crate::control::{self, ControlState};
 use crate::registry::{Registry, RegistryConfig};
+use crate::secret::Secret;
+
+/// Most ports in one range of `--ports`.
+pub const MAX_RANGE: usize = 4096;
 
 /// What the multi-server daemon needs.
 #[derive(Debug, Clone)]
@@ -21,8 +25,8 @@ pub struct DaemonConfig {
     pub registry: RegistryConfig,
     /// Where the control API listens.
     pub control: SocketAddr,
-    /// The relay token (at least 32 characters).
-    pub token: String,
+    /// The relay token (at least [`crate::proof::MIN_KEY`] characters).
+    pub token: Secret,
     /// Sessions open at once, all servers together.
     pub max_sessions: usize,
     /// Wait for each proof `getstatus`.
@@ -48,7 +52,11 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> Re
         config.registry.bind,
         config.registry.state_dir.display()
     );
-    let state = ControlState::new(registry.clone(), &config.token, config.proof_timeout);
+    let state = ControlState::new(
+        registry.clone(),
+        config.token.expose(),
+        config.proof_timeout,
+    );
     let api_cancel = root.child_token();
     let api = tokio::spawn(control::serve(config.control, state, api_cancel.clone()));
     shutdown.await;
@@ -99,8 +107,8 @@ pub fn parse_ports(s: &str) -> Result<Vec<u16>, String> {
         if a == 0 || b < a {
             return Err(format!("{part:?} is not a valid range"));
         }
-        if (b - a) as usize >= 4096 {
-            return Err(format!("{part:?}: at most 4096 ports"));
+        if usize::from(b - a) >= MAX_RANGE {
+            return Err(format!("{part:?}: at most {MAX_RANGE} ports"));
         }
         for p in a..=b {
             if out.contains(&p) {

@@ -1,11 +1,12 @@
-//! Batched datagram receive for the public socket.
+//! Sockets: batched datagram receive for the public socket, and the sockets connected to the
+//! game server (sessions, the query cache, probes, proofs).
 //!
 //! One `recvmmsg` (through `quinn-udp`, which also turns on UDP GRO where the kernel has it)
 //! takes up to [`BATCH`] datagrams per system call instead of one. Coalesced GRO buffers are
 //! split back into datagrams by their stride. The buffers are allocated once.
 
 use std::io::{self, IoSliceMut};
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use quinn_udp::{RecvMeta, UdpSocketState};
 use tokio::io::Interest;
@@ -74,4 +75,21 @@ impl BatchRecv {
                 data.chunks(stride).map(move |d| (meta.addr, d))
             })
     }
+}
+
+/// Opens a UDP socket connected to `upstream`, from an ephemeral port of the matching family.
+///
+/// Nothing here waits: a UDP bind and connect return at once.
+///
+/// # Errors
+/// The socket could not be created, bound or connected.
+pub fn upstream_socket(upstream: SocketAddr) -> io::Result<UdpSocket> {
+    let any: IpAddr = match upstream {
+        SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+        SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+    };
+    let socket = std::net::UdpSocket::bind((any, 0))?;
+    socket.connect(upstream)?;
+    socket.set_nonblocking(true)?;
+    UdpSocket::from_std(socket)
 }

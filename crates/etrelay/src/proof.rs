@@ -12,8 +12,9 @@ use std::time::Duration;
 use sha2::{Digest, Sha256};
 use tracing::debug;
 
-use crate::config::PROBE_ATTEMPTS;
-use crate::et::info::{STATUS_RESPONSE, Template, find_key};
+use crate::et::classify::Query;
+use crate::et::info::{STATUS_RESPONSE, find_key, info_string};
+use crate::probe;
 
 /// Shortest key (and relay token) accepted, in characters.
 pub const MIN_KEY: usize = 32;
@@ -33,23 +34,13 @@ pub fn key_hash(key: &str) -> KeyHash {
 /// The fingerprint the game server must show: lowercase hex of the first [`PROOF_BYTES`] bytes
 /// of SHA-256(key).
 pub fn fingerprint(key: &str) -> String {
-    hex(&key_hash(key)[..PROOF_BYTES])
-}
-
-/// Lowercase hex.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    hex::encode(&key_hash(key)[..PROOF_BYTES])
 }
 
 /// Parses lowercase or uppercase hex of exactly 32 bytes.
 pub fn parse_key_hash(s: &str) -> Option<KeyHash> {
-    if s.len() != 64 {
-        return None;
-    }
     let mut out = [0u8; 32];
-    for (i, o) in out.iter_mut().enumerate() {
-        *o = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
+    hex::decode_to_slice(s, &mut out).ok()?;
     Some(out)
 }
 
@@ -67,47 +58,26 @@ pub enum ProofError {
     Wrong,
 }
 
-/// Asks `upstream` for its serverinfo ([`PROBE_ATTEMPTS`] × `timeout`) and checks it shows the
-/// fingerprint of `key`.
+/// Asks `upstream` for its serverinfo (`getstatus pf…`, [`crate::config::PROBE_ATTEMPTS`] × `timeout`, through
+/// [`probe::ask`]) and checks it shows the fingerprint of `key`.
 ///
 /// # Errors
 /// [`ProofError`] as above.
 pub async fn check(upstream: SocketAddr, key: &str, timeout: Duration) -> Result<(), ProofError> {
-    let want = fingerprint(key);
-    let socket = crate::server::upstream_socket(upstream).map_err(|e| {
-        debug!("proof: cannot open a socket: {e}");
-        ProofError::NoAnswer
-    })?;
-    let mut buf = vec![0u8; 64 * 1024];
-    for attempt in 1..=PROBE_ATTEMPTS {
-        let nonce: u64 = rand::random();
-        let challenge = format!("pf{nonce:016x}");
-        let mut pkt = b"\xff\xff\xff\xffgetstatus ".to_vec();
-        pkt.extend_from_slice(challenge.as_bytes());
-        if socket.send(&pkt).await.is_err() {
-            continue;
+    let answer = match probe::ask(upstream, Query::Status, "pf", timeout).await {
+        Ok(Some(answer)) => answer,
+        Ok(None) => return Err(ProofError::NoAnswer),
+        Err(e) => {
+            debug!("proof: cannot open a socket: {e}");
+            return Err(ProofError::NoAnswer);
         }
-        let deadline = tokio::time::Instant::now() + timeout;
-        while let Ok(r) = tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
-            let Ok(n) = r else { break };
-            let Some((_, Some(echoed))) = Template::parse(&buf[..n], STATUS_RESPONSE) else {
-                continue;
-            };
-            if echoed != challenge.as_bytes() {
-                continue;
-            }
-            let info_start = 4 + STATUS_RESPONSE.len();
-            let body = &buf[info_start..n];
-            let info = &body[..body.iter().position(|&b| b == b'\n').unwrap_or(body.len())];
-            return match find_key(info, PROOF_CVAR.as_bytes()) {
-                None => Err(ProofError::Missing),
-                Some(r) if info[r.clone()].eq_ignore_ascii_case(want.as_bytes()) => Ok(()),
-                Some(_) => Err(ProofError::Wrong),
-            };
-        }
-        debug!("proof {attempt}/{PROBE_ATTEMPTS}: no answer from {upstream}");
+    };
+    let info = info_string(&answer, STATUS_RESPONSE).unwrap_or_default();
+    match find_key(info, PROOF_CVAR.as_bytes()) {
+        None => Err(ProofError::Missing),
+        Some(r) if info[r.clone()].eq_ignore_ascii_case(fingerprint(key).as_bytes()) => Ok(()),
+        Some(_) => Err(ProofError::Wrong),
     }
-    Err(ProofError::NoAnswer)
 }
 
 #[cfg(test)]
@@ -118,12 +88,12 @@ mod tests {
     fn fingerprint_is_the_first_16_bytes_of_sha256_in_hex() {
         // printf '%s' 'abc' | sha256sum
         assert_eq!(
-            hex(&key_hash("abc")),
+            hex::encode(key_hash("abc")),
             "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
         assert_eq!(fingerprint("abc"), "ba7816bf8f01cfea414140de5dae2223");
         let h = key_hash("some key");
-        assert_eq!(parse_key_hash(&hex(&h)), Some(h));
+        assert_eq!(parse_key_hash(&hex::encode(h)), Some(h));
         assert_eq!(parse_key_hash("zz"), None);
         assert_eq!(parse_key_hash(&"g".repeat(64)), None);
     }

@@ -15,7 +15,7 @@ use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use guard::admission::Gate;
 use guard::statefile::{self, StateFileError};
@@ -26,9 +26,11 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+use crate::bans::{self, Ban};
+use crate::clock::{from_unix, unix};
 use crate::config::ServerConfig;
-use crate::proof::{KeyHash, hex, key_hash, parse_key_hash};
-use crate::server::{Ban, ServerHandle};
+use crate::proof::{KeyHash, key_hash, parse_key_hash};
+use crate::server::ServerHandle;
 
 /// What every registered server shares.
 #[derive(Debug, Clone)]
@@ -113,52 +115,6 @@ struct ServerRecord {
     registered_at: u64,
 }
 
-#[derive(Debug, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BansFile {
-    bans: Vec<BanRecord>,
-}
-
-#[derive(Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BanRecord {
-    ip: IpAddr,
-    reason: String,
-    since: u64,
-    expires_at: Option<u64>,
-}
-
-/// Unix seconds of a time (0 before the epoch).
-pub fn unix(t: SystemTime) -> u64 {
-    t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
-fn from_unix(s: u64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_secs(s)
-}
-
-impl From<&Ban> for BanRecord {
-    fn from(b: &Ban) -> Self {
-        BanRecord {
-            ip: b.ip,
-            reason: b.reason.clone(),
-            since: unix(b.since),
-            expires_at: b.expires.map(unix),
-        }
-    }
-}
-
-impl From<BanRecord> for Ban {
-    fn from(r: BanRecord) -> Self {
-        Ban {
-            ip: r.ip,
-            reason: r.reason,
-            since: from_unix(r.since),
-            expires: r.expires_at.map(from_unix),
-        }
-    }
-}
-
 /// A change, for the writer task.
 #[derive(Debug)]
 enum Op {
@@ -241,10 +197,9 @@ impl Registry {
                 );
                 continue;
             };
-            let bans: BansFile =
-                statefile::load_json(&inner.bans_path(rec.port))?.unwrap_or_default();
+            let bans = bans::load(&inner.bans_path(rec.port))?;
             let handle = match inner
-                .start_server(rec.port, rec.upstream, bans.bans.into_iter().map(Ban::from))
+                .start_server(rec.port, rec.upstream, bans.into_iter())
                 .await
             {
                 Ok(h) => Some(h),
@@ -371,7 +326,7 @@ impl Inner {
     }
 
     fn bans_path(&self, port: u16) -> PathBuf {
-        self.config.state_dir.join(format!("bans-{port}.json"))
+        bans::path(&self.config.state_dir, port)
     }
 
     /// Binds the public port and starts relaying `upstream` there with `bans`.
@@ -415,7 +370,7 @@ impl Inner {
                 .map(|r| ServerRecord {
                     port: r.port,
                     upstream: r.upstream,
-                    key_sha256: hex(&r.key_hash),
+                    key_sha256: hex::encode(r.key_hash),
                     registered_at: unix(r.registered_at),
                 })
                 .collect(),
@@ -423,17 +378,29 @@ impl Inner {
     }
 }
 
-/// Writes a state file off the reactor.
-async fn save<T: Serialize + Send + 'static>(path: PathBuf, value: T) -> Result<(), RegistryError> {
-    tokio::task::spawn_blocking(move || statefile::save_json(&path, &value))
-        .await
-        .map_err(|e| {
-            RegistryError::State(StateFileError::Io {
-                path: PathBuf::new(),
-                source: io::Error::other(e.to_string()),
-            })
-        })??;
+/// Writes a state file off the reactor (`write` runs on tokio's blocking pool).
+async fn save(
+    write: impl FnOnce() -> Result<(), StateFileError> + Send + 'static,
+) -> Result<(), RegistryError> {
+    tokio::task::spawn_blocking(write).await.map_err(|e| {
+        RegistryError::State(StateFileError::Io {
+            path: PathBuf::new(),
+            source: io::Error::other(e.to_string()),
+        })
+    })??;
     Ok(())
+}
+
+/// Writes `servers.json` off the reactor.
+async fn save_servers(inner: &Inner, map: &BTreeMap<u16, Registered>) -> Result<(), RegistryError> {
+    let (path, file) = (inner.servers_path(), Inner::servers_file(map));
+    save(move || statefile::save_json(&path, &file)).await
+}
+
+/// Writes `bans-<port>.json` off the reactor.
+async fn save_bans(inner: &Inner, port: u16, list: Vec<Ban>) -> Result<(), RegistryError> {
+    let path = inner.bans_path(port);
+    save(move || bans::save(&path, &list)).await
 }
 
 fn remove_file(path: &Path) {
@@ -489,42 +456,90 @@ async fn register(
 ) -> Result<(Registered, bool), RegistryError> {
     let map = inner.lock().clone();
     let existing = map.values().find(|r| r.upstream == upstream).cloned();
-    let target = match port {
-        Some(p) if !inner.config.ports.contains(&p) => {
-            return Err(RegistryError::PortNotAllowed(p));
+    let target = pick_port(inner, &map, existing.as_ref(), upstream, port)?;
+    let entry = Registered {
+        port: target,
+        upstream,
+        key_hash,
+        registered_at: SystemTime::now(),
+        handle: None,
+    };
+    match existing {
+        Some(e) if e.port == target => take_over(inner, map, e, entry).await,
+        Some(e) => {
+            let former = e.port;
+            let entry = start(inner, map, Some(e), entry).await?;
+            info!("server {upstream} moved from port {former} to {target} (new key)");
+            Ok((entry, false))
         }
-        Some(p) => {
-            if map.get(&p).is_some_and(|r| r.upstream != upstream) {
-                return Err(RegistryError::PortTaken(p));
-            }
-            p
+        None => {
+            let entry = start(inner, map, None, entry).await?;
+            info!("server {upstream} registered on port {target}");
+            Ok((entry, true))
         }
-        None => match &existing {
-            Some(e) => e.port,
-            None => *inner
+    }
+}
+
+/// The port a registration of `upstream` gets: the one asked for, else the one it has, else
+/// the first free one.
+fn pick_port(
+    inner: &Inner,
+    map: &BTreeMap<u16, Registered>,
+    existing: Option<&Registered>,
+    upstream: SocketAddr,
+    port: Option<u16>,
+) -> Result<u16, RegistryError> {
+    match port {
+        Some(p) if !inner.config.ports.contains(&p) => Err(RegistryError::PortNotAllowed(p)),
+        Some(p) if map.get(&p).is_some_and(|r| r.upstream != upstream) => {
+            Err(RegistryError::PortTaken(p))
+        }
+        Some(p) => Ok(p),
+        None => match existing {
+            Some(e) => Ok(e.port),
+            None => inner
                 .config
                 .ports
                 .iter()
                 .find(|p| !map.contains_key(p))
-                .ok_or(RegistryError::NoFreePort)?,
+                .copied()
+                .ok_or(RegistryError::NoFreePort),
         },
-    };
-    let now = SystemTime::now();
-    if let Some(e) = existing.as_ref().filter(|e| e.port == target) {
-        // Taken over on the same port: the relay goes on, with the new key.
-        let mut next = map.clone();
-        let entry = Registered {
-            key_hash,
-            registered_at: now,
-            ..e.clone()
-        };
-        next.insert(target, entry.clone());
-        save(inner.servers_path(), Inner::servers_file(&next)).await?;
-        inner.lock().insert(target, entry.clone());
-        info!("server {upstream} on port {target} taken over by a new key");
-        return Ok((entry, false));
     }
-    // A new server, or one moving to another port: bind first, so a port in use changes nothing.
+}
+
+/// Taken over on the same port: the relay goes on, with the new key.
+async fn take_over(
+    inner: &Inner,
+    mut map: BTreeMap<u16, Registered>,
+    existing: Registered,
+    new: Registered,
+) -> Result<(Registered, bool), RegistryError> {
+    let entry = Registered {
+        key_hash: new.key_hash,
+        registered_at: new.registered_at,
+        ..existing
+    };
+    map.insert(entry.port, entry.clone());
+    save_servers(inner, &map).await?;
+    inner.lock().insert(entry.port, entry.clone());
+    info!(
+        "server {} on port {} taken over by a new key",
+        entry.upstream, entry.port
+    );
+    Ok((entry, false))
+}
+
+/// A new server, or one moving to another port (`existing`): binds its port first, so a port in
+/// use changes nothing; saves its bans, then `servers.json`; then starts relaying it and stops
+/// the former server.
+async fn start(
+    inner: &Inner,
+    mut map: BTreeMap<u16, Registered>,
+    existing: Option<Registered>,
+    mut entry: Registered,
+) -> Result<Registered, RegistryError> {
+    let (target, upstream) = (entry.port, entry.upstream);
     let public = UdpSocket::bind((inner.config.bind, target))
         .await
         .map_err(|source| RegistryError::Bind {
@@ -536,28 +551,15 @@ async fn register(
         Some(Registered {
             handle: Some(h), ..
         }) => h.bans(),
-        Some(e) => statefile::load_json::<BansFile>(&inner.bans_path(e.port))?
-            .map(|f| f.bans.into_iter().map(Ban::from).collect())
-            .unwrap_or_default(),
+        Some(e) => bans::load(&inner.bans_path(e.port))?,
         None => Vec::new(),
     };
-    let bans_file = BansFile {
-        bans: bans.iter().map(BanRecord::from).collect(),
-    };
-    save(inner.bans_path(target), bans_file).await?;
-    let mut next = map.clone();
+    save_bans(inner, target, bans.clone()).await?;
     if let Some(e) = &existing {
-        next.remove(&e.port);
+        map.remove(&e.port);
     }
-    let mut entry = Registered {
-        port: target,
-        upstream,
-        key_hash,
-        registered_at: now,
-        handle: None,
-    };
-    next.insert(target, entry.clone());
-    save(inner.servers_path(), Inner::servers_file(&next)).await?;
+    map.insert(target, entry.clone());
+    save_servers(inner, &map).await?;
     // Committed: start relaying.
     match inner.start_on(public, upstream, bans.into_iter()) {
         Ok(h) => entry.handle = Some(h),
@@ -577,21 +579,14 @@ async fn register(
         if e.port != target {
             remove_file(&inner.bans_path(e.port));
         }
-        info!(
-            "server {upstream} moved from port {} to {target} (new key)",
-            e.port
-        );
-        Ok((entry, false))
-    } else {
-        info!("server {upstream} registered on port {target}");
-        Ok((entry, true))
     }
+    Ok(entry)
 }
 
 async fn leave(inner: &Inner, port: u16) -> Result<(), RegistryError> {
     let mut next = inner.lock().clone();
     let gone = next.remove(&port).ok_or(RegistryError::NoServer)?;
-    save(inner.servers_path(), Inner::servers_file(&next)).await?;
+    save_servers(inner, &next).await?;
     inner.lock().remove(&port);
     if let Some(h) = &gone.handle {
         h.stop().await;
@@ -609,37 +604,15 @@ fn handle_of(inner: &Inner, port: u16) -> Result<Arc<ServerHandle>, RegistryErro
 
 async fn ban_op(inner: &Inner, port: u16, ban: Ban) -> Result<(), RegistryError> {
     let handle = handle_of(inner, port)?;
-    let mut bans: Vec<Ban> = handle
-        .bans()
-        .into_iter()
-        .filter(|b| b.ip != ban.ip)
-        .collect();
-    if bans.len() >= crate::server::MAX_BANS {
-        return Err(RegistryError::BansFull);
-    }
-    bans.push(ban.clone());
-    save(
-        inner.bans_path(port),
-        BansFile {
-            bans: bans.iter().map(BanRecord::from).collect(),
-        },
-    )
-    .await?;
+    let list = bans::with(handle.bans(), ban.clone()).map_err(|_| RegistryError::BansFull)?;
+    save_bans(inner, port, list).await?;
     handle.ban(ban).map_err(|_| RegistryError::BansFull)
 }
 
 async fn unban_op(inner: &Inner, port: u16, ip: IpAddr) -> Result<(), RegistryError> {
     let handle = handle_of(inner, port)?;
-    let bans = handle.bans();
-    if !bans.iter().any(|b| b.ip == ip) {
-        return Err(RegistryError::NotBanned);
-    }
-    let rest: Vec<BanRecord> = bans
-        .iter()
-        .filter(|b| b.ip != ip)
-        .map(BanRecord::from)
-        .collect();
-    save(inner.bans_path(port), BansFile { bans: rest }).await?;
+    let rest = bans::without(&handle.bans(), ip).ok_or(RegistryError::NotBanned)?;
+    save_bans(inner, port, rest).await?;
     handle.unban(ip);
     Ok(())
 }

@@ -399,17 +399,18 @@ async fn the_control_address_is_bound_again_until_it_works() {
     let squatter = std::net::TcpListener::bind((ip, 0)).unwrap();
     let addr = squatter.local_addr().unwrap();
     let state = dir.path().join("state");
-    let spawn = tokio::spawn({
-        let state = state.clone();
-        async move { Daemon::spawn(ip, &state, &ports(1), &addr.to_string(), &[]).await }
-    });
+    let launch = Daemon::launch(ip, &state, &ports(1), &addr.to_string(), &[]);
     // The daemon keeps relaying meanwhile; once the address is free, the API comes up (the
     // retry period is 10 s).
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_for_line(
+        &launch.log,
+        |l| l.contains("cannot bind").then_some(()),
+        10 * S,
+        "the first bind failure",
+    )
+    .await;
     drop(squatter);
-    let d = within(20 * S, "control API after retry", spawn)
-        .await
-        .unwrap();
+    let d = launch.ready(20 * S).await;
     assert_eq!(d.control, addr);
     assert!(d.logged("cannot bind"), "{}", d.log_text());
     d.stop().await;
@@ -526,9 +527,12 @@ async fn kill_9_in_the_middle_of_writes_leaves_a_whole_state() {
     let key = new_key();
     let et = proven_server(&key);
     assert_eq!(d.register(&key, et.addr(), None).await.0, 201);
-    // Bans one after another, and a kill -9 somewhere in the middle of them.
+    // Bans one after another, and a kill -9 somewhere in the middle of them (once some are
+    // done).
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicU32::new(0));
     let writer = {
         let (http, url, key) = (d.http.clone(), d.url(""), key.clone());
+        let answered = std::sync::Arc::clone(&answered);
         tokio::spawn(async move {
             let mut done = 0u32;
             for i in 0..400u32 {
@@ -543,11 +547,18 @@ async fn kill_9_in_the_middle_of_writes_leaves_a_whole_state() {
                     break;
                 }
                 done += 1;
+                answered.store(done, std::sync::atomic::Ordering::Relaxed);
             }
             done
         })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        eventually(30 * S, || answered
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 20)
+        .await,
+        "the bans are being written"
+    );
     d.kill9().await;
     let done = writer.await.unwrap();
     assert!(

@@ -1,16 +1,25 @@
 //! Heartbeats: masters of both kinds list the relay's public address, never the server's;
-//! flatlines when the server stops answering and when the relay stops.
+//! flatlines when the server stops answering and when the relay stops. On a paused clock:
+//! rounds, probe timeouts and waits take no wall time.
 
 mod common;
 
 use std::time::Duration;
 
 use common::*;
-use etrelay::config::Game;
+use etrelay::config::{Game, PROBE_ATTEMPTS};
 use etrelay::server::ProbeState;
 use etrelay_testkit::{FakeEtConfig, FakeEtServer, FakeMaster, MasterStyle, unique_ip};
 
 const S: Duration = Duration::from_secs(1);
+
+/// The heartbeat task's probes (`getinfo hb…`) the server received so far, answered or not.
+fn probes(et: &FakeEtServer) -> usize {
+    et.received()
+        .iter()
+        .filter(|r| r.packet.starts_with(b"\xff\xff\xff\xffgetinfo hb"))
+        .count()
+}
 
 async fn listed_through_relay(style: MasterStyle) {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
@@ -39,17 +48,17 @@ async fn listed_through_relay(style: MasterStyle) {
     assert_eq!(flat, vec![relay.addr]);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn classic_master_lists_the_relay() {
     listed_through_relay(MasterStyle::Classic).await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn etmaster_lists_the_relay() {
     listed_through_relay(MasterStyle::EtMaster).await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn flatline_when_the_server_stops_answering() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     let master = FakeMaster::start(unique_ip(), MasterStyle::Classic).unwrap();
@@ -76,8 +85,12 @@ async fn flatline_when_the_server_stops_answering() {
         .iter()
         .filter(|(_, t)| t == "EnemyTerritory-1")
         .count();
-    // No heartbeat while down, and only one flatline for the whole outage.
-    tokio::time::sleep(Duration::from_millis(800)).await;
+    // No heartbeat while down, and only one flatline for the whole outage: three more down
+    // rounds end (each one PROBE_ATTEMPTS unanswered probes; the first probe of the round
+    // after them shows the third one is over).
+    let three_rounds = probes(&et) + 3 * PROBE_ATTEMPTS as usize + 1;
+    assert!(eventually(30 * S, || probes(&et) >= three_rounds).await);
+    assert_eq!(relay.handle.probe().state, ProbeState::Down);
     let hb = master.heartbeats();
     assert_eq!(
         hb.iter().filter(|(_, t)| t == "EnemyTerritory-1").count(),
@@ -97,7 +110,7 @@ async fn flatline_when_the_server_stops_answering() {
     relay.handle.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn q3_heartbeats_and_no_flatline() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     let master = FakeMaster::start(unique_ip(), MasterStyle::Classic).unwrap();
@@ -119,7 +132,7 @@ async fn q3_heartbeats_and_no_flatline() {
     assert!(master.heartbeats().iter().all(|(_, t)| t == "QuakeArena-1"));
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_master_that_cannot_be_reached_is_skipped() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     let master = FakeMaster::start(unique_ip(), MasterStyle::Classic).unwrap();
@@ -133,7 +146,7 @@ async fn a_master_that_cannot_be_reached_is_skipped() {
     relay.handle.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn no_heartbeat_while_the_server_is_down() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     et.set_answering(false);

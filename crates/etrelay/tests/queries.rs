@@ -28,7 +28,7 @@ async fn burst(c: &tokio::net::UdpSocket, to: std::net::SocketAddr, n: usize) ->
     answered
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn per_ip_burst_then_rate() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     let mut cfg = config(et.addr());
@@ -55,7 +55,7 @@ async fn per_ip_burst_then_rate() {
     relay.handle.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_flood_of_sources_keeps_memory_bounded_and_state_that_protects() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     let mut cfg = config(et.addr());
@@ -111,7 +111,7 @@ async fn a_flood_of_sources_keeps_memory_bounded_and_state_that_protects() {
     relay.handle.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn each_asker_gets_its_own_challenge() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     let relay = start(config(et.addr())).await;
@@ -141,7 +141,7 @@ async fn each_asker_gets_its_own_challenge() {
     relay.handle.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn many_askers_cost_the_server_one_query_per_kind() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     let mut cfg = config(et.addr());
@@ -183,7 +183,7 @@ async fn futures_join(n: usize) -> Vec<tokio::net::UdpSocket> {
     v
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_silent_server_leaves_askers_unanswered() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     et.set_answering(false);
@@ -211,7 +211,7 @@ async fn a_silent_server_leaves_askers_unanswered() {
     relay.handle.stop().await;
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn without_the_cache_queries_go_through_sessions() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     let mut cfg = config(et.addr());

@@ -6,7 +6,6 @@
 //! # Layout
 //! - [`limiter`]: a keyed store of rate-limit state with a hard key cap, idle eviction and a
 //!   stated policy at the cap; [`limiter::TokenBucket`] is one rule for it.
-//! - [`expiring`]: a table of entries with deadlines (bans, quarantines).
 //! - [`window`]: a fixed window counter (events per window of a given length).
 //! - [`admission`]: a non-blocking counting gate whose permits release themselves on drop.
 //! - [`statefile`]: JSON state files written atomically (temp file, fsync, rename, fsync dir),
@@ -18,7 +17,6 @@
 
 pub mod admission;
 pub mod counters;
-pub mod expiring;
 mod fixedmap;
 pub mod limiter;
 pub mod statefile;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use reqwest::{Method, StatusCode};
 use serde_json::Value;
 
-use super::AdminError;
+use super::error::AdminError;
 use super::table::clean;
 
 /// Every request gives up after this long. Registration waits for the relay's proof check

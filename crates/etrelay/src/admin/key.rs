@@ -8,9 +8,9 @@ use std::path::Path;
 
 use rand::RngCore as _;
 
-use super::AdminError;
+use super::error::AdminError;
+use crate::proof::MIN_KEY as MIN_KEY_LEN;
 pub(crate) use crate::proof::fingerprint;
-use crate::proof::{MIN_KEY as MIN_KEY_LEN, hex};
 
 /// Random bytes of a new key (written as twice as many hex characters).
 const KEY_BYTES: usize = 32;
@@ -111,7 +111,7 @@ fn check_key(path: &Path, text: &str) -> Result<String, AdminError> {
 fn new_key() -> String {
     let mut bytes = [0u8; KEY_BYTES];
     rand::rng().fill_bytes(&mut bytes);
-    hex(&bytes)
+    hex::encode(bytes)
 }
 
 fn write_new(path: &Path, key: &str) -> io::Result<()> {

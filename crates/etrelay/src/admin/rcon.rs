@@ -13,7 +13,8 @@ use std::time::Duration;
 use tokio::net::UdpSocket;
 use tokio::time::Instant;
 
-use super::AdminError;
+use super::error::AdminError;
+use crate::secret::Secret;
 
 const OOB: &[u8] = b"\xff\xff\xff\xff";
 const PRINT: &[u8] = b"print\n";
@@ -44,7 +45,7 @@ impl Default for Timing {
 pub(crate) struct Rcon {
     socket: UdpSocket,
     addr: SocketAddr,
-    password: String,
+    password: Secret,
     timing: Timing,
     last_sent: Option<Instant>,
 }
@@ -68,7 +69,7 @@ impl Rcon {
         Ok(Self {
             socket,
             addr,
-            password,
+            password: Secret::new(password),
             timing,
             last_sent: None,
         })
@@ -76,7 +77,7 @@ impl Rcon {
 
     /// Runs `command` on the game server and returns the text of its first `print` answer.
     pub(crate) async fn run(&mut self, command: &str) -> Result<String, AdminError> {
-        let packet = packet(&self.password, command);
+        let packet = packet(self.password.expose(), command);
         self.drain();
         let mut refused = false;
         let mut buf = vec![0u8; 65_536];

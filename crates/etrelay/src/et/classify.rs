@@ -9,6 +9,7 @@
 
 use std::ops::Range;
 
+use super::info::{INFO_RESPONSE, STATUS_RESPONSE};
 use super::is_oob;
 use super::tokenizer::{ENGINES, Engine, first_tokens, line, token_eq};
 
@@ -23,6 +24,25 @@ pub enum Query {
     Info,
     /// `getstatus [challenge]` → `statusResponse`.
     Status,
+}
+
+impl Query {
+    /// The query as the relay sends it, marker and trailing space included: the challenge
+    /// follows.
+    pub fn request(self) -> &'static [u8] {
+        match self {
+            Query::Info => b"\xff\xff\xff\xffgetinfo ",
+            Query::Status => b"\xff\xff\xff\xffgetstatus ",
+        }
+    }
+
+    /// The header of its answer, after the marker.
+    pub fn answer_header(self) -> &'static [u8] {
+        match self {
+            Query::Info => INFO_RESPONSE,
+            Query::Status => STATUS_RESPONSE,
+        }
+    }
 }
 
 /// Other connectionless commands that pass to the server untouched.

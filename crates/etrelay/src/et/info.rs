@@ -21,6 +21,15 @@ pub struct Template {
     insert_at: usize,
 }
 
+/// The info string of a server answer (whole datagram, marker included) whose header is
+/// `header`: the bytes after the header up to the first newline. `None` when the packet is not
+/// such an answer.
+pub fn info_string<'a>(packet: &'a [u8], header: &[u8]) -> Option<&'a [u8]> {
+    let body = packet.strip_prefix(&super::OOB[..])?.strip_prefix(header)?;
+    let end = body.iter().position(|&b| b == b'\n').unwrap_or(body.len());
+    Some(&body[..end])
+}
+
 /// The value of `key` (ASCII case-insensitive, as `Info_ValueForKey`) in `info`, as a range.
 pub fn find_key(info: &[u8], key: &[u8]) -> Option<Range<usize>> {
     pairs(info)
@@ -58,10 +67,10 @@ impl Template {
     /// Returns the template and the challenge the server echoed, if any; `None` when the packet
     /// is not such an answer.
     pub fn parse(packet: &[u8], header: &[u8]) -> Option<(Template, Option<Vec<u8>>)> {
-        let body = packet.strip_prefix(&super::OOB[..])?.strip_prefix(header)?;
+        let info = info_string(packet, header)?;
         let start = 4 + header.len();
-        let info_len = body.iter().position(|&b| b == b'\n').unwrap_or(body.len());
-        let info = &body[..info_len];
+        let info_len = info.len();
+        let body = &packet[start..];
         let mut bytes = Vec::with_capacity(packet.len());
         bytes.extend_from_slice(&packet[..start]);
         let mut echoed = None;
@@ -91,16 +100,6 @@ impl Template {
             out.extend(c.iter().map(|&b| if b == b'%' { b'.' } else { b }));
         }
         out.extend_from_slice(&self.bytes[self.insert_at..]);
-    }
-
-    /// Size of the answer without a challenge.
-    pub fn len(&self) -> usize {
-        self.bytes.len()
-    }
-
-    /// True for an empty template.
-    pub fn is_empty(&self) -> bool {
-        self.bytes.is_empty()
     }
 }
 
@@ -150,6 +149,8 @@ mod tests {
         assert!(Template::parse(b"infoResponse\n", INFO_RESPONSE).is_none());
         let (t, e) = Template::parse(b"\xff\xff\xff\xffinfoResponse\n", INFO_RESPONSE).unwrap();
         assert!(e.is_none());
-        assert_eq!(t.len(), 17);
+        let mut out = Vec::new();
+        t.render(None, &mut out);
+        assert_eq!(out.len(), 17);
     }
 }

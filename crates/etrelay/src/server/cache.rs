@@ -3,7 +3,7 @@
 //! Behind the relay every client reaches the game server from one source IP, and ioquake3 (and
 //! ET: Legacy with `sv_protect`) answer one IP about once a second after a burst of 10: without
 //! a cache, browsers and masters would starve each other. So the relay asks the server itself,
-//! on its own socket, and answers every asker from that answer for `max_age`, writing the
+//! on a socket of its own, and answers every asker from that answer for `max_age`, writing the
 //! asker's own `challenge` into it (or none, when the asker sent none).
 //!
 //! While a refresh is on its way, askers wait for it (at most [`MAX_WAITERS`] per kind; they
@@ -12,28 +12,32 @@
 //! one budget of [`REFRESH_BURST`] then one per [`REFRESH_INTERVAL`], kept under the servers'
 //! own per-IP limit so the relay never trips it; when the budget is spent, the last answer is
 //! served even if older than `max_age`.
+//!
+//! [`QueryCache`] is a state machine without I/O: it takes `now` and says what to send. The
+//! relay loop owns the cache's socket: it sends the refreshes [`QueryCache::query`] asks for,
+//! hands what arrives to [`QueryCache::on_answer`] and sends the answers it gives back, and
+//! calls [`QueryCache::expire`] on its tick.
 
-use std::io;
+use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use guard::limiter::{Rule, TokenBucket};
 use rand::Rng;
-use tokio::net::UdpSocket;
-use tracing::{debug, trace};
 
-use super::metrics::ServerMetrics;
+use crate::clock::Instant;
 use crate::et::classify::{MAX_CHALLENGE, Query};
-use crate::et::info::{INFO_RESPONSE, STATUS_RESPONSE, Template};
+use crate::et::info::Template;
 
 /// Askers waiting for one refresh, per kind.
-pub const MAX_WAITERS: usize = 256;
+pub(super) const MAX_WAITERS: usize = 256;
 /// How long a refresh may take before its askers are given up.
-pub const REFRESH_TIMEOUT: Duration = Duration::from_secs(1);
+pub(super) const REFRESH_TIMEOUT: Duration = Duration::from_secs(1);
 /// Refreshes the relay may send at once…
-pub const REFRESH_BURST: u32 = 5;
+pub(super) const REFRESH_BURST: u32 = 5;
 /// …then one per this interval (both kinds together).
-pub const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+pub(super) const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+/// Characters of a refresh's challenge.
 const NONCE_LEN: usize = 10;
 
 /// One asker waiting for a refresh.
@@ -45,36 +49,39 @@ struct Waiter {
     len: Option<u8>,
 }
 
+/// The cache of one kind of query.
 #[derive(Debug, Default)]
 struct Kind {
     /// The last answer and when it came.
     answer: Option<(Template, Instant)>,
     /// The refresh on its way: its challenge and when it left.
     pending: Option<([u8; NONCE_LEN], Instant)>,
-    waiters: Vec<Waiter>,
+    /// Askers waiting for the refresh on its way (empty when none is).
+    waiters: VecDeque<Waiter>,
 }
 
 /// What to do with a query.
-#[derive(Debug)]
-pub enum Outcome {
-    /// Send the answer rendered in the scratch buffer now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// Send the answer written in `out` to the asker now.
     Answer,
-    /// The asker waits for the refresh.
+    /// Send the refresh written in `out` to the game server; the asker waits for its answer.
+    /// If it cannot be sent, say so with [`QueryCache::unsent`] (the asker is then dropped).
+    Refresh,
+    /// The asker waits for the refresh already on its way.
     Waiting,
     /// Nothing to answer with and no way to ask: drop.
     Busy,
 }
 
-/// The cache of one server, with its own socket connected to the game server.
+/// The query cache of one server. No I/O: see the module docs.
 #[derive(Debug)]
-pub struct QueryCache {
-    upstream: SocketAddr,
-    socket: UdpSocket,
+pub(super) struct QueryCache {
     max_age: Duration,
     kinds: [Kind; 2],
     budget: TokenBucket,
-    budget_state: Instant,
-    recv_buf: Vec<u8>,
+    /// The refresh budget's state (on the clock `guard` takes).
+    budget_state: std::time::Instant,
 }
 
 fn idx(q: Query) -> usize {
@@ -85,40 +92,28 @@ fn idx(q: Query) -> usize {
 }
 
 impl QueryCache {
-    /// A cache asking the game server at `upstream`, serving answers up to `max_age` old.
-    ///
-    /// # Errors
-    /// The socket could not be opened.
-    pub fn new(upstream: SocketAddr, max_age: Duration, max_packet: usize) -> io::Result<Self> {
-        let now = Instant::now();
-        Ok(QueryCache {
-            upstream,
-            socket: super::upstream_socket(upstream)?,
+    /// A cache serving answers up to `max_age` old, with its full refresh budget at `now`.
+    pub(super) fn new(max_age: Duration, now: Instant) -> Self {
+        QueryCache {
             max_age,
             kinds: [Kind::default(), Kind::default()].map(|mut k| {
                 k.waiters.reserve_exact(MAX_WAITERS);
                 k
             }),
             budget: TokenBucket::new(REFRESH_BURST, REFRESH_INTERVAL),
-            budget_state: now,
-            recv_buf: vec![0; max_packet.max(1)],
-        })
+            budget_state: now.into_std(),
+        }
     }
 
-    /// The socket answers arrive on.
-    pub fn socket(&self) -> &UdpSocket {
-        &self.socket
-    }
-
-    /// Handles one query. On [`Outcome::Answer`] the answer is in `out`.
-    pub fn query(
+    /// Handles one query of `from` (its challenge, if it sent one) at `now`. On
+    /// [`Outcome::Answer`] and [`Outcome::Refresh`] the packet to send is in `out`.
+    pub(super) fn query(
         &mut self,
         q: Query,
         challenge: Option<&[u8]>,
         from: SocketAddr,
         now: Instant,
         out: &mut Vec<u8>,
-        metrics: &ServerMetrics,
     ) -> Outcome {
         let kind = &mut self.kinds[idx(q)];
         if let Some((t, at)) = &kind.answer
@@ -127,31 +122,23 @@ impl QueryCache {
             t.render(challenge, out);
             return Outcome::Answer;
         }
+        let mut outcome = Outcome::Waiting;
         if kind.pending.is_none() {
-            if self.budget.check(&mut self.budget_state, now) {
+            if self.budget.check(&mut self.budget_state, now.into_std()) {
                 let nonce = nonce();
-                let mut pkt = [0u8; 4 + 16 + NONCE_LEN];
-                let head: &[u8] = match q {
-                    Query::Info => b"\xff\xff\xff\xffgetinfo ",
-                    Query::Status => b"\xff\xff\xff\xffgetstatus ",
-                };
-                pkt[..head.len()].copy_from_slice(head);
-                pkt[head.len()..head.len() + NONCE_LEN].copy_from_slice(&nonce);
-                match self.socket.try_send(&pkt[..head.len() + NONCE_LEN]) {
-                    Ok(n) => {
-                        metrics.cache_refreshes.inc();
-                        metrics.upstream_packets.inc();
-                        metrics.upstream_bytes.add(n as u64);
-                        kind.pending = Some((nonce, now));
-                    }
-                    Err(e) => trace!(error = %e, "cache refresh send"),
-                }
+                out.clear();
+                out.extend_from_slice(q.request());
+                out.extend_from_slice(&nonce);
+                kind.pending = Some((nonce, now));
+                outcome = Outcome::Refresh;
             } else if let Some((t, _)) = &kind.answer {
                 t.render(challenge, out);
                 return Outcome::Answer;
+            } else {
+                return Outcome::Busy;
             }
         }
-        if kind.pending.is_none() || kind.waiters.len() >= MAX_WAITERS {
+        if kind.waiters.len() >= MAX_WAITERS {
             return Outcome::Busy;
         }
         let mut w = Waiter {
@@ -165,90 +152,82 @@ impl QueryCache {
             w.challenge[..n].copy_from_slice(&c[..n]);
             w.len = Some(n as u8);
         }
-        kind.waiters.push(w);
-        Outcome::Waiting
+        kind.waiters.push_back(w);
+        outcome
     }
 
-    /// Reads what the game server sent to the cache socket and answers the waiters through
-    /// `send` (packet, destination).
-    pub fn on_readable(
-        &mut self,
-        now: Instant,
-        out: &mut Vec<u8>,
-        metrics: &ServerMetrics,
-        mut send: impl FnMut(&[u8], SocketAddr),
-    ) {
-        let mut read = 0;
-        while read < 64 {
-            let n = match self.socket.try_recv(&mut self.recv_buf) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    trace!(error = %e, "cache receive");
-                    read += 1;
-                    continue;
-                }
-            };
-            read += 1;
-            metrics.server_packets.inc();
-            metrics.server_bytes.add(n as u64);
-            let data = &self.recv_buf[..n];
-            let parsed = Template::parse(data, INFO_RESPONSE)
-                .map(|t| (Query::Info, t))
-                .or_else(|| Template::parse(data, STATUS_RESPONSE).map(|t| (Query::Status, t)));
-            let Some((q, (template, echoed))) = parsed else {
-                continue;
-            };
-            let kind = &mut self.kinds[idx(q)];
-            let Some((nonce, _)) = kind.pending else {
-                continue;
-            };
-            if echoed.as_deref() != Some(&nonce[..]) {
-                continue;
-            }
-            kind.pending = None;
-            metrics.cache_refresh_answers.inc();
-            debug!(
-                "cache: {} refreshed ({} B)",
-                if q == Query::Info {
-                    "infoResponse"
-                } else {
-                    "statusResponse"
-                },
-                data.len()
-            );
-            for w in kind.waiters.drain(..) {
-                template.render(w.len.map(|l| &w.challenge[..l as usize]), out);
-                send(out, w.to);
-            }
-            kind.answer = Some((template, now));
+    /// The refresh of `q` that [`QueryCache::query`] asked for could not be sent: it is
+    /// forgotten with its asker, and the next query may ask again.
+    pub(super) fn unsent(&mut self, q: Query) {
+        let kind = &mut self.kinds[idx(q)];
+        kind.pending = None;
+        kind.waiters.clear();
+    }
+
+    /// Takes a datagram the game server sent to the cache's socket at `now`. When it is the
+    /// answer a refresh waits for, it becomes the cached answer and its waiters are to be
+    /// answered: [`Refreshed::next`] gives each one's packet. Anything else is ignored.
+    pub(super) fn on_answer(&mut self, packet: &[u8], now: Instant) -> Option<Refreshed<'_>> {
+        let (query, (template, echoed)) = [Query::Info, Query::Status]
+            .into_iter()
+            .find_map(|q| Template::parse(packet, q.answer_header()).map(|t| (q, t)))?;
+        let kind = &mut self.kinds[idx(query)];
+        let (nonce, _) = kind.pending?;
+        if echoed.as_deref() != Some(&nonce[..]) {
+            return None;
         }
+        kind.pending = None;
+        kind.answer = Some((template, now));
+        Some(Refreshed { kind, query })
     }
 
-    /// Gives up refreshes the server did not answer in time. Returns the askers dropped.
-    ///
-    /// The socket is then opened again: a socket connected before the route to the game server
-    /// existed (a tunnel that came up later) keeps a source address the server cannot answer.
-    pub fn expire(&mut self, now: Instant) -> usize {
-        let mut dropped = 0;
-        let mut gave_up = false;
+    /// Gives up the refreshes the server did not answer within [`REFRESH_TIMEOUT`] of `now`,
+    /// with their askers. Returns `None` when none was given up, else the askers dropped: the
+    /// cache's socket should then be opened again (one connected before the route to the game
+    /// server existed, a tunnel that came up later, keeps a source address the server cannot
+    /// answer).
+    pub(super) fn expire(&mut self, now: Instant) -> Option<usize> {
+        let mut dropped = None;
         for kind in &mut self.kinds {
             if let Some((_, sent)) = kind.pending
                 && now.saturating_duration_since(sent) >= REFRESH_TIMEOUT
             {
                 kind.pending = None;
-                gave_up = true;
-                dropped += kind.waiters.len();
+                *dropped.get_or_insert(0) += kind.waiters.len();
                 kind.waiters.clear();
             }
         }
-        if gave_up {
-            match super::upstream_socket(self.upstream) {
-                Ok(s) => self.socket = s,
-                Err(e) => debug!("cache: cannot reopen its socket: {e}"),
-            }
-        }
         dropped
+    }
+}
+
+/// The waiters of a refresh that was just answered, to be answered in turn.
+#[derive(Debug)]
+pub(super) struct Refreshed<'a> {
+    kind: &'a mut Kind,
+    query: Query,
+}
+
+impl Refreshed<'_> {
+    /// Which query was refreshed.
+    pub(super) fn query(&self) -> Query {
+        self.query
+    }
+
+    /// Writes the next waiter's answer (with its own challenge) into `out` and returns where to
+    /// send it; `None` once every waiter is answered.
+    pub(super) fn next(&mut self, out: &mut Vec<u8>) -> Option<SocketAddr> {
+        let (template, _) = self.kind.answer.as_ref()?;
+        let w = self.kind.waiters.pop_front()?;
+        template.render(w.len.map(|l| &w.challenge[..usize::from(l)]), out);
+        Some(w.to)
+    }
+}
+
+impl Drop for Refreshed<'_> {
+    /// Waiters left unanswered are dropped with the refresh they waited for.
+    fn drop(&mut self) {
+        self.kind.waiters.clear();
     }
 }
 
@@ -257,3 +236,6 @@ fn nonce() -> [u8; NONCE_LEN] {
     let mut rng = rand::rng();
     std::array::from_fn(|_| ALPHABET[rng.random_range(0..ALPHABET.len())])
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,29 +1,163 @@
-//! The heartbeat task: probe the game server, then heartbeat the masters.
+//! The heartbeat as a state machine without I/O: when to probe the game server, and what the
+//! masters get after each probe and when the relay stops.
 //!
-//! Every `heartbeat_interval` (and once at start) the task probes the game server with
-//! `getinfo` on its own socket, up to [`PROBE_ATTEMPTS`] times. When the server answers, it sends
-//! the game's heartbeat to every master **from the public socket**: the master then challenges
-//! the public address, the challenge is relayed like any client packet, and the master lists
-//! the relay's address. When a server that had answered stops answering, the masters get a
-//! flatline (ET only); so they do when the relay stops. Masters are resolved on every
-//! heartbeat; one that does not resolve is skipped with a warning. States and transitions:
-//! `docs/etrelay-heartbeat.md`.
+//! The machine starts Unknown and asks for a probe at once. After each probe
+//! ([`Heartbeat::probed`]) it says what the round changed and what goes to the masters; once
+//! that is sent, [`Heartbeat::poll`] says to wait `heartbeat_interval` before the next probe.
+//!
+//! - Unknown or Down → Up: heartbeat. Up → Up: heartbeat.
+//! - Up → Down: flatline (ET), once for the whole outage: Down → Down sends nothing.
+//! - Unknown → Down: nothing (the masters heard nothing from this relay yet).
+//! - Stop ([`Heartbeat::stop`]): flatline (ET), whatever the state.
+//!
+//! The heartbeat task ([`super::heartbeat_task`]) drives it: it owns the probe socket, the
+//! masters' name lookups and the sends. States and transitions: `docs/etrelay-heartbeat.md`.
 
-use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use rand::Rng;
-use tokio::net::UdpSocket;
-use tracing::{debug, info, warn};
-
-use super::Shared;
 use super::metrics::ProbeState;
-use crate::config::PROBE_ATTEMPTS;
-use crate::et::info::{INFO_RESPONSE, Template};
+use crate::clock::Instant;
+use crate::config::Game;
 
-/// Longest wait for one master's name to resolve.
-const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+/// What to do next.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Next {
+    /// Probe the game server now, then report with [`Heartbeat::probed`].
+    Probe,
+    /// Nothing until then; poll again at that instant.
+    WaitUntil(Instant),
+}
+
+/// Which packet goes to the masters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Beat {
+    /// The game's heartbeat: list this address.
+    Heartbeat,
+    /// The flatline: this server is gone.
+    Flatline,
+}
+
+/// A packet for every master, sent from the public socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct ToMasters {
+    /// Which one.
+    pub beat: Beat,
+    /// Its bytes, marker included.
+    pub packet: &'static [u8],
+}
+
+/// What a probe changed, for the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Change {
+    /// Unknown or Down → Up.
+    Answers,
+    /// Up → Down.
+    StoppedAnswering,
+    /// Unknown → Down.
+    DoesNotAnswer,
+    /// Same state as before.
+    None,
+}
+
+/// The outcome of one probe.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Round {
+    /// The state from now on.
+    pub state: ProbeState,
+    /// What changed.
+    pub change: Change,
+    /// What goes to the masters now, if anything.
+    pub send: Option<ToMasters>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// A probe is due (or under way).
+    Probe,
+    /// A round just ended: the wait is counted from the next poll.
+    RoundDone,
+    /// Waiting for the next probe.
+    Wait(Instant),
+}
+
+/// The heartbeat of one server.
+#[derive(Debug)]
+pub(super) struct Heartbeat {
+    game: Game,
+    interval: Duration,
+    state: ProbeState,
+    phase: Phase,
+}
+
+impl Heartbeat {
+    /// A heartbeat for `game`, one probe every `interval` after the end of the previous round;
+    /// the first probe is due at once.
+    pub(super) fn new(game: Game, interval: Duration) -> Self {
+        Heartbeat {
+            game,
+            interval,
+            state: ProbeState::Unknown,
+            phase: Phase::Probe,
+        }
+    }
+
+    /// What to do at `now`.
+    pub(super) fn poll(&mut self, now: Instant) -> Next {
+        match self.phase {
+            Phase::Probe => Next::Probe,
+            Phase::RoundDone => {
+                let at = now + self.interval;
+                self.phase = Phase::Wait(at);
+                Next::WaitUntil(at)
+            }
+            Phase::Wait(at) if now < at => Next::WaitUntil(at),
+            Phase::Wait(_) => {
+                self.phase = Phase::Probe;
+                Next::Probe
+            }
+        }
+    }
+
+    /// The probe asked for by [`Heartbeat::poll`] ended: the server `answered` it or not.
+    pub(super) fn probed(&mut self, answered: bool) -> Round {
+        let next = if answered {
+            ProbeState::Up
+        } else {
+            ProbeState::Down
+        };
+        let change = match (self.state, next) {
+            (ProbeState::Up, ProbeState::Up) | (ProbeState::Down, ProbeState::Down) => Change::None,
+            (_, ProbeState::Up) => Change::Answers,
+            (ProbeState::Up, _) => Change::StoppedAnswering,
+            _ => Change::DoesNotAnswer,
+        };
+        let send = match (self.state, next) {
+            (_, ProbeState::Up) => self.beat(Beat::Heartbeat),
+            (ProbeState::Up, _) => self.beat(Beat::Flatline),
+            _ => None,
+        };
+        self.state = next;
+        self.phase = Phase::RoundDone;
+        Round {
+            state: next,
+            change,
+            send,
+        }
+    }
+
+    /// The relay stops: the flatline (if the game has one), whatever the state.
+    pub(super) fn stop(&mut self) -> Option<ToMasters> {
+        self.beat(Beat::Flatline)
+    }
+
+    fn beat(&self, beat: Beat) -> Option<ToMasters> {
+        let packet = match beat {
+            Beat::Heartbeat => Some(self.game.heartbeat()),
+            Beat::Flatline => self.game.flatline(),
+        }?;
+        Some(ToMasters { beat, packet })
+    }
+}
 
 /// What the last probe found, for the control API.
 #[derive(Debug, Clone, Copy)]
@@ -46,150 +180,16 @@ impl Default for ProbeStatus {
     }
 }
 
-/// Runs until the server stops, then sends the flatline.
-pub(super) async fn run(shared: Arc<Shared>) {
-    let cfg = &shared.config;
-    let mut state = ProbeState::Unknown;
-    loop {
-        // A fresh socket each round: one connected before the route to the game server existed
-        // (a tunnel that came up later) would keep a source address the server cannot answer.
-        let answered = match super::upstream_socket(cfg.upstream) {
-            Ok(s) => tokio::select! {
-                () = shared.cancel.cancelled() => break,
-                up = probe(&s, cfg.probe_timeout) => up,
-            },
-            Err(e) => {
-                warn!("heartbeat: cannot open the probe socket: {e}");
-                false
-            }
-        };
-        let next = if answered {
-            ProbeState::Up
-        } else {
-            ProbeState::Down
-        };
-        record(&shared, next, answered);
-        match (state, next) {
-            (ProbeState::Up, ProbeState::Up) => {}
-            (_, ProbeState::Up) => info!("game server {} answers", cfg.upstream),
-            (ProbeState::Up, _) => {
-                warn!("game server {} stopped answering", cfg.upstream);
-                if let Some(flatline) = cfg.game.flatline() {
-                    send_to_masters(&shared, flatline, true).await;
-                }
-            }
-            (ProbeState::Unknown, _) => warn!("game server {} does not answer", cfg.upstream),
-            _ => {}
+impl ProbeStatus {
+    /// Records a probe that ended at the date `at` in `state`.
+    pub fn record(&mut self, state: ProbeState, at: SystemTime) {
+        self.state = state;
+        self.last_probe = Some(at);
+        if state == ProbeState::Up {
+            self.last_answer = Some(at);
         }
-        state = next;
-        if answered {
-            send_to_masters(&shared, cfg.game.heartbeat(), false).await;
-        }
-        tokio::select! {
-            () = shared.cancel.cancelled() => break,
-            () = tokio::time::sleep(cfg.heartbeat_interval) => {}
-        }
-    }
-    if let Some(flatline) = cfg.game.flatline() {
-        send_to_masters(&shared, flatline, true).await;
     }
 }
 
-fn record(shared: &Shared, state: ProbeState, answered: bool) {
-    shared.metrics.probe_state.set(state as u64);
-    let mut p = shared.probe.lock().unwrap_or_else(|p| p.into_inner());
-    let now = SystemTime::now();
-    p.state = state;
-    p.last_probe = Some(now);
-    if answered {
-        p.last_answer = Some(now);
-    }
-}
-
-/// Asks the game server `getinfo` up to [`PROBE_ATTEMPTS`] times; true when it answered.
-async fn probe(socket: &UdpSocket, timeout: Duration) -> bool {
-    let mut buf = vec![0u8; 16 * 1024];
-    for attempt in 1..=PROBE_ATTEMPTS {
-        let nonce: u32 = rand::rng().random();
-        let challenge = format!("hb{nonce:08x}");
-        let mut pkt = Vec::with_capacity(32);
-        pkt.extend_from_slice(b"\xff\xff\xff\xffgetinfo ");
-        pkt.extend_from_slice(challenge.as_bytes());
-        if let Err(e) = socket.send(&pkt).await {
-            debug!("probe {attempt}: send failed: {e}");
-        }
-        let deadline = tokio::time::Instant::now() + timeout;
-        loop {
-            match tokio::time::timeout_at(deadline, socket.recv(&mut buf)).await {
-                Err(_) => break,
-                Ok(Err(_)) => continue_after_error().await,
-                Ok(Ok(n)) => {
-                    if let Some((_, Some(echoed))) = Template::parse(&buf[..n], INFO_RESPONSE)
-                        && echoed == challenge.as_bytes()
-                    {
-                        return true;
-                    }
-                }
-            }
-            if tokio::time::Instant::now() >= deadline {
-                break;
-            }
-        }
-        debug!("probe {attempt}/{PROBE_ATTEMPTS}: no answer");
-    }
-    false
-}
-
-/// A receive error on a connected UDP socket is an ICMP error from a server that is down; wait
-/// a little so the loop does not spin on a stream of them.
-async fn continue_after_error() {
-    tokio::time::sleep(Duration::from_millis(50)).await;
-}
-
-/// Sends `packet` to every master from the public socket.
-async fn send_to_masters(shared: &Shared, packet: &[u8], flatline: bool) {
-    let text = String::from_utf8_lossy(&packet[4..]);
-    let text = text.trim_end();
-    let want_v4 = shared.public_addr.is_ipv4();
-    for master in &shared.config.masters {
-        let resolved =
-            tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(master.as_str())).await;
-        let addr = match resolved {
-            Ok(Ok(mut addrs)) => addrs.find(|a| a.is_ipv4() == want_v4),
-            Ok(Err(e)) => {
-                warn!("master {master} does not resolve ({e}): skipped");
-                continue;
-            }
-            Err(_) => {
-                warn!("master {master} did not resolve in time: skipped");
-                continue;
-            }
-        };
-        let Some(addr) = addr else {
-            warn!("master {master} has no address of the public socket's family: skipped");
-            continue;
-        };
-        send_one(shared, packet, master, addr, text, flatline).await;
-    }
-}
-
-async fn send_one(
-    shared: &Shared,
-    packet: &[u8],
-    master: &str,
-    addr: SocketAddr,
-    text: &str,
-    flatline: bool,
-) {
-    match shared.public.send_to(packet, addr).await {
-        Ok(_) => {
-            if flatline {
-                shared.metrics.flatlines.inc();
-            } else {
-                shared.metrics.heartbeats.inc();
-            }
-            debug!("{text} -> {master} ({addr})");
-        }
-        Err(e) => warn!("{text} to {master} ({addr}) failed: {e}"),
-    }
-}
+#[cfg(test)]
+mod tests;

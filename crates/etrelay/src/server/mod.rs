@@ -10,168 +10,46 @@
 //! game server → session task → public socket → client
 //! ```
 //!
-//! - [`relay`]: the relay loop.
-//! - [`session`]: sessions and their tasks.
-//! - [`cache`]: the query cache.
-//! - [`heartbeat`]: probes and master heartbeats.
-//! - [`metrics`]: the counters of the server.
+//! - `shared`: what the server's tasks share: settings, public socket, counters, the state
+//!   lock over sessions and bans.
+//! - `relay`: the relay loop: the packet path above, and the query cache's socket.
+//! - `session`: one client's session: its queue, counters and last activity (no I/O).
+//! - `forward`: a session's task and upstream socket: queue → game server, answers → client.
+//! - `cache`: the query cache, a state machine without I/O driven by the relay loop.
+//! - `heartbeat`: probes, heartbeats and the flatline, a state machine without I/O.
+//! - `heartbeat_task`: the task that drives it: probes, master name lookups, sends.
+//! - `metrics`: the counters of the server.
 
-pub mod cache;
-pub mod heartbeat;
-pub mod metrics;
-pub mod relay;
-pub mod session;
+mod cache;
+mod forward;
+mod heartbeat;
+mod heartbeat_task;
+mod metrics;
+mod relay;
+mod session;
+mod shared;
 
-use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::AtomicU64;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::SystemTime;
 
 use guard::admission::Gate;
-use guard::expiring::{ExpiringTable, Expiry, TableFull};
 use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tracing::{info, trace};
+use tracing::info;
 
+pub use self::heartbeat::ProbeStatus;
+pub use self::metrics::{Drop, ProbeState, ServerMetrics};
+pub use self::session::SessionInfo;
+use self::shared::Shared;
+use crate::bans::{Ban, TableFull};
+use crate::clock::Instant;
 use crate::config::ServerConfig;
-pub use heartbeat::ProbeStatus;
-pub use metrics::{Drop, ProbeState, ServerMetrics};
-use session::Session;
 
 /// Receive and send buffer asked for the public socket.
 const SOCKET_BUFFER: usize = 4 << 20;
-
-/// Most bans one server keeps.
-pub const MAX_BANS: usize = 65_536;
-
-/// A ban of one address.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ban {
-    /// The banned address.
-    pub ip: IpAddr,
-    /// Why, as the admin said.
-    pub reason: String,
-    /// When it was set.
-    pub since: SystemTime,
-    /// When it ends; `None`: permanent.
-    pub expires: Option<SystemTime>,
-}
-
-impl Ban {
-    /// True when the ban no longer applies at `now`.
-    pub fn expired(&self, now: SystemTime) -> bool {
-        self.expires.is_some_and(|e| e <= now)
-    }
-
-    /// The table deadline of this ban, on the monotonic clock.
-    fn expiry(&self, now_sys: SystemTime, now: Instant) -> Expiry {
-        match self.expires {
-            None => Expiry::Never,
-            Some(at) => Expiry::At(now + at.duration_since(now_sys).unwrap_or(Duration::ZERO)),
-        }
-    }
-}
-
-/// What the relay loop and the sessions share. The mutex is never held across an `.await`.
-#[derive(Debug)]
-struct State {
-    sessions: HashMap<SocketAddr, Arc<Session>>,
-    bans: ExpiringTable<IpAddr, Ban>,
-}
-
-/// Everything of one server that its tasks share.
-#[derive(Debug)]
-pub(crate) struct Shared {
-    config: ServerConfig,
-    public: UdpSocket,
-    public_addr: SocketAddr,
-    metrics: ServerMetrics,
-    state: Mutex<State>,
-    probe: Mutex<ProbeStatus>,
-    /// Base of the millisecond timestamps sessions keep.
-    epoch: Instant,
-    /// Slots of `MAX_SESSIONS`, shared by every server of the process.
-    sessions_gate: Gate,
-    next_session: AtomicU64,
-    cancel: CancellationToken,
-    tracker: TaskTracker,
-}
-
-impl Shared {
-    fn now_ms(&self) -> u64 {
-        self.epoch.elapsed().as_millis() as u64
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Removes `session` from the table if it is still the one there; returns the open count.
-    fn remove_session(&self, session: &Session) -> usize {
-        let mut st = self.lock();
-        if st
-            .sessions
-            .get(&session.client)
-            .is_some_and(|s| s.id == session.id)
-        {
-            st.sessions.remove(&session.client);
-        }
-        let n = st.sessions.len();
-        self.metrics.sessions_open.set(n as u64);
-        n
-    }
-
-    /// Sends a datagram to a client from the public socket.
-    async fn send_to_client(&self, data: &[u8], to: SocketAddr) {
-        match self.public.send_to(data, to).await {
-            Ok(n) => {
-                self.metrics.reply_packets.inc();
-                self.metrics.reply_bytes.add(n as u64);
-            }
-            Err(e) => {
-                self.metrics.reply_errors.inc();
-                trace!(error = %e, "reply to client");
-            }
-        }
-    }
-}
-
-/// Opens a UDP socket connected to `upstream`, from an ephemeral port of the matching family.
-pub(crate) fn upstream_socket(upstream: SocketAddr) -> io::Result<UdpSocket> {
-    let any: IpAddr = match upstream {
-        SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
-        SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
-    };
-    let socket = std::net::UdpSocket::bind((any, 0))?;
-    socket.connect(upstream)?;
-    socket.set_nonblocking(true)?;
-    UdpSocket::from_std(socket)
-}
-
-/// Information on one open session, for the control API and tests.
-#[derive(Debug, Clone)]
-pub struct SessionInfo {
-    /// The real client address.
-    pub client: SocketAddr,
-    /// The address the game server sees this client as.
-    pub upstream_local: SocketAddr,
-    /// When it opened.
-    pub opened: SystemTime,
-    /// When the last packet passed, either way.
-    pub last_seen: SystemTime,
-    /// Client → server packets.
-    pub packets_up: u64,
-    /// Client → server bytes.
-    pub bytes_up: u64,
-    /// Server → client packets.
-    pub packets_down: u64,
-    /// Server → client bytes.
-    pub bytes_down: u64,
-}
 
 /// A running relayed server.
 #[derive(Debug)]
@@ -199,25 +77,16 @@ impl ServerHandle {
         let sock = socket2::SockRef::from(&public);
         let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
         let _ = sock.set_send_buffer_size(SOCKET_BUFFER);
-        let shared = Arc::new(Shared {
+        let shared = Arc::new(Shared::new(
+            config,
             public,
             public_addr,
-            metrics: ServerMetrics::default(),
-            state: Mutex::new(State {
-                sessions: HashMap::new(),
-                bans: ExpiringTable::new(MAX_BANS),
-            }),
-            probe: Mutex::new(ProbeStatus::default()),
-            epoch: Instant::now(),
             sessions_gate,
-            next_session: AtomicU64::new(1),
-            cancel: parent.child_token(),
-            tracker: TaskTracker::new(),
-            config,
-        });
+            parent.child_token(),
+        ));
         let relay_loop = relay::RelayLoop::new(Arc::clone(&shared))?;
         let relay = tokio::spawn(relay_loop.run());
-        let heartbeat = tokio::spawn(heartbeat::run(Arc::clone(&shared)));
+        let heartbeat = tokio::spawn(heartbeat_task::run(Arc::clone(&shared)));
         info!(
             "relaying {} on {public_addr} (masters: {})",
             shared.config.upstream,
@@ -238,11 +107,6 @@ impl ServerHandle {
         self.shared.public_addr
     }
 
-    /// The server's configuration.
-    pub fn config(&self) -> &ServerConfig {
-        &self.shared.config
-    }
-
     /// The server's counters.
     pub fn metrics(&self) -> &ServerMetrics {
         &self.shared.metrics
@@ -250,30 +114,17 @@ impl ServerHandle {
 
     /// What the last probe found.
     pub fn probe(&self) -> ProbeStatus {
-        *self.shared.probe.lock().unwrap_or_else(|p| p.into_inner())
+        *self.shared.probe_status()
     }
 
     /// The open sessions.
     pub fn sessions(&self) -> Vec<SessionInfo> {
+        let now_ms = self.shared.now_ms();
         let st = self.shared.lock();
         st.sessions
             .values()
             .filter(|s| !s.is_closed())
-            .map(|s| SessionInfo {
-                client: s.client,
-                upstream_local: s.upstream_local,
-                opened: s.opened,
-                last_seen: SystemTime::now()
-                    - self
-                        .shared
-                        .epoch
-                        .elapsed()
-                        .saturating_sub(Duration::from_millis(s.last_active_ms())),
-                packets_up: s.packets_up.get(),
-                bytes_up: s.bytes_up.get(),
-                packets_down: s.packets_down.get(),
-                bytes_down: s.bytes_down.get(),
-            })
+            .map(|s| s.info(now_ms))
             .collect()
     }
 
@@ -298,13 +149,12 @@ impl ServerHandle {
     /// Replaces an existing ban of the same address.
     ///
     /// # Errors
-    /// [`TableFull`] when [`MAX_BANS`] live bans are held already.
+    /// [`TableFull`] when [`crate::bans::MAX_BANS`] live bans are held already.
     pub fn ban(&self, ban: Ban) -> Result<(), TableFull> {
         let (now_sys, now) = (SystemTime::now(), Instant::now());
         let mut st = self.shared.lock();
-        let expiry = ban.expiry(now_sys, now);
         let ip = ban.ip;
-        st.bans.insert(ip, ban, expiry, now)?;
+        st.bans.insert(ban, now_sys, now)?;
         st.sessions.retain(|client, s| {
             let cut = client.ip() == ip;
             if cut {
@@ -321,21 +171,12 @@ impl ServerHandle {
 
     /// Lifts the ban of `ip`; false when it was not banned.
     pub fn unban(&self, ip: IpAddr) -> bool {
-        self.shared
-            .lock()
-            .bans
-            .remove(&ip, Instant::now())
-            .is_some()
+        self.shared.lock().bans.remove(ip, Instant::now())
     }
 
     /// The bans in force, oldest first.
     pub fn bans(&self) -> Vec<Ban> {
-        let now = Instant::now();
-        let mut st = self.shared.lock();
-        st.bans.purge(now);
-        let mut v: Vec<Ban> = st.bans.iter(now).map(|(_, b, _)| b.clone()).collect();
-        v.sort_by(|a, b| a.since.cmp(&b.since).then(a.ip.cmp(&b.ip)));
-        v
+        self.shared.lock().bans.list(Instant::now())
     }
 
     /// Sessions open now.

@@ -1,32 +1,40 @@
-//! The relay loop of one server: everything that arrives on the public socket.
+//! The relay loop of one server: everything that arrives on the public socket, and the query
+//! cache's socket.
 //!
-//! Each wake-up drains the socket in batches ([`BatchRecv`], one system call per batch) and
-//! runs every datagram through the same straight line: size, ban, [`classify`], query limiter,
-//! then the query cache or the client's session. Nothing in it waits: opening a session is a
-//! non-blocking bind and connect, a full queue drops the packet, and answers from the cache
-//! leave with a non-blocking send. The per-packet path does not allocate.
+//! Each wake-up drains the public socket in batches ([`BatchRecv`], one system call per batch)
+//! and runs every datagram through the same straight line: size, ban, [`classify`], query
+//! limiter, then the query cache or the client's session (for a new client, the session cap
+//! first). Nothing in it waits: opening a session is a non-blocking bind and connect, a full
+//! queue drops the packet, and cached answers and cache refreshes leave with a non-blocking
+//! send. The loop drives the cache's state machine ([`QueryCache`]): it sends the refreshes the
+//! cache asks for, hands what the game server sends back to it, and answers the waiters it
+//! names. The per-packet path does not allocate.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use guard::limiter::{KeyedLimiter, Limits, TokenBucket};
+use tokio::net::UdpSocket;
 use tracing::{debug, trace, warn};
 
 use super::cache::{Outcome, QueryCache};
+use super::forward;
 use super::metrics::Drop;
-use super::{Shared, session};
-use crate::et::classify::{Packet, Reject, classify};
+use super::shared::Shared;
+use crate::clock::Instant;
+use crate::et::classify::{Packet, Query, Reject, classify};
 use crate::et::{self, command_word};
-use crate::net::BatchRecv;
+use crate::net::{BatchRecv, upstream_socket};
 
 /// Batches read per wake-up before the loop yields, so the sessions can send what it queued
 /// (a batch is up to [`crate::net::BATCH`] datagrams: 64 per turn, one full session queue).
 const ROUNDS_PER_WAKE: usize = 2;
 /// How often idle limiter entries and late cache refreshes are looked at.
 const TICK: Duration = Duration::from_millis(250);
+/// Datagrams read from the cache socket per turn.
+const CACHE_READS: usize = 64;
 /// Shortest gap between two full limiter sweeps forced by a full table.
 const SWEEP_GAP: Duration = Duration::from_millis(200);
 
@@ -42,9 +50,18 @@ pub(super) struct RelayLoop {
 struct Handler {
     shared: Arc<Shared>,
     limiter: KeyedLimiter<IpAddr, TokenBucket>,
-    cache: Option<QueryCache>,
-    /// Where cached answers are rendered.
+    /// `None` when the cache is off (`cache_max_age` 0).
+    cache: Option<Cache>,
+    /// Where cached answers and refreshes are written.
     scratch: Vec<u8>,
+}
+
+/// The query cache and the socket its refreshes go out on and their answers come back on.
+#[derive(Debug)]
+struct Cache {
+    machine: QueryCache,
+    socket: UdpSocket,
+    recv_buf: Vec<u8>,
 }
 
 impl RelayLoop {
@@ -66,11 +83,11 @@ impl RelayLoop {
         let cache = if cfg.cache_max_age.is_zero() {
             None
         } else {
-            Some(QueryCache::new(
-                cfg.upstream,
-                cfg.cache_max_age,
-                cfg.session.max_packet,
-            )?)
+            Some(Cache {
+                machine: QueryCache::new(cfg.cache_max_age, Instant::now()),
+                socket: upstream_socket(cfg.upstream)?,
+                recv_buf: vec![0; cfg.session.max_packet.max(1)],
+            })
         };
         Ok(RelayLoop {
             batch: BatchRecv::new(&shared.public)?,
@@ -154,7 +171,7 @@ impl Handler {
         match packet {
             Packet::Game | Packet::Pass(_) => self.enqueue(src, data),
             Packet::Query(q, challenge) => {
-                match self.limiter.check(&src.ip(), now) {
+                match self.limiter.check(&src.ip(), now.into_std()) {
                     Ok(true) => {}
                     Ok(false) | Err(_) => {
                         m.query_sources.set(self.limiter.len() as u64);
@@ -169,11 +186,26 @@ impl Handler {
                     return;
                 };
                 let challenge = challenge.map(|r| &data[r]);
-                match cache.query(q, challenge, src, now, &mut self.scratch, m) {
+                match cache
+                    .machine
+                    .query(q, challenge, src, now, &mut self.scratch)
+                {
                     Outcome::Answer => {
                         m.cache_hits.inc();
                         send_now(&self.shared, &self.scratch, src);
                     }
+                    Outcome::Refresh => match cache.socket.try_send(&self.scratch) {
+                        Ok(n) => {
+                            m.cache_refreshes.inc();
+                            m.upstream_packets.inc();
+                            m.upstream_bytes.add(n as u64);
+                        }
+                        Err(e) => {
+                            trace!(error = %e, "cache refresh send");
+                            cache.machine.unsent(q);
+                            m.drop(Drop::CacheBusy);
+                        }
+                    },
                     Outcome::Waiting => {}
                     Outcome::Busy => m.drop(Drop::CacheBusy),
                 }
@@ -191,42 +223,32 @@ impl Handler {
     }
 
     fn banned(&self, ip: IpAddr, now: Instant) -> bool {
-        let st = self.shared.lock();
-        !st.bans.is_empty() && st.bans.contains(&ip, now)
+        self.shared.lock().bans.is_banned(ip, now)
     }
 
     /// Queues a packet on the client's session, opening one if needed.
     fn enqueue(&mut self, src: SocketAddr, data: &[u8]) {
         let shared = &self.shared;
-        let cfg = &shared.config.session;
         let now_ms = shared.now_ms();
         let mut st = shared.lock();
         if let Some(s) = st.sessions.get(&src)
             && !s.is_closed()
         {
-            if s.push(data, cfg.queue, now_ms).is_err() {
+            if s.push(data, now_ms).is_err() {
                 shared.metrics.drop(Drop::QueueFull);
             }
             return;
         }
-        // A new session: first forget the ones that expired.
-        let timeout_ms = cfg.timeout.as_millis() as u64;
-        st.sessions.retain(|_, s| {
-            let expired = s.is_closed() || now_ms.saturating_sub(s.last_active_ms()) >= timeout_ms;
-            if expired {
-                s.cut();
-            }
-            !expired
-        });
+        // A new source: the session cap first, before any work. (Idle sessions end on their
+        // own deadline, in their task: nothing to sweep here.)
         let Some(permit) = shared.sessions_gate.try_acquire() else {
             shared.metrics.drop(Drop::SessionCap);
             debug!("{src}: no session (MAX_SESSIONS reached)");
             return;
         };
-        let id = shared.next_session.fetch_add(1, Ordering::Relaxed);
-        match session::open(shared, src, id, now_ms, permit) {
+        match forward::open(shared, src, now_ms, permit) {
             Ok(s) => {
-                if s.push(data, cfg.queue, now_ms).is_err() {
+                if s.push(data, now_ms).is_err() {
                     shared.metrics.drop(Drop::QueueFull);
                 }
                 st.sessions.insert(src, s);
@@ -242,33 +264,61 @@ impl Handler {
         }
     }
 
-    /// Answers that arrived on the cache socket.
+    /// Answers that arrived on the cache socket (at most [`CACHE_READS`] per turn): a refresh's
+    /// answer goes to each of its waiters, with their own challenge.
     fn cache_answers(&mut self) {
         let Some(cache) = self.cache.as_mut() else {
             return;
         };
         let shared = &self.shared;
-        cache.on_readable(
-            Instant::now(),
-            &mut self.scratch,
-            &shared.metrics,
-            |pkt, to| {
-                shared.metrics.cache_hits.inc();
-                send_now(shared, pkt, to);
-            },
-        );
+        let m = &shared.metrics;
+        let now = Instant::now();
+        for _ in 0..CACHE_READS {
+            let n = match cache.socket.try_recv(&mut cache.recv_buf) {
+                Ok(n) => n,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    trace!(error = %e, "cache receive");
+                    continue;
+                }
+            };
+            m.server_packets.inc();
+            m.server_bytes.add(n as u64);
+            let Some(mut waiters) = cache.machine.on_answer(&cache.recv_buf[..n], now) else {
+                continue;
+            };
+            m.cache_refresh_answers.inc();
+            debug!(
+                "cache: {} refreshed ({n} B)",
+                match waiters.query() {
+                    Query::Info => "infoResponse",
+                    Query::Status => "statusResponse",
+                }
+            );
+            while let Some(to) = waiters.next(&mut self.scratch) {
+                m.cache_hits.inc();
+                send_now(shared, &self.scratch, to);
+            }
+        }
     }
 
     fn tick(&mut self, now: Instant) {
-        self.limiter.sweep(now);
+        self.limiter.sweep(now.into_std());
         self.shared
             .metrics
             .query_sources
             .set(self.limiter.len() as u64);
-        if let Some(cache) = self.cache.as_mut() {
-            let dropped = cache.expire(now);
+        if let Some(cache) = self.cache.as_mut()
+            && let Some(dropped) = cache.machine.expire(now)
+        {
             if dropped > 0 {
                 debug!("cache: the game server did not answer; {dropped} queries dropped");
+            }
+            // A socket connected before the route to the game server existed (a tunnel that
+            // came up later) keeps a source address the server cannot answer: open it again.
+            match upstream_socket(self.shared.config.upstream) {
+                Ok(s) => cache.socket = s,
+                Err(e) => debug!("cache: cannot reopen its socket: {e}"),
             }
         }
     }
@@ -293,9 +343,9 @@ fn send_now(shared: &Shared, pkt: &[u8], to: SocketAddr) {
 }
 
 /// Waits until the cache socket is readable; forever when there is no cache.
-async fn readable(cache: Option<&QueryCache>) -> io::Result<()> {
+async fn readable(cache: Option<&Cache>) -> io::Result<()> {
     match cache {
-        Some(c) => c.socket().readable().await,
+        Some(c) => c.socket.readable().await,
         None => std::future::pending().await,
     }
 }

@@ -1,30 +1,23 @@
-//! Sessions: one per client address, each with its own upstream socket.
+//! A session: one client address, its bounded queue towards the game server, its counters and
+//! the time of its last packet. No I/O here: the session's task ([`super::forward`]) owns its
+//! upstream socket.
 //!
 //! The relay loop owns the decision to open a session and pushes the client's packets into its
-//! bounded queue ([`Session::push`]); the session's task sends them to the game server and sends
-//! the server's answers back to the client **through the public socket**, so they come from the
-//! public port. A session ends after `timeout` without a packet either way, when its server
-//! stops, or at once when it is cut (a ban). It then removes itself from the table and gives its
-//! slot of `MAX_SESSIONS` back.
+//! queue ([`Session::push`]); the task pops them ([`Session::pop`]). A session ends after
+//! `timeout` without a packet either way, when its server stops, or at once when it is cut (a
+//! ban).
 //!
 //! The queue recycles its buffers, so relaying does not allocate once a session is warm.
 
 use std::collections::VecDeque;
-use std::io;
 use std::net::SocketAddr;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, SystemTime};
 
-use guard::admission::Permit;
 use guard::counters::Counter;
-use tokio::net::UdpSocket;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, trace};
-
-use super::Shared;
-use crate::et;
 
 /// Queue buffers larger than this are not kept for reuse (bounds a session's idle memory:
 /// in-game packets stay under the engines' 1400-byte fragment size).
@@ -34,27 +27,29 @@ const KEEP_SPARE: usize = crate::net::BATCH;
 
 /// One client's session.
 #[derive(Debug)]
-pub struct Session {
+pub(super) struct Session {
     /// Unique among the server's sessions, so a late cleanup never removes a successor.
-    pub id: u64,
+    pub(super) id: u64,
     /// The client's address on the public side.
-    pub client: SocketAddr,
+    pub(super) client: SocketAddr,
     /// The upstream socket's local address: how the game server sees this client.
-    pub upstream_local: SocketAddr,
+    pub(super) upstream_local: SocketAddr,
     /// When the session opened (wall clock, for the control API).
-    pub opened: SystemTime,
+    opened: SystemTime,
     /// Milliseconds after the server's epoch of the last packet either way.
     last_active_ms: AtomicU64,
     /// Packets and bytes client → server.
-    pub packets_up: Counter,
+    pub(super) packets_up: Counter,
     /// See [`Session::packets_up`].
-    pub bytes_up: Counter,
+    pub(super) bytes_up: Counter,
     /// Packets and bytes server → client.
-    pub packets_down: Counter,
+    pub(super) packets_down: Counter,
     /// See [`Session::packets_down`].
-    pub bytes_down: Counter,
+    pub(super) bytes_down: Counter,
     /// Packets waiting for the game server.
     queue: Mutex<Queue>,
+    /// Most packets `queue` holds.
+    queue_limit: usize,
     /// Wakes the task when the queue gets a packet.
     wake: Notify,
     /// Ends the session (server stop, ban).
@@ -69,17 +64,65 @@ struct Queue {
 
 /// The queue is full; the packet was not taken.
 #[derive(Debug)]
-pub struct QueueFull;
+pub(super) struct QueueFull;
+
+/// Information on one open session, for the control API and tests.
+#[derive(Debug, Clone)]
+pub struct SessionInfo {
+    /// The real client address.
+    pub client: SocketAddr,
+    /// The address the game server sees this client as.
+    pub upstream_local: SocketAddr,
+    /// When it opened.
+    pub opened: SystemTime,
+    /// When the last packet passed, either way.
+    pub last_seen: SystemTime,
+    /// Client → server packets.
+    pub packets_up: u64,
+    /// Client → server bytes.
+    pub bytes_up: u64,
+    /// Server → client packets.
+    pub packets_down: u64,
+    /// Server → client bytes.
+    pub bytes_down: u64,
+}
 
 impl Session {
-    /// Queues a client packet for the game server and wakes the task.
+    /// A session `id` of `client`, seen by the game server as `upstream_local`, opened at
+    /// `now_ms`, holding at most `queue_limit` packets, ended by `cancel`.
+    pub(super) fn new(
+        id: u64,
+        client: SocketAddr,
+        upstream_local: SocketAddr,
+        now_ms: u64,
+        queue_limit: usize,
+        cancel: CancellationToken,
+    ) -> Self {
+        Session {
+            id,
+            client,
+            upstream_local,
+            opened: SystemTime::now(),
+            last_active_ms: AtomicU64::new(now_ms),
+            packets_up: Counter::default(),
+            bytes_up: Counter::default(),
+            packets_down: Counter::default(),
+            bytes_down: Counter::default(),
+            queue: Mutex::new(Queue::default()),
+            queue_limit,
+            wake: Notify::new(),
+            cancel,
+        }
+    }
+
+    /// Queues a client packet for the game server at `now_ms` and wakes the task.
     ///
     /// # Errors
-    /// [`QueueFull`] when `limit` packets are already waiting.
-    pub fn push(&self, data: &[u8], limit: usize, now_ms: u64) -> Result<(), QueueFull> {
+    /// [`QueueFull`] when the queue holds its limit already.
+    pub(super) fn push(&self, data: &[u8], now_ms: u64) -> Result<(), QueueFull> {
         {
-            let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
-            if q.packets.len() >= limit {
+            let mut q = self.lock_queue();
+            if q.packets.len() >= self.queue_limit {
                 return Err(QueueFull);
             }
             let mut buf = q.spare.pop().unwrap_or_default();
@@ -92,148 +135,106 @@ impl Session {
         Ok(())
     }
 
-    /// Records activity at `now_ms`.
-    #[inline]
-    pub fn touch(&self, now_ms: u64) {
-        self.last_active_ms.fetch_max(now_ms, Ordering::Relaxed);
+    /// The oldest queued packet; give its buffer back with [`Session::recycle`].
+    pub(super) fn pop(&self) -> Option<Vec<u8>> {
+        self.lock_queue().packets.pop_front()
     }
 
-    /// Milliseconds after the server's epoch of the last packet either way.
-    pub fn last_active_ms(&self) -> u64 {
-        self.last_active_ms.load(Ordering::Relaxed)
-    }
-
-    /// True once the session has ended or is ending.
-    pub fn is_closed(&self) -> bool {
-        self.cancel.is_cancelled()
-    }
-
-    /// Ends the session now (its task removes it from the table).
-    pub fn cut(&self) {
-        self.cancel.cancel();
-    }
-
-    fn pop(&self) -> Option<Vec<u8>> {
-        self.queue
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .packets
-            .pop_front()
-    }
-
-    fn recycle(&self, buf: Vec<u8>) {
+    /// Keeps a sent packet's buffer for a later [`Session::push`] (within bounds).
+    pub(super) fn recycle(&self, buf: Vec<u8>) {
         if buf.capacity() <= KEEP_BUF {
-            let mut q = self.queue.lock().unwrap_or_else(|p| p.into_inner());
+            let mut q = self.lock_queue();
             if q.spare.len() < KEEP_SPARE {
                 q.spare.push(buf);
             }
         }
     }
-}
 
-/// Opens the upstream socket of a new session for `client` and starts its task.
-///
-/// Nothing here waits: a UDP bind and connect return at once, so the relay loop is never held.
-///
-/// # Errors
-/// The socket could not be created, bound or connected.
-pub(super) fn open(
-    shared: &Arc<Shared>,
-    client: SocketAddr,
-    id: u64,
-    now_ms: u64,
-    permit: Permit,
-) -> io::Result<Arc<Session>> {
-    let upstream = shared.config.upstream;
-    let socket = super::upstream_socket(upstream)?;
-    let session = Arc::new(Session {
-        id,
-        client,
-        upstream_local: socket.local_addr()?,
-        opened: SystemTime::now(),
-        last_active_ms: AtomicU64::new(now_ms),
-        packets_up: Counter::default(),
-        bytes_up: Counter::default(),
-        packets_down: Counter::default(),
-        bytes_down: Counter::default(),
-        queue: Mutex::new(Queue::default()),
-        wake: Notify::new(),
-        cancel: shared.cancel.child_token(),
-    });
-    let task = run(Arc::clone(shared), Arc::clone(&session), socket, permit);
-    shared.tracker.spawn(task);
-    Ok(session)
-}
+    /// Resolves when a packet was queued since the last call.
+    pub(super) async fn queued(&self) {
+        self.wake.notified().await;
+    }
 
-/// The session's task: queue → game server, game server → client, idle timeout.
-async fn run(shared: Arc<Shared>, session: Arc<Session>, upstream: UdpSocket, permit: Permit) {
-    let timeout = shared.config.session.timeout;
-    let mut buf = vec![0u8; shared.config.session.max_packet.max(1)];
-    let idle = tokio::time::sleep(timeout);
-    tokio::pin!(idle);
-    loop {
-        // A socket that is always ready never makes a task yield by itself: take part in
-        // tokio's cooperative budget so one busy session cannot starve the others.
-        tokio::task::coop::consume_budget().await;
-        tokio::select! {
-            biased;
-            () = session.cancel.cancelled() => break,
-            () = session.wake.notified() => flush(&shared, &session, &upstream).await,
-            r = upstream.recv(&mut buf) => match r {
-                Ok(n) => reply(&shared, &session, &buf[..n]).await,
-                // ICMP "port unreachable" from a game server that is down, surfacing on the
-                // connected socket: nothing to relay, nothing to stop.
-                Err(e) => trace!(error = %e, "upstream receive"),
-            },
-            () = &mut idle => {
-                let last = session.last_active_ms();
-                let deadline = shared.epoch + Duration::from_millis(last) + timeout;
-                if deadline <= Instant::now() {
-                    break;
-                }
-                idle.as_mut().reset(deadline.into());
-            }
+    /// Records activity at `now_ms`.
+    #[inline]
+    pub(super) fn touch(&self, now_ms: u64) {
+        self.last_active_ms.fetch_max(now_ms, Ordering::Relaxed);
+    }
+
+    /// Milliseconds after the server's epoch of the last packet either way.
+    pub(super) fn last_active_ms(&self) -> u64 {
+        self.last_active_ms.load(Ordering::Relaxed)
+    }
+
+    /// True once the session has ended or is ending.
+    pub(super) fn is_closed(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Resolves once the session ends (server stop, ban).
+    pub(super) async fn closed(&self) {
+        self.cancel.cancelled().await;
+    }
+
+    /// Ends the session now (its task removes it from the table).
+    pub(super) fn cut(&self) {
+        self.cancel.cancel();
+    }
+
+    /// The session as the control API shows it, at `now_ms` (and now on the wall clock).
+    pub(super) fn info(&self, now_ms: u64) -> SessionInfo {
+        let idle = Duration::from_millis(now_ms.saturating_sub(self.last_active_ms()));
+        SessionInfo {
+            client: self.client,
+            upstream_local: self.upstream_local,
+            opened: self.opened,
+            last_seen: SystemTime::now() - idle,
+            packets_up: self.packets_up.get(),
+            bytes_up: self.bytes_up.get(),
+            packets_down: self.packets_down.get(),
+            bytes_down: self.bytes_down.get(),
         }
     }
-    session.cancel.cancel();
-    let open = shared.remove_session(&session);
-    drop(permit);
-    debug!("session - {} ({open} active)", session.client);
-}
 
-/// Sends every queued packet to the game server.
-async fn flush(shared: &Shared, session: &Session, upstream: &UdpSocket) {
-    while let Some(pkt) = session.pop() {
-        match upstream.send(&pkt).await {
-            Ok(n) => {
-                shared.metrics.upstream_packets.inc();
-                shared.metrics.upstream_bytes.add(n as u64);
-                session.packets_up.inc();
-                session.bytes_up.add(n as u64);
-            }
-            Err(e) => {
-                shared.metrics.drop(super::Drop::Upstream);
-                trace!(error = %e, "upstream send");
-            }
-        }
-        session.recycle(pkt);
+    fn lock_queue(&self) -> std::sync::MutexGuard<'_, Queue> {
+        self.queue.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// Sends one answer of the game server back to the client from the public socket.
-async fn reply(shared: &Shared, session: &Session, data: &[u8]) {
-    session.touch(shared.now_ms());
-    shared.metrics.server_packets.inc();
-    shared.metrics.server_bytes.add(data.len() as u64);
-    session.packets_down.inc();
-    session.bytes_down.add(data.len() as u64);
-    if et::is_oob(data) {
-        debug!(
-            "{} <- ET {} ({} B)",
-            session.client,
-            et::command_word(data),
-            data.len()
-        );
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn session(limit: usize) -> Session {
+        let a = SocketAddr::from(([192, 0, 2, 1], 1));
+        Session::new(1, a, a, 10, limit, CancellationToken::new())
     }
-    shared.send_to_client(data, session.client).await;
+
+    #[test]
+    fn the_queue_is_bounded_and_keeps_the_order() {
+        let s = session(2);
+        s.push(b"one", 20).unwrap();
+        s.push(b"two", 30).unwrap();
+        assert!(s.push(b"three", 40).is_err());
+        assert_eq!(s.last_active_ms(), 30, "a refused packet is no activity");
+        let one = s.pop().unwrap();
+        assert_eq!(one, b"one");
+        s.recycle(one);
+        s.push(b"four", 50).unwrap();
+        assert_eq!(s.pop().unwrap(), b"two");
+        assert_eq!(s.pop().unwrap(), b"four");
+        assert!(s.pop().is_none());
+    }
+
+    #[test]
+    fn activity_only_moves_forward_and_a_cut_closes() {
+        let s = session(1);
+        s.touch(100);
+        s.touch(50);
+        assert_eq!(s.last_active_ms(), 100);
+        assert_eq!(s.info(1_100).packets_up, 0);
+        assert!(!s.is_closed());
+        s.cut();
+        assert!(s.is_closed());
+    }
 }

@@ -18,6 +18,35 @@ fn control_address(line: &str) -> Option<SocketAddr> {
     line.split("control API on ").nth(1)?.trim().parse().ok()
 }
 
+/// An `etrelay --ports …` process started, its control API maybe not up yet.
+pub struct Launch {
+    pub child: Child,
+    pub ip: Ipv4Addr,
+    pub ports: Vec<u16>,
+    pub state_dir: PathBuf,
+    pub log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Launch {
+    /// Waits, at most `limit`, for the control API to be up.
+    pub async fn ready(self, limit: Duration) -> Daemon {
+        let control =
+            super::wait_for_line(&self.log, control_address, limit, "the control API").await;
+        Daemon {
+            child: self.child,
+            control,
+            ip: self.ip,
+            ports: self.ports,
+            state_dir: self.state_dir,
+            log: self.log,
+            http: reqwest::Client::builder()
+                .timeout(Duration::from_secs(15))
+                .build()
+                .unwrap(),
+        }
+    }
+}
+
 /// A running `etrelay --ports …` process.
 pub struct Daemon {
     pub child: Child,
@@ -53,6 +82,19 @@ impl Daemon {
         control: &str,
         extra: &[&str],
     ) -> Daemon {
+        Self::launch(ip, state_dir, ports, control, extra)
+            .ready(Duration::from_secs(30))
+            .await
+    }
+
+    /// Starts the process; [`Launch::ready`] then waits for its control API.
+    pub fn launch(
+        ip: Ipv4Addr,
+        state_dir: &Path,
+        ports: &[u16],
+        control: &str,
+        extra: &[&str],
+    ) -> Launch {
         std::fs::create_dir_all(state_dir).unwrap();
         let token_file = state_dir.with_extension("token");
         std::fs::write(&token_file, TOKEN).unwrap();
@@ -75,19 +117,13 @@ impl Daemon {
             args.extend(["--masters".to_string(), String::new()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let (child, log, control) =
-            super::spawn_etrelay(&args, control_address, Duration::from_secs(30)).await;
-        Daemon {
+        let (child, log) = super::spawn_logged(&args);
+        Launch {
             child,
-            control,
+            log,
             ip,
             ports: ports.to_vec(),
             state_dir: state_dir.to_path_buf(),
-            log,
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(15))
-                .build()
-                .unwrap(),
         }
     }
 

@@ -18,13 +18,9 @@ use tokio_util::sync::CancellationToken;
 /// Lines a spawned process wrote to stderr so far.
 pub type Log = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
 
-/// Spawns the `etrelay` binary with `args` (stderr collected into the returned log) and waits,
-/// at most `limit`, for the first stderr line in which `find` sees an address.
-pub async fn spawn_etrelay(
-    args: &[String],
-    find: fn(&str) -> Option<SocketAddr>,
-    limit: Duration,
-) -> (tokio::process::Child, Log, SocketAddr) {
+/// Spawns the `etrelay` binary with `args`; its stderr lines are collected into the returned
+/// log as they come.
+pub fn spawn_logged(args: &[String]) -> (tokio::process::Child, Log) {
     use tokio::io::{AsyncBufReadExt, BufReader};
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_etrelay"))
         .args(args)
@@ -37,23 +33,41 @@ pub async fn spawn_etrelay(
         .expect("spawn etrelay");
     let stderr = child.stderr.take().expect("stderr piped");
     let log = Log::default();
-    let (tx, rx) = tokio::sync::oneshot::channel();
     let sink = std::sync::Arc::clone(&log);
     tokio::spawn(async move {
         let mut lines = BufReader::new(stderr).lines();
-        let mut tx = Some(tx);
         while let Ok(Some(line)) = lines.next_line().await {
-            if let Some(addr) = find(&line)
-                && let Some(tx) = tx.take()
-            {
-                let _ = tx.send(addr);
-            }
             sink.lock().unwrap().push(line);
         }
     });
-    let addr = within(limit, "etrelay start line", rx)
-        .await
-        .expect("etrelay started");
+    (child, log)
+}
+
+/// Waits, at most `limit`, for the first line of `log` in which `find` sees something, and
+/// returns that; panics with `what` when it does not come.
+pub async fn wait_for_line<T>(
+    log: &Log,
+    find: impl Fn(&str) -> Option<T>,
+    limit: Duration,
+    what: &str,
+) -> T {
+    let first = || log.lock().unwrap().iter().find_map(|l| find(l));
+    assert!(
+        eventually(limit, || first().is_some()).await,
+        "timed out: {what}"
+    );
+    first().expect("found above")
+}
+
+/// Spawns the `etrelay` binary with `args` (stderr collected into the returned log) and waits,
+/// at most `limit`, for the first stderr line in which `find` sees an address.
+pub async fn spawn_etrelay(
+    args: &[String],
+    find: fn(&str) -> Option<SocketAddr>,
+    limit: Duration,
+) -> (tokio::process::Child, Log, SocketAddr) {
+    let (child, log) = spawn_logged(args);
+    let addr = wait_for_line(&log, find, limit, "etrelay start line").await;
     (child, log, addr)
 }
 

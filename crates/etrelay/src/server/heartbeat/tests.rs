@@ -1,0 +1,139 @@
+use super::*;
+
+const INTERVAL: Duration = Duration::from_secs(300);
+
+fn heartbeat() -> Option<ToMasters> {
+    Some(ToMasters {
+        beat: Beat::Heartbeat,
+        packet: Game::Et.heartbeat(),
+    })
+}
+
+fn flatline() -> Option<ToMasters> {
+    Some(ToMasters {
+        beat: Beat::Flatline,
+        packet: b"\xff\xff\xff\xffheartbeat ETFlatline-1\n",
+    })
+}
+
+/// One round at `now`: the machine asks for a probe, gets its result, then says when the next
+/// one is due.
+fn round(hb: &mut Heartbeat, now: Instant, answered: bool) -> Round {
+    assert_eq!(hb.poll(now), Next::Probe);
+    let r = hb.probed(answered);
+    assert_eq!(hb.poll(now), Next::WaitUntil(now + INTERVAL));
+    r
+}
+
+#[test]
+fn unknown_to_up_heartbeats_and_up_keeps_heartbeating() {
+    let t0 = Instant::now();
+    let mut hb = Heartbeat::new(Game::Et, INTERVAL);
+    let r = round(&mut hb, t0, true);
+    assert_eq!(
+        r,
+        Round {
+            state: ProbeState::Up,
+            change: Change::Answers,
+            send: heartbeat()
+        }
+    );
+    // Not before the interval has passed since the end of the round.
+    let t1 = t0 + INTERVAL;
+    assert_eq!(hb.poll(t1 - Duration::from_millis(1)), Next::WaitUntil(t1));
+    let r = round(&mut hb, t1, true);
+    assert_eq!((r.change, r.send), (Change::None, heartbeat()));
+}
+
+#[test]
+fn one_flatline_for_the_whole_outage_then_heartbeats_again() {
+    let mut t = Instant::now();
+    let mut hb = Heartbeat::new(Game::Et, INTERVAL);
+    assert_eq!(round(&mut hb, t, true).send, heartbeat());
+    t += INTERVAL;
+    let r = round(&mut hb, t, false);
+    assert_eq!(
+        r,
+        Round {
+            state: ProbeState::Down,
+            change: Change::StoppedAnswering,
+            send: flatline()
+        }
+    );
+    // However many rounds the outage lasts: nothing more.
+    for _ in 0..5 {
+        t += INTERVAL;
+        let r = round(&mut hb, t, false);
+        assert_eq!(
+            (r.state, r.change, r.send),
+            (ProbeState::Down, Change::None, None)
+        );
+    }
+    t += INTERVAL;
+    let r = round(&mut hb, t, true);
+    assert_eq!(
+        r,
+        Round {
+            state: ProbeState::Up,
+            change: Change::Answers,
+            send: heartbeat()
+        }
+    );
+}
+
+#[test]
+fn a_server_never_up_gets_no_flatline() {
+    let t0 = Instant::now();
+    let mut hb = Heartbeat::new(Game::Et, INTERVAL);
+    let r = round(&mut hb, t0, false);
+    assert_eq!(
+        r,
+        Round {
+            state: ProbeState::Down,
+            change: Change::DoesNotAnswer,
+            send: None
+        }
+    );
+    let r = round(&mut hb, t0 + INTERVAL, false);
+    assert_eq!((r.change, r.send), (Change::None, None));
+}
+
+#[test]
+fn stopping_sends_the_flatline_whatever_the_state() {
+    for answers in [None, Some(true), Some(false)] {
+        let mut hb = Heartbeat::new(Game::Et, INTERVAL);
+        if let Some(a) = answers {
+            round(&mut hb, Instant::now(), a);
+        }
+        assert_eq!(hb.stop(), flatline(), "{answers:?}");
+    }
+}
+
+#[test]
+fn q3_heartbeats_and_never_flatlines() {
+    let t0 = Instant::now();
+    let mut hb = Heartbeat::new(Game::Q3, INTERVAL);
+    let r = round(&mut hb, t0, true);
+    assert_eq!(
+        r.send,
+        Some(ToMasters {
+            beat: Beat::Heartbeat,
+            packet: b"\xff\xff\xff\xffheartbeat QuakeArena-1\n"
+        })
+    );
+    let r = round(&mut hb, t0 + INTERVAL, false);
+    assert_eq!((r.change, r.send), (Change::StoppedAnswering, None));
+    assert_eq!(hb.stop(), None);
+}
+
+#[test]
+fn the_probe_status_keeps_the_last_answer() {
+    let mut st = ProbeStatus::default();
+    assert_eq!(st.state, ProbeState::Unknown);
+    let t1 = SystemTime::now();
+    st.record(ProbeState::Up, t1);
+    let t2 = t1 + Duration::from_secs(300);
+    st.record(ProbeState::Down, t2);
+    assert_eq!(st.state, ProbeState::Down);
+    assert_eq!((st.last_probe, st.last_answer), (Some(t2), Some(t1)));
+}

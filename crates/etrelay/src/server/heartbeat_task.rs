@@ -1,0 +1,110 @@
+//! The heartbeat task: drives the [`Heartbeat`] machine of one server with real I/O.
+//!
+//! When the machine asks for a probe, the task asks the game server `getinfo hb…` on a fresh
+//! socket of its own ([`probe::ask`]: a socket connected before the route to the game server
+//! existed, a tunnel that came up later, would keep a source address the server cannot answer).
+//! What the machine says goes to the masters is sent **from the public socket**: the master
+//! then challenges the public address, the challenge is relayed like any client packet, and
+//! the master lists the relay's address. Masters are resolved on every send; one that does not
+//! resolve is skipped with a warning. When the server stops, a probe or a wait is cut short and
+//! the machine's last word (the flatline) is sent.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tracing::{debug, info, warn};
+
+use super::heartbeat::{Beat, Change, Heartbeat, Next, ToMasters};
+use super::shared::Shared;
+use crate::clock::Instant;
+use crate::et::classify::Query;
+use crate::probe;
+
+/// Longest wait for one master's name to resolve.
+const RESOLVE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Runs until the server stops, then sends the flatline.
+pub(super) async fn run(shared: Arc<Shared>) {
+    let cfg = &shared.config;
+    let mut heartbeat = Heartbeat::new(cfg.game, cfg.heartbeat_interval);
+    loop {
+        match heartbeat.poll(Instant::now()) {
+            Next::WaitUntil(at) => tokio::select! {
+                () = shared.cancel.cancelled() => break,
+                () = tokio::time::sleep_until(at) => {}
+            },
+            Next::Probe => {
+                let answered = tokio::select! {
+                    () = shared.cancel.cancelled() => break,
+                    r = probe::ask(cfg.upstream, Query::Info, "hb", cfg.probe_timeout) => {
+                        r.unwrap_or_else(|e| {
+                            warn!("heartbeat: cannot open the probe socket: {e}");
+                            None
+                        })
+                        .is_some()
+                    }
+                };
+                let round = heartbeat.probed(answered);
+                shared.metrics.probe_state.set(round.state as u64);
+                shared.probe_status().record(round.state, SystemTime::now());
+                match round.change {
+                    Change::Answers => info!("game server {} answers", cfg.upstream),
+                    Change::StoppedAnswering => {
+                        warn!("game server {} stopped answering", cfg.upstream);
+                    }
+                    Change::DoesNotAnswer => {
+                        warn!("game server {} does not answer", cfg.upstream);
+                    }
+                    Change::None => {}
+                }
+                if let Some(send) = round.send {
+                    send_to_masters(&shared, send).await;
+                }
+            }
+        }
+    }
+    if let Some(send) = heartbeat.stop() {
+        send_to_masters(&shared, send).await;
+    }
+}
+
+/// Sends a packet to every master from the public socket.
+async fn send_to_masters(shared: &Shared, send: ToMasters) {
+    let text = String::from_utf8_lossy(&send.packet[4..]);
+    let text = text.trim_end();
+    let want_v4 = shared.public_addr.is_ipv4();
+    for master in &shared.config.masters {
+        let resolved =
+            tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(master.as_str())).await;
+        let addr = match resolved {
+            Ok(Ok(mut addrs)) => addrs.find(|a| a.is_ipv4() == want_v4),
+            Ok(Err(e)) => {
+                warn!("master {master} does not resolve ({e}): skipped");
+                continue;
+            }
+            Err(_) => {
+                warn!("master {master} did not resolve in time: skipped");
+                continue;
+            }
+        };
+        let Some(addr) = addr else {
+            warn!("master {master} has no address of the public socket's family: skipped");
+            continue;
+        };
+        send_one(shared, send, master, addr, text).await;
+    }
+}
+
+async fn send_one(shared: &Shared, send: ToMasters, master: &str, addr: SocketAddr, text: &str) {
+    match shared.public.send_to(send.packet, addr).await {
+        Ok(_) => {
+            match send.beat {
+                Beat::Heartbeat => shared.metrics.heartbeats.inc(),
+                Beat::Flatline => shared.metrics.flatlines.inc(),
+            }
+            debug!("{text} -> {master} ({addr})");
+        }
+        Err(e) => warn!("{text} to {master} ({addr}) failed: {e}"),
+    }
+}
