@@ -95,25 +95,13 @@ pub(crate) fn open_durable(path: &Path) -> Result<Connection, StoreError> {
 
 /// Creates an empty file readable by its owner only, unless it exists. SQLite gives its `-wal`
 /// and `-shm` files the database file's permissions.
-#[cfg(unix)]
 fn create_private(path: &Path) -> Result<(), StoreError> {
-    use std::os::unix::fs::OpenOptionsExt;
-    match std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)
-    {
-        Ok(_) => Ok(()),
+    match guard::statefile::create_new_private(path, b"") {
+        Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(source) => Err(StoreError::File {
             path: path.to_path_buf(),
             source,
         }),
     }
-}
-
-#[cfg(not(unix))]
-fn create_private(_path: &Path) -> Result<(), StoreError> {
-    Ok(())
 }

@@ -167,7 +167,10 @@ pub trait CounterSet {
 
 /// Declares a struct of counters, its snapshot and its Prometheus families in one place.
 ///
-/// Each field is a [`Counter`], [`Gauge`] or [`Stamp`]; its doc comment is its help text.
+/// Each field under `counters` is a [`Counter`], [`Gauge`] or [`Stamp`]; its doc comment is its
+/// help text. Fields after the `counters` block are plain fields of the struct (each needs
+/// `Default` and `Debug`), outside the snapshot and the families: labelled families the owner
+/// renders itself, for instance.
 ///
 /// ```
 /// guard::counter_set! {
@@ -176,10 +179,14 @@ pub trait CounterSet {
 ///         prefix: "demo_",
 ///         /// Their values at one moment.
 ///         snapshot: ThingsSnapshot,
-///         /// Things seen.
-///         seen: Counter,
-///         /// Things open now.
-///         open: Gauge,
+///         counters: {
+///             /// Things seen.
+///             seen: Counter,
+///             /// Things open now.
+///             open: Gauge,
+///         },
+///         /// Things refused, by reason (rendered by hand, with a label).
+///         pub refused: [guard::counters::Counter; 3],
 ///     }
 /// }
 /// let t = Things::default();
@@ -196,9 +203,15 @@ macro_rules! counter_set {
             prefix: $prefix:literal,
             $(#[$snap_meta:meta])*
             snapshot: $snap:ident,
+            counters: {
+                $(
+                    $(#[doc = $doc:literal])*
+                    $field:ident: $kind:ident,
+                )*
+            },
             $(
-                $(#[doc = $doc:literal])*
-                $field:ident: $kind:ident,
+                $(#[$extra_meta:meta])*
+                $extra_vis:vis $extra:ident: $extra_ty:ty,
             )*
         }
     ) => {
@@ -206,6 +219,7 @@ macro_rules! counter_set {
         #[derive(Debug, Default)]
         $vis struct $name {
             $( $(#[doc = $doc])* pub $field: $crate::counters::$kind, )*
+            $( $(#[$extra_meta])* $extra_vis $extra: $extra_ty, )*
         }
 
         $(#[$snap_meta])*
@@ -344,13 +358,17 @@ mod tests {
             prefix: "demo_",
             /// Its snapshot.
             snapshot: DemoSnapshot,
-            /// Packets seen,
-            /// over two lines.
-            packets: Counter,
-            /// Open now.
-            open: Gauge,
-            /// Last seen.
-            last_seen: Stamp,
+            counters: {
+                /// Packets seen,
+                /// over two lines.
+                packets: Counter,
+                /// Open now.
+                open: Gauge,
+                /// Last seen.
+                last_seen: Stamp,
+            },
+            /// Not a family.
+            extra: u8,
         }
     }
 
@@ -359,6 +377,7 @@ mod tests {
         let d = Demo::default();
         d.packets.add(2);
         d.open.set(7);
+        assert_eq!(d.extra, 0, "plain fields are part of the struct");
         assert_eq!(
             d.snapshot(),
             DemoSnapshot {

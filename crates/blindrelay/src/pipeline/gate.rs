@@ -6,6 +6,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use guard::admission::{Gate, Permit};
+use guard::window::FixedWindow;
 
 /// Requests in flight at most, by default.
 pub const MAX_IN_FLIGHT: usize = 64;
@@ -14,19 +15,12 @@ pub const DEFAULT_PER_WINDOW: u32 = 1200;
 /// The admission window.
 pub const WINDOW: Duration = Duration::from_secs(60);
 
-/// A fixed window counter.
-#[derive(Debug)]
-struct Window {
-    start: Instant,
-    count: u32,
-}
-
 /// The request gate.
 #[derive(Debug)]
 pub struct RequestGate {
     /// Requests admitted per [`WINDOW`].
     limit: u32,
-    window: Mutex<Window>,
+    window: Mutex<FixedWindow>,
     in_flight: Gate,
 }
 
@@ -42,29 +36,18 @@ impl RequestGate {
     pub fn new(limit: u32, max_in_flight: usize, now: Instant) -> Self {
         RequestGate {
             limit,
-            window: Mutex::new(Window {
-                start: now,
-                count: 0,
-            }),
+            window: Mutex::new(FixedWindow::new(now)),
             in_flight: Gate::new(max_in_flight),
         }
     }
 
     /// Step 1 at `now`: `None` when the window is used up or every in-flight slot is taken.
     pub fn admit(&self, now: Instant) -> Option<Admitted> {
-        let in_window = {
-            let mut w = self.window.lock().unwrap_or_else(|p| p.into_inner());
-            if now.saturating_duration_since(w.start) >= WINDOW {
-                w.start = now;
-                w.count = 0;
-            }
-            if w.count < self.limit {
-                w.count += 1;
-                true
-            } else {
-                false
-            }
-        };
+        let in_window = self
+            .window
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .try_hit(now, WINDOW, self.limit);
         self.in_flight
             .try_acquire()
             .filter(|_| in_window)

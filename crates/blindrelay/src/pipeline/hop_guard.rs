@@ -26,6 +26,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use guard::limiter::{Full, KeyedLimiter, Limits, Rule};
+use guard::window::FixedWindow;
 use tracing::debug;
 
 use crate::counters::Counters;
@@ -48,10 +49,10 @@ pub const MAX_BUCKETS: usize = 4096;
 /// One identity's state.
 #[derive(Debug, Clone, Copy)]
 struct HopState {
-    window_start: Instant,
-    count: u32,
-    fail_start: Instant,
-    score: u32,
+    /// Requests in the current [`RATE_WINDOW`].
+    rate: FixedWindow,
+    /// Scored failures in the current [`FAILURE_WINDOW`].
+    failures: FixedWindow,
     quarantine_until: Option<Instant>,
 }
 
@@ -87,10 +88,8 @@ impl Rule for HopRule {
 
     fn fresh(&self, now: Instant) -> HopState {
         HopState {
-            window_start: now,
-            count: 0,
-            fail_start: now,
-            score: 0,
+            rate: FixedWindow::new(now),
+            failures: FixedWindow::new(now),
             quarantine_until: None,
         }
     }
@@ -100,14 +99,9 @@ impl Rule for HopRule {
             return Verdict::Quarantined;
         }
         s.quarantine_until = None;
-        if now.saturating_duration_since(s.window_start) >= RATE_WINDOW {
-            s.window_start = now;
-            s.count = 0;
-        }
-        s.count += 1;
-        if s.count > RATE_LIMIT {
+        if s.rate.hit(now, RATE_WINDOW) > RATE_LIMIT {
             s.quarantine_until = Some(now + QUARANTINE);
-            s.count = 0;
+            s.rate.clear();
             return Verdict::RateLimited;
         }
         Verdict::Allowed
@@ -115,8 +109,8 @@ impl Rule for HopRule {
 
     fn at_rest(&self, s: &HopState, now: Instant) -> bool {
         s.quarantine_until.is_none_or(|u| u <= now)
-            && now.saturating_duration_since(s.window_start) >= RATE_WINDOW
-            && (s.score == 0 || now.saturating_duration_since(s.fail_start) >= FAILURE_WINDOW)
+            && s.rate.has_ended(now, RATE_WINDOW)
+            && (s.failures.count() == 0 || s.failures.has_ended(now, FAILURE_WINDOW))
     }
 }
 
@@ -202,13 +196,8 @@ impl HopGuard {
     fn score(&self, hop: &NodeId, now: Instant) -> bool {
         self.lock()
             .update(hop, now, |_, s| {
-                if now.saturating_duration_since(s.fail_start) >= FAILURE_WINDOW {
-                    s.fail_start = now;
-                    s.score = 0;
-                }
-                s.score += 1;
-                if s.score >= FAILURE_THRESHOLD {
-                    s.score = 0;
+                if s.failures.hit(now, FAILURE_WINDOW) >= FAILURE_THRESHOLD {
+                    s.failures.clear();
                     s.quarantine_until = Some(now + QUARANTINE);
                     true
                 } else {

@@ -13,15 +13,7 @@ pub fn render(pipeline: &Pipeline) -> String {
     let c = &ctx.counters;
     let q = quality(&c.snapshot(), now);
     let mut out = PromText::new();
-    for (name, value) in c.named() {
-        let metric = format!("blindrelay_{name}_total");
-        out.family(
-            &metric,
-            Kind::Counter,
-            &format!("Requests or events counted as {name}."),
-        );
-        out.sample(&metric, &[], value);
-    }
+    out.counter_sets(&[(&[], c)]);
     out.family(
         "blindrelay_status",
         Kind::Gauge,

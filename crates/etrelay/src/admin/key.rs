@@ -1,9 +1,7 @@
 //! The server key (its file and fingerprint), and the other secrets the admin tool reads from
 //! files: the relay token and the rcon password.
 
-use std::fs::{File, OpenOptions};
-use std::io::{self, Write as _};
-use std::os::unix::fs::OpenOptionsExt as _;
+use std::io;
 use std::path::Path;
 
 use rand::RngCore as _;
@@ -114,28 +112,9 @@ fn new_key() -> String {
     hex::encode(bytes)
 }
 
+/// Writes a new key file (mode 0600, never over an existing one), durably.
 fn write_new(path: &Path, key: &str) -> io::Result<()> {
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(path)?;
-    file.write_all(key.as_bytes())?;
-    file.write_all(b"\n")?;
-    file.sync_all()?;
-    // Make the new directory entry durable too; a directory that cannot be opened or synced
-    // (some filesystems) does not make the key any less written.
-    if let Some(dir) = path.parent() {
-        let dir = if dir.as_os_str().is_empty() {
-            Path::new(".")
-        } else {
-            dir
-        };
-        if let Ok(dir) = File::open(dir) {
-            let _ = dir.sync_all();
-        }
-    }
-    Ok(())
+    guard::statefile::create_new_private(path, format!("{key}\n").as_bytes())
 }
 
 fn read(path: &Path) -> Result<String, AdminError> {

@@ -1,6 +1,6 @@
 //! Counters of one relayed server. Aggregates only: no address, no payload.
 
-use guard::counters::{Counter, Gauge, Kind, PromText};
+use guard::counters::{Counter, Kind, PromText};
 
 /// Why a packet from a client was not relayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,49 +70,56 @@ pub enum ProbeState {
     Down = 2,
 }
 
-/// Counters of one server.
-#[derive(Debug, Default)]
-pub struct ServerMetrics {
-    /// Datagrams from clients on the public socket.
-    pub client_packets: Counter,
-    /// Their bytes.
-    pub client_bytes: Counter,
-    /// Datagrams sent to the game server (sessions and cache refreshes; probes not counted).
-    pub upstream_packets: Counter,
-    /// Their bytes.
-    pub upstream_bytes: Counter,
-    /// Datagrams received from the game server (sessions and the cache socket).
-    pub server_packets: Counter,
-    /// Their bytes.
-    pub server_bytes: Counter,
-    /// Datagrams sent to clients from the public socket (relayed or cached answers).
-    pub reply_packets: Counter,
-    /// Their bytes.
-    pub reply_bytes: Counter,
-    /// Client datagrams dropped, by [`Drop`] reason.
-    pub drops: [Counter; Drop::ALL.len()],
-    /// Queries answered from the cache.
-    pub cache_hits: Counter,
-    /// Queries the cache sent to the game server.
-    pub cache_refreshes: Counter,
-    /// Of those, the ones the game server answered.
-    pub cache_refresh_answers: Counter,
-    /// Sessions opened since start.
-    pub sessions_opened: Counter,
-    /// Sessions open now.
-    pub sessions_open: Gauge,
-    /// Heartbeats sent (one per master).
-    pub heartbeats: Counter,
-    /// Flatlines sent (one per master).
-    pub flatlines: Counter,
-    /// [`ProbeState`] as a number.
-    pub probe_state: Gauge,
-    /// Server answers that could not be sent back to their client.
-    pub reply_errors: Counter,
-    /// Source IPs the query limiter remembers now.
-    pub query_sources: Gauge,
-    /// Slots of the query limiter's table (fixed at start: the limiter's memory).
-    pub query_slots: Gauge,
+guard::counter_set! {
+    /// Counters of one server. Each counter's doc comment is its Prometheus help text.
+    pub struct ServerMetrics {
+        prefix: "etrelay_",
+        /// The counters of one server at one moment.
+        snapshot: ServerSnapshot,
+        counters: {
+            /// Datagrams received from clients.
+            client_packets: Counter,
+            /// Bytes received from clients.
+            client_bytes: Counter,
+            /// Datagrams sent to the game server (sessions and cache refreshes; probes not
+            /// counted).
+            upstream_packets: Counter,
+            /// Bytes sent to the game server.
+            upstream_bytes: Counter,
+            /// Datagrams received from the game server (sessions and the cache socket).
+            server_packets: Counter,
+            /// Bytes received from the game server.
+            server_bytes: Counter,
+            /// Datagrams sent to clients from the public socket (relayed or cached answers).
+            reply_packets: Counter,
+            /// Bytes sent to clients.
+            reply_bytes: Counter,
+            /// Datagrams that could not be sent to clients.
+            reply_errors: Counter,
+            /// Queries answered from the cache.
+            cache_hits: Counter,
+            /// Queries the cache sent to the game server.
+            cache_refreshes: Counter,
+            /// Cache queries the game server answered.
+            cache_refresh_answers: Counter,
+            /// Sessions opened.
+            sessions_opened: Counter,
+            /// Sessions open now.
+            sessions_open: Gauge,
+            /// Heartbeats sent to masters (one per master).
+            heartbeats: Counter,
+            /// Flatlines sent to masters (one per master).
+            flatlines: Counter,
+            /// Game server state: 0 unknown, 1 up, 2 down.
+            probe_state: Gauge,
+            /// Source IPs the query limiter remembers.
+            query_sources: Gauge,
+            /// Slots of the query limiter's fixed table (its memory, fixed at start).
+            query_slots: Gauge,
+        },
+        /// Client datagrams dropped, by [`Drop`] reason (one labelled family).
+        drops: [Counter; Drop::ALL.len()],
+    }
 }
 
 impl ServerMetrics {
@@ -130,131 +137,17 @@ impl ServerMetrics {
     /// Appends the samples of `servers` (labelled with their public port) to a document: each
     /// family once, with one sample per server.
     pub fn render_all(servers: &[(u16, &ServerMetrics)], out: &mut PromText) {
-        use Kind::{Counter as C, Gauge as G};
-        type Get = fn(&ServerMetrics) -> u64;
-        let families: [(&str, Kind, &str, Get); 19] = [
-            (
-                "etrelay_client_packets_total",
-                C,
-                "Datagrams received from clients.",
-                |m| m.client_packets.get(),
-            ),
-            (
-                "etrelay_client_bytes_total",
-                C,
-                "Bytes received from clients.",
-                |m| m.client_bytes.get(),
-            ),
-            (
-                "etrelay_upstream_packets_total",
-                C,
-                "Datagrams sent to the game server.",
-                |m| m.upstream_packets.get(),
-            ),
-            (
-                "etrelay_upstream_bytes_total",
-                C,
-                "Bytes sent to the game server.",
-                |m| m.upstream_bytes.get(),
-            ),
-            (
-                "etrelay_server_packets_total",
-                C,
-                "Datagrams received from the game server.",
-                |m| m.server_packets.get(),
-            ),
-            (
-                "etrelay_server_bytes_total",
-                C,
-                "Bytes received from the game server.",
-                |m| m.server_bytes.get(),
-            ),
-            (
-                "etrelay_reply_packets_total",
-                C,
-                "Datagrams sent to clients.",
-                |m| m.reply_packets.get(),
-            ),
-            (
-                "etrelay_reply_bytes_total",
-                C,
-                "Bytes sent to clients.",
-                |m| m.reply_bytes.get(),
-            ),
-            (
-                "etrelay_reply_errors_total",
-                C,
-                "Datagrams that could not be sent to clients.",
-                |m| m.reply_errors.get(),
-            ),
-            (
-                "etrelay_cache_hits_total",
-                C,
-                "Queries answered from the cache.",
-                |m| m.cache_hits.get(),
-            ),
-            (
-                "etrelay_cache_refreshes_total",
-                C,
-                "Queries the cache sent to the game server.",
-                |m| m.cache_refreshes.get(),
-            ),
-            (
-                "etrelay_cache_refresh_answers_total",
-                C,
-                "Cache queries the game server answered.",
-                |m| m.cache_refresh_answers.get(),
-            ),
-            (
-                "etrelay_sessions_opened_total",
-                C,
-                "Sessions opened.",
-                |m| m.sessions_opened.get(),
-            ),
-            ("etrelay_sessions_open", G, "Sessions open now.", |m| {
-                m.sessions_open.get()
-            }),
-            (
-                "etrelay_heartbeats_total",
-                C,
-                "Heartbeats sent to masters.",
-                |m| m.heartbeats.get(),
-            ),
-            (
-                "etrelay_flatlines_total",
-                C,
-                "Flatlines sent to masters.",
-                |m| m.flatlines.get(),
-            ),
-            (
-                "etrelay_probe_state",
-                G,
-                "Game server state: 0 unknown, 1 up, 2 down.",
-                |m| m.probe_state.get(),
-            ),
-            (
-                "etrelay_query_sources",
-                G,
-                "Source IPs the query limiter remembers.",
-                |m| m.query_sources.get(),
-            ),
-            (
-                "etrelay_query_slots",
-                G,
-                "Slots of the query limiter's fixed table.",
-                |m| m.query_slots.get(),
-            ),
-        ];
         let ports: Vec<String> = servers.iter().map(|(p, _)| p.to_string()).collect();
-        for (name, kind, help, get) in families {
-            out.family(name, kind, help);
-            for ((_, m), port) in servers.iter().zip(&ports) {
-                out.sample(name, &[("port", port)], get(m));
-            }
-        }
+        let labels: Vec<[(&str, &str); 1]> = ports.iter().map(|p| [("port", p.as_str())]).collect();
+        let sets: Vec<(&[(&str, &str)], &ServerMetrics)> = labels
+            .iter()
+            .zip(servers)
+            .map(|(l, (_, m))| (&l[..], *m))
+            .collect();
+        out.counter_sets(&sets);
         out.family(
             "etrelay_dropped_packets_total",
-            C,
+            Kind::Counter,
             "Client datagrams dropped, by reason.",
         );
         for ((_, m), port) in servers.iter().zip(&ports) {
