@@ -112,6 +112,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(e) => println!("not delivered: {e}"),
     }
 
+    report(&relays, &terminal_inbox)?;
+
+    println!("\n# shutting down\n");
+    stop.cancel();
+    for s in servers {
+        s.await?;
+    }
+    delivered?;
+    Ok(())
+}
+
+/// Prints the terminal's inbox and every node's counters.
+fn report(
+    relays: &[Arc<Context>],
+    terminal_inbox: &blindrelay::terminal::Inbox,
+) -> Result<(), Box<dyn std::error::Error>> {
     println!("\n# node 2's inbox\n");
     for item in terminal_inbox.list()? {
         let bytes = terminal_inbox.get(item.id)?.unwrap_or_default();
@@ -131,7 +147,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "{:<10} {:>8} {:>9} {:>8} {:>8} {:>9}",
         "node", "received", "forwarded", "terminal", "rejected", "verified"
     );
-    for relay in &relays {
+    for relay in relays {
         let c = relay.counters.snapshot();
         println!(
             "{:<10} {:>8} {:>9} {:>8} {:>8} {:>9}",
@@ -143,12 +159,5 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             c.verified_client_onion_deliveries
         );
     }
-
-    println!("\n# shutting down\n");
-    stop.cancel();
-    for s in servers {
-        s.await?;
-    }
-    delivered?;
     Ok(())
 }
