@@ -192,12 +192,12 @@ pub struct RunArgs {
     pub join_source_interval: Duration,
 
     /// Requests the game server limits per source IP (getchallenge and cache refreshes) the
-    /// relay sends at once. Default: 8 with `--game q3` (under ioquake3's 10), 32 with
+    /// relay sends at once. Default: 8 with `--game q3` (under ioquake3's 10), 64 with
     /// `--game et`. Use the q3 values for ET: Legacy with `sv_protect 1`.
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
     pub upstream_burst: Option<u32>,
 
-    /// …then one per this interval. Default: 1s with `--game q3`, 50ms with `--game et`.
+    /// …then one per this interval. Default: 1s with `--game q3`, 10ms with `--game et`.
     #[arg(long, value_parser = humantime::parse_duration)]
     pub upstream_interval: Option<Duration>,
 

@@ -80,11 +80,11 @@ pub const UPSTREAM_INTERVAL_Q3: Duration = duration(UPSTREAM_INTERVAL_Q3_TEXT);
 /// [`UPSTREAM_INTERVAL_Q3`] as written.
 pub const UPSTREAM_INTERVAL_Q3_TEXT: &str = "1s";
 /// `--game et` (ET 2.60b, and ET: Legacy without `sv_protect`, limit nothing): the same, at once…
-pub const UPSTREAM_BURST_ET: u32 = 32;
+pub const UPSTREAM_BURST_ET: u32 = 64;
 /// …then one per this interval.
 pub const UPSTREAM_INTERVAL_ET: Duration = duration(UPSTREAM_INTERVAL_ET_TEXT);
 /// [`UPSTREAM_INTERVAL_ET`] as written.
-pub const UPSTREAM_INTERVAL_ET_TEXT: &str = "50ms";
+pub const UPSTREAM_INTERVAL_ET_TEXT: &str = "10ms";
 
 /// The master protocol spoken by default.
 pub const GAME: Game = Game::Et;
