@@ -299,3 +299,41 @@ async fn large_answers_pass_whole_and_oversize_packets_are_dropped() {
     small.handle.stop().await;
     relay.handle.stop().await;
 }
+
+/// A player whose NAT moves it to a new port of the same IP keeps playing: its session follows
+/// it (same upstream port, so the game server sees nothing change). Another IP with that qport
+/// gets nothing through.
+#[tokio::test(start_paused = true)]
+async fn a_nat_rebind_keeps_the_player_playing() {
+    use etrelay_testkit::player::{Dialect, Player};
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let mut cfg = config(et.addr());
+    cfg.caps.rebind_quiet = Duration::from_millis(200);
+    let relay = start(cfg).await;
+    let ip = unique_ip();
+    let mut before = Player::bind(ip, relay.addr, 77, Dialect::Et).await.unwrap();
+    before.join(5 * S, S).await.expect("joins");
+    before.send_game(b"a").await.unwrap();
+    assert_eq!(before.recv_game(S / 2).await, 1);
+    // Silent for longer than rebind_quiet, then from a new port of the same IP.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut after = Player::bind(ip, relay.addr, 77, Dialect::Et).await.unwrap();
+    after.send_game(b"b").await.unwrap();
+    assert_eq!(
+        after.recv_game(S / 2).await,
+        1,
+        "the stream follows the new port"
+    );
+    let m = relay.handle.metrics();
+    assert_eq!(m.sessions_rebound.get(), 1);
+    assert_eq!(relay.handle.session_count(), 1);
+    assert_eq!(et.fixups(), 0, "the server saw the same upstream port");
+    // Another IP with the player's qport: dropped.
+    let mut thief = Player::bind(unique_ip(), relay.addr, 77, Dialect::Et)
+        .await
+        .unwrap();
+    thief.send_game(b"c").await.unwrap();
+    assert!(eventually(5 * S, || m.drops(Drop::QportConflict) == 1).await);
+    assert_eq!(thief.recv_game(S / 2).await, 0);
+    relay.handle.stop().await;
+}
