@@ -14,8 +14,17 @@
 //!   `<score> <ping> "<name>"\n` line per player;
 //! * a challenge that fails ET 2.60b's `SV_VerifyChallenge` (longer than 64
 //!   chars, or containing `\ / % ; "` or a byte < 32 or > 126) gets no reply;
-//! * `getchallenge` gets `challengeResponse <random positive int>`;
-//! * `connect` (Huffman or plaintext) gets `connectResponse`;
+//! * `getchallenge` gets `challengeResponse <random positive int>`, remembered for the asking
+//!   address (the last [`MAX_CHALLENGES`]);
+//! * a plaintext `CONNECT "<userinfo>"` gets `connectResponse` only when its `challenge` is one
+//!   given to that same address (else `print\nNo or bad challenge for address.\n`), and then
+//!   makes the sender a connected client with the userinfo's `qport`; a Huffman-compressed
+//!   `connect` (which the fake cannot read) gets `connectResponse` unchecked;
+//! * an in-game packet is routed as ET 2.60b and ioquake3 do (`et-protocol.md` §4b): to the
+//!   connected client with the same **IP and qport**; when its port differs, the client is
+//!   re-pointed to the new port ("fixing up a translated port"); the client then gets one
+//!   in-game packet back (the sequence number it sent, then `snap`), which is the fake's
+//!   in-game stream. In-game packets of no connected client are recorded only;
 //! * `rcon <password> <command>` honours ET 2.60b's global 500 ms gap between
 //!   rcon packets (a packet inside the gap is dropped silently, good password
 //!   or not); a bad password gets `print\nBad rconpassword.\n`; a good one
@@ -46,6 +55,8 @@ use crate::q3model::{self, Dispatch, Engine};
 const RCON_GAP: Duration = Duration::from_millis(500);
 /// ET 2.60b `SV_VerifyChallenge` maximum length.
 const MAX_CHALLENGE: usize = 64;
+/// Challenges remembered (ET 2.60b keeps `MAX_CHALLENGES` 1024).
+pub const MAX_CHALLENGES: usize = 1024;
 
 /// Initial settings of a [`FakeEtServer`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,6 +108,12 @@ struct State {
     rcon_executed: Vec<String>,
     answering: bool,
     last_rcon: Option<Instant>,
+    /// Challenges given, oldest first.
+    challenges: std::collections::VecDeque<(SocketAddr, i32)>,
+    /// Connected clients: address and qport.
+    clients: Vec<(SocketAddr, u16)>,
+    /// Times a client was re-pointed to a new port.
+    fixups: usize,
 }
 
 impl State {
@@ -205,6 +222,9 @@ impl FakeEtServer {
             rcon_executed: Vec::new(),
             answering: true,
             last_rcon: None,
+            challenges: std::collections::VecDeque::new(),
+            clients: Vec::new(),
+            fixups: 0,
         }));
         let task = tokio::spawn(serve(Arc::clone(&socket), Arc::clone(&state)));
         Ok(FakeEtServer {
@@ -253,6 +273,28 @@ impl FakeEtServer {
     /// hung server). `true` (the default): reply normally.
     pub fn set_answering(&self, answering: bool) {
         lock(&self.state).answering = answering;
+    }
+
+    /// Connected clients (address as last seen, qport).
+    pub fn clients(&self) -> Vec<(SocketAddr, u16)> {
+        lock(&self.state).clients.clone()
+    }
+
+    /// Times a client was re-pointed to a new port by an in-game packet with its qport.
+    pub fn fixups(&self) -> usize {
+        lock(&self.state).fixups
+    }
+
+    /// In-game packets received with `qport`.
+    pub fn game_packets_with_qport(&self, qport: u16) -> usize {
+        lock(&self.state)
+            .received
+            .iter()
+            .filter(|r| {
+                r.dispatch == Dispatch::NotConnectionless
+                    && r.packet.get(4..6) == Some(&qport.to_le_bytes()[..])
+            })
+            .count()
     }
 
     /// Replaces the player list `(score, ping, name)`.
@@ -362,12 +404,54 @@ fn handle(st: &mut State, from: SocketAddr, packet: &[u8]) -> Option<Vec<u8>> {
         }
         Dispatch::GetChallenge => {
             let n = rand::random_range(1..=i32::MAX);
+            if st.challenges.len() >= MAX_CHALLENGES {
+                st.challenges.pop_front();
+            }
+            st.challenges.push_back((from, n));
             reply(&format!("challengeResponse {n}"))
         }
-        Dispatch::Connect | Dispatch::HuffmanConnect => reply("connectResponse"),
+        Dispatch::Connect => connect(st, from, arg(1)),
+        Dispatch::HuffmanConnect => reply("connectResponse"),
+        Dispatch::NotConnectionless => in_game(st, from, packet),
         Dispatch::Rcon => rcon(st, packet, &args),
         _ => None,
     }
+}
+
+/// A plaintext `connect`: its challenge must be one given to `from`.
+fn connect(st: &mut State, from: SocketAddr, userinfo: &[u8]) -> Option<Vec<u8>> {
+    let pairs = crate::info::parse(userinfo);
+    let num = |k: &str| crate::info::get(&pairs, k).and_then(|v| v.trim().parse::<i64>().ok());
+    let (challenge, qport) = (num("challenge"), num("qport"));
+    let given = st
+        .challenges
+        .iter()
+        .any(|(a, c)| *a == from && Some(i64::from(*c)) == challenge);
+    let Some(qport) = qport.filter(|_| given).and_then(|q| u16::try_from(q).ok()) else {
+        return reply("print\nNo or bad challenge for address.\n");
+    };
+    st.clients.retain(|(a, _)| *a != from);
+    if st.clients.len() < 64 {
+        st.clients.push((from, qport));
+    }
+    reply("connectResponse")
+}
+
+/// An in-game packet: routed by IP and qport, the port fixed up, answered with one packet.
+fn in_game(st: &mut State, from: SocketAddr, packet: &[u8]) -> Option<Vec<u8>> {
+    let qport = u16::from_le_bytes([*packet.get(4)?, *packet.get(5)?]);
+    let client = st
+        .clients
+        .iter_mut()
+        .find(|(a, q)| a.ip() == from.ip() && *q == qport)?;
+    if client.0 != from {
+        tracing::debug!("fake ET server: fixing up a translated port");
+        client.0 = from;
+        st.fixups += 1;
+    }
+    let mut out = packet[..4].to_vec();
+    out.extend_from_slice(b"snap");
+    Some(out)
 }
 
 /// ET 2.60b `SVC_Info` key list, in order.

@@ -61,6 +61,26 @@ impl Flood {
         max_packets: u64,
         max_time: Duration,
     ) -> Flood {
+        Flood::start_varied(
+            sources,
+            to,
+            Box::new(move |_| packet.clone()),
+            rate,
+            max_packets,
+            max_time,
+        )
+    }
+
+    /// [`Flood::start`] with the `n`-th packet made by `packet(n)` (another qport each time,
+    /// say).
+    pub fn start_varied(
+        sources: Vec<SocketAddr>,
+        to: SocketAddr,
+        packet: Box<dyn Fn(u64) -> Vec<u8> + Send>,
+        rate: Option<u32>,
+        max_packets: u64,
+        max_time: Duration,
+    ) -> Flood {
         let stop = Arc::new(AtomicBool::new(false));
         let sent = Arc::new(AtomicU64::new(0));
         let thread = {
@@ -76,7 +96,7 @@ impl Flood {
                         {
                             break 'rounds;
                         }
-                        if send_from(*src, to, &packet).is_ok() {
+                        if send_from(*src, to, &packet(n)).is_ok() {
                             n += 1;
                             sent.store(n, Ordering::Relaxed);
                         }

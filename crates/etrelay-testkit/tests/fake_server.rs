@@ -174,11 +174,52 @@ async fn challenge_and_connect() {
     let replies = ask(&sock, server.addr(), b"connect \x00\x40\x12\x34").await;
     assert_eq!(replies, vec![oob(b"connectResponse")]);
     assert_eq!(server.count(Dispatch::HuffmanConnect), 1);
+    // A plaintext connect needs the challenge given to this address.
     let replies = ask(&sock, server.addr(), b"CONNECT \"\\name\\x\"").await;
+    assert_eq!(
+        replies,
+        vec![oob(b"print\nNo or bad challenge for address.\n")]
+    );
+    let other = bind(unique_ip()).await.unwrap();
+    let with = format!("CONNECT \"\\challenge\\{n}\\qport\\9\\name\\x\"");
+    assert_eq!(
+        ask(&other, server.addr(), with.as_bytes()).await,
+        vec![oob(b"print\nNo or bad challenge for address.\n")],
+        "another address's challenge"
+    );
+    let replies = ask(&sock, server.addr(), with.as_bytes()).await;
     assert_eq!(replies, vec![oob(b"connectResponse")]);
-    assert_eq!(server.count(Dispatch::Connect), 1);
+    assert_eq!(server.count(Dispatch::Connect), 3);
+    assert_eq!(server.clients(), vec![(sock.local_addr().unwrap(), 9)]);
 
-    // Not answered: disconnect, PunkBuster, unknown, in-game packets.
+    // A connected client's in-game packet (qport 9) is answered, from another port of its IP
+    // too: the client is re-pointed there ("fixing up a translated port").
+    let replies = exchange(
+        &sock,
+        server.addr(),
+        b"\x05\x00\x00\x00\x09\x00hi",
+        QUIET,
+        MAX_WAIT,
+    )
+    .await;
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].1, b"\x05\x00\x00\x00snap");
+    let moved = bind(sock.local_addr().unwrap().ip().to_string().parse().unwrap())
+        .await
+        .unwrap();
+    let replies = exchange(
+        &moved,
+        server.addr(),
+        b"\x06\x00\x00\x00\x09\x00hi",
+        QUIET,
+        MAX_WAIT,
+    )
+    .await;
+    assert_eq!(replies.len(), 1);
+    assert_eq!(server.fixups(), 1);
+    assert_eq!(server.game_packets_with_qport(9), 2);
+
+    // Not answered: disconnect, PunkBuster, unknown, in-game packets of no client.
     for payload in [&b"disconnect"[..], b"PB_SV x", b"hello"] {
         assert!(ask(&sock, server.addr(), payload).await.is_empty());
     }
@@ -191,7 +232,7 @@ async fn challenge_and_connect() {
     )
     .await;
     assert!(replies.is_empty());
-    assert_eq!(server.count(Dispatch::NotConnectionless), 1);
+    assert_eq!(server.count(Dispatch::NotConnectionless), 3);
     assert_eq!(server.count(Dispatch::PunkBuster), 1);
 }
 

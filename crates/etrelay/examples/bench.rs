@@ -52,8 +52,15 @@ fn run(target: SocketAddr, clients: u8, secs: f64, delivered: &AtomicU64) -> (f6
     let socks: Vec<UdpSocket> = (0..clients)
         .map(|i| UdpSocket::bind((Ipv4Addr::new(127, 77, 1, 10 + i), 0)).expect("bind client"))
         .collect();
-    for s in &socks {
-        let _ = s.send_to(&[1u8; PAYLOAD], target);
+    // Each client its own qport (bytes 4..6), as real clients have: etrelay pins a qport to
+    // one session.
+    let packet = |i: u8| {
+        let mut p = [1u8; PAYLOAD];
+        p[4] = i;
+        p
+    };
+    for (i, s) in socks.iter().enumerate() {
+        let _ = s.send_to(&packet(i as u8), target);
     }
     std::thread::sleep(Duration::from_millis(300));
     let start_count = delivered.load(Ordering::Relaxed);
@@ -61,10 +68,11 @@ fn run(target: SocketAddr, clients: u8, secs: f64, delivered: &AtomicU64) -> (f6
     let deadline = Instant::now() + Duration::from_secs_f64(secs);
     let threads: Vec<_> = socks
         .into_iter()
-        .map(|s| {
+        .enumerate()
+        .map(|(i, s)| {
             let sent = Arc::clone(&sent);
             std::thread::spawn(move || {
-                let pkt = [1u8; PAYLOAD];
+                let pkt = packet(i as u8);
                 let mut n = 0u64;
                 while Instant::now() < deadline {
                     for _ in 0..256 {

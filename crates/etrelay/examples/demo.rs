@@ -7,10 +7,9 @@
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use etrelay::config::{MAX_SESSIONS, ServerConfig};
-use etrelay::server::{Drop, ServerHandle};
+use etrelay::config::{MAX_QUEUED_BYTES, MAX_SESSIONS, ServerConfig};
+use etrelay::server::{Budget, Drop, ServerHandle};
 use etrelay_testkit::{FakeEtConfig, FakeEtServer, FakeMaster, MasterStyle, udp, unique_ip};
-use guard::admission::Gate;
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 
@@ -45,7 +44,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.masters = vec![master.addr().to_string()];
     let public = UdpSocket::bind((unique_ip(), 0)).await?;
     let root = CancellationToken::new();
-    let relay = ServerHandle::start(config, public, Gate::new(MAX_SESSIONS), &root)?;
+    let relay = ServerHandle::start(
+        config,
+        public,
+        Budget::new(MAX_SESSIONS, MAX_QUEUED_BYTES),
+        &root,
+    )?;
     let addr = relay.public_addr();
 
     println!("\n# the relay heartbeats the master, which checks the relay's address\n");

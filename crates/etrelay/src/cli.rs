@@ -9,7 +9,9 @@ use std::time::Duration;
 use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{self, DEFAULT_MASTERS, Game, QueryLimits, ServerConfig, SessionLimits};
+use crate::config::{
+    self, DEFAULT_MASTERS, Game, JoinLimits, QueryLimits, ServerConfig, SessionCaps, SessionLimits,
+};
 use crate::daemon::DaemonConfig;
 use crate::proof::MIN_KEY;
 use crate::registry::RegistryConfig;
@@ -72,6 +74,10 @@ pub enum Mode {
         listen: SocketAddr,
         /// Sessions open at once.
         max_sessions: usize,
+        /// Bytes queued towards the game server.
+        max_queued_bytes: usize,
+        /// Where to serve `GET /metrics`, if anywhere.
+        metrics: Option<SocketAddr>,
     },
     /// `etrelay --ports …`: servers registered through the control API.
     Multi(DaemonConfig),
@@ -138,9 +144,67 @@ pub struct RunArgs {
     #[arg(long, default_value_t = config::SESSION_QUEUE, value_parser = clap::value_parser!(u32).range(1..=65_536).map(|v| v as usize))]
     pub session_queue: usize,
 
-    /// Sessions open at once (one socket each); no new session past it.
+    /// Sessions open at once (one socket each), all servers together; no new session past it.
     #[arg(long, default_value_t = config::MAX_SESSIONS)]
     pub max_sessions: usize,
+
+    /// A session the game server has not yet shown to be a real client (half-open) closes
+    /// after this long without a packet either way.
+    #[arg(long, default_value = config::HALF_OPEN_TIMEOUT_TEXT, value_parser = humantime::parse_duration)]
+    pub half_open_timeout: Duration,
+
+    /// Half-open sessions per server; at the cap the oldest is recycled for a newcomer.
+    #[arg(long, default_value_t = config::HALF_OPEN_PER_SERVER, value_parser = clap::value_parser!(u32).range(1..).map(|v| v as usize))]
+    pub half_open_per_server: usize,
+
+    /// Half-open sessions one source IP may hold per server; refused past it.
+    #[arg(long, default_value_t = config::HALF_OPEN_PER_IP, value_parser = clap::value_parser!(u32).range(1..).map(|v| v as usize))]
+    pub half_open_per_ip: usize,
+
+    /// Half-open sessions one /24 (IPv4) or /64 (IPv6) may hold per server; refused past it.
+    #[arg(long, default_value_t = config::HALF_OPEN_PER_PREFIX, value_parser = clap::value_parser!(u32).range(1..).map(|v| v as usize))]
+    pub half_open_per_prefix: usize,
+
+    /// Established sessions per server (never evicted for newcomers); refused past it.
+    #[arg(long, default_value_t = config::SESSIONS_PER_SERVER, value_parser = clap::value_parser!(u32).range(1..).map(|v| v as usize))]
+    pub sessions_per_server: usize,
+
+    /// Established sessions one source IP may hold per server; refused past it.
+    #[arg(long, default_value_t = config::SESSIONS_PER_IP, value_parser = clap::value_parser!(u32).range(1..).map(|v| v as usize))]
+    pub sessions_per_ip: usize,
+
+    /// Bytes queued towards the game servers, all sessions together; a packet past it is
+    /// dropped.
+    #[arg(long, default_value_t = config::MAX_QUEUED_BYTES, value_parser = clap::value_parser!(u32).range(65_536..).map(|v| v as usize))]
+    pub max_queued_bytes: usize,
+
+    /// An established session moves to a new port of its IP (a NAT that rebound) when in-game
+    /// packets with its qport come from there after its client was silent this long.
+    #[arg(long, default_value = config::REBIND_QUIET_TEXT, value_parser = humantime::parse_duration)]
+    pub rebind_quiet: Duration,
+
+    /// getchallenge a source IP may send at once…
+    #[arg(long, default_value_t = config::JOIN_SOURCE_BURST, value_parser = clap::value_parser!(u32).range(1..))]
+    pub join_source_burst: u32,
+
+    /// …then one per this interval.
+    #[arg(long, default_value = config::JOIN_SOURCE_INTERVAL_TEXT, value_parser = humantime::parse_duration)]
+    pub join_source_interval: Duration,
+
+    /// Requests the game server limits per source IP (getchallenge and cache refreshes) the
+    /// relay sends at once. Default: 8 with `--game q3` (under ioquake3's 10), 64 with
+    /// `--game et`. Use the q3 values for ET: Legacy with `sv_protect 1`.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    pub upstream_burst: Option<u32>,
+
+    /// …then one per this interval. Default: 1s with `--game q3`, 10ms with `--game et`.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub upstream_interval: Option<Duration>,
+
+    /// One server: serve the counters (Prometheus text) at `GET /metrics` on this address.
+    /// Keep it off public addresses.
+    #[arg(long, conflicts_with = "ports")]
+    pub metrics: Option<SocketAddr>,
 
     /// Largest datagram relayed, in bytes; larger ones are dropped.
     #[arg(long, default_value_t = config::MAX_PACKET, value_parser = clap::value_parser!(u32).range(16..=65_535).map(|v| v as usize))]
@@ -185,6 +249,8 @@ impl RunArgs {
                 config: self.server_config(resolve(u)?)?,
                 listen: self.listen,
                 max_sessions: self.max_sessions,
+                max_queued_bytes: self.max_queued_bytes,
+                metrics: self.metrics,
             }),
             (None, Some(ports)) => {
                 let control = self.control.ok_or("--ports needs --control")?;
@@ -201,6 +267,7 @@ impl RunArgs {
                     control,
                     token,
                     max_sessions: self.max_sessions,
+                    max_queued_bytes: self.max_queued_bytes,
                     proof_timeout: self.probe_timeout,
                 }))
             }
@@ -254,6 +321,24 @@ impl RunArgs {
                 forget: self.query_forget,
             },
             cache_max_age: self.cache_max_age,
+            caps: SessionCaps {
+                half_open_timeout: self.half_open_timeout,
+                half_open_per_server: self.half_open_per_server,
+                half_open_per_ip: self.half_open_per_ip,
+                half_open_per_prefix: self.half_open_per_prefix,
+                established_per_server: self.sessions_per_server,
+                established_per_ip: self.sessions_per_ip,
+                rebind_quiet: self.rebind_quiet,
+            },
+            joins: {
+                let d = JoinLimits::for_game(self.game);
+                JoinLimits {
+                    source_burst: self.join_source_burst,
+                    source_interval: self.join_source_interval,
+                    upstream_burst: self.upstream_burst.unwrap_or(d.upstream_burst),
+                    upstream_interval: self.upstream_interval.unwrap_or(d.upstream_interval),
+                }
+            },
         })
     }
 }
@@ -299,6 +384,16 @@ mod tests {
         assert_eq!(c.query.forget, Duration::from_secs(60));
         assert_eq!(c.cache_max_age, Duration::from_secs(1));
         assert_eq!(c.game, Game::Et);
+        assert_eq!(c.caps.half_open_per_server, config::HALF_OPEN_PER_SERVER);
+        assert_eq!(c.caps.half_open_timeout, config::HALF_OPEN_TIMEOUT);
+        assert_eq!(c.joins.upstream_burst, config::UPSTREAM_BURST_ET);
+        let q3 = Cli::try_parse_from(["etrelay", "--game", "q3", "127.0.0.1:1"])
+            .unwrap()
+            .run
+            .server_config("127.0.0.1:1".parse().unwrap())
+            .unwrap();
+        assert_eq!(q3.joins.upstream_burst, config::UPSTREAM_BURST_Q3);
+        assert_eq!(q3.joins.upstream_interval, config::UPSTREAM_INTERVAL_Q3);
     }
 
     #[test]

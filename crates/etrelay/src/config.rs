@@ -44,6 +44,48 @@ pub const PROBE_ATTEMPTS: u32 = 3;
 pub const PROBE_TIMEOUT: Duration = duration(PROBE_TIMEOUT_TEXT);
 /// [`PROBE_TIMEOUT`] as written.
 pub const PROBE_TIMEOUT_TEXT: &str = "3s";
+/// A session the game server has not yet shown to be a real client (half-open) closes after
+/// this long without a packet either way.
+pub const HALF_OPEN_TIMEOUT: Duration = duration(HALF_OPEN_TIMEOUT_TEXT);
+/// [`HALF_OPEN_TIMEOUT`] as written.
+pub const HALF_OPEN_TIMEOUT_TEXT: &str = "10s";
+/// Half-open sessions one server holds; at the cap the oldest is recycled.
+pub const HALF_OPEN_PER_SERVER: usize = 256;
+/// Half-open sessions one source IP may hold on one server.
+pub const HALF_OPEN_PER_IP: usize = 4;
+/// Half-open sessions one prefix (IPv4 /24, IPv6 /64) may hold on one server.
+pub const HALF_OPEN_PER_PREFIX: usize = 16;
+/// Established sessions one server holds; never evicted for newcomers.
+pub const SESSIONS_PER_SERVER: usize = 1024;
+/// Established sessions one source IP may hold on one server.
+pub const SESSIONS_PER_IP: usize = 16;
+/// Bytes queued towards the game servers, all sessions of all servers together.
+pub const MAX_QUEUED_BYTES: usize = 16 << 20;
+/// An established session's address may move to a new port of the same IP (a NAT that
+/// rebinds) once its client has been silent this long.
+pub const REBIND_QUIET: Duration = duration(REBIND_QUIET_TEXT);
+/// [`REBIND_QUIET`] as written.
+pub const REBIND_QUIET_TEXT: &str = "1s";
+/// `getchallenge` a source IP may send at once…
+pub const JOIN_SOURCE_BURST: u32 = 4;
+/// …then one per this interval.
+pub const JOIN_SOURCE_INTERVAL: Duration = duration(JOIN_SOURCE_INTERVAL_TEXT);
+/// [`JOIN_SOURCE_INTERVAL`] as written.
+pub const JOIN_SOURCE_INTERVAL_TEXT: &str = "2s";
+/// `--game q3` (ioquake3: 10 at once, then 1/s per source IP, the relay's included): requests
+/// the relay sends the game server at once (`getchallenge` and cache refreshes together)…
+pub const UPSTREAM_BURST_Q3: u32 = 8;
+/// …then one per this interval.
+pub const UPSTREAM_INTERVAL_Q3: Duration = duration(UPSTREAM_INTERVAL_Q3_TEXT);
+/// [`UPSTREAM_INTERVAL_Q3`] as written.
+pub const UPSTREAM_INTERVAL_Q3_TEXT: &str = "1s";
+/// `--game et` (ET 2.60b, and ET: Legacy without `sv_protect`, limit nothing): the same, at once…
+pub const UPSTREAM_BURST_ET: u32 = 64;
+/// …then one per this interval.
+pub const UPSTREAM_INTERVAL_ET: Duration = duration(UPSTREAM_INTERVAL_ET_TEXT);
+/// [`UPSTREAM_INTERVAL_ET`] as written.
+pub const UPSTREAM_INTERVAL_ET_TEXT: &str = "10ms";
+
 /// The master protocol spoken by default.
 pub const GAME: Game = Game::Et;
 /// The masters ET 2.60b and ET: Legacy clients browse.
@@ -117,6 +159,72 @@ pub struct ServerConfig {
     pub query: QueryLimits,
     /// Age past which the cache asks the server again. Zero: no cache, queries go through.
     pub cache_max_age: Duration,
+    /// Caps on sessions: half-open and established, per IP, per prefix, per server.
+    pub caps: SessionCaps,
+    /// `getchallenge` per source and the pace of requests the game server limits.
+    pub joins: JoinLimits,
+}
+
+/// Caps on one server's sessions (the process-wide ones are in [`crate::server::Budget`]).
+#[derive(Debug, Clone, Copy)]
+pub struct SessionCaps {
+    /// Idle time before a half-open session closes.
+    pub half_open_timeout: Duration,
+    /// Half-open sessions of the server; at the cap the oldest is recycled.
+    pub half_open_per_server: usize,
+    /// Half-open sessions per source IP; refused past it.
+    pub half_open_per_ip: usize,
+    /// Half-open sessions per /24 (IPv4) or /64 (IPv6); refused past it.
+    pub half_open_per_prefix: usize,
+    /// Established sessions of the server; refused past it.
+    pub established_per_server: usize,
+    /// Established sessions per source IP; refused past it.
+    pub established_per_ip: usize,
+    /// Client silence after which a session may move to a new port of its IP.
+    pub rebind_quiet: Duration,
+}
+
+impl Default for SessionCaps {
+    fn default() -> Self {
+        SessionCaps {
+            half_open_timeout: HALF_OPEN_TIMEOUT,
+            half_open_per_server: HALF_OPEN_PER_SERVER,
+            half_open_per_ip: HALF_OPEN_PER_IP,
+            half_open_per_prefix: HALF_OPEN_PER_PREFIX,
+            established_per_server: SESSIONS_PER_SERVER,
+            established_per_ip: SESSIONS_PER_IP,
+            rebind_quiet: REBIND_QUIET,
+        }
+    }
+}
+
+/// `getchallenge` limits of one server.
+#[derive(Debug, Clone, Copy)]
+pub struct JoinLimits {
+    /// `getchallenge` a source IP may send at once…
+    pub source_burst: u32,
+    /// …then one per this interval.
+    pub source_interval: Duration,
+    /// Requests the game server limits (`getchallenge`, cache refreshes) sent at once…
+    pub upstream_burst: u32,
+    /// …then one per this interval.
+    pub upstream_interval: Duration,
+}
+
+impl JoinLimits {
+    /// The defaults for `game`: under ioquake3's own per-IP limit for `q3`.
+    pub fn for_game(game: Game) -> Self {
+        let (upstream_burst, upstream_interval) = match game {
+            Game::Q3 => (UPSTREAM_BURST_Q3, UPSTREAM_INTERVAL_Q3),
+            Game::Et => (UPSTREAM_BURST_ET, UPSTREAM_INTERVAL_ET),
+        };
+        JoinLimits {
+            source_burst: JOIN_SOURCE_BURST,
+            source_interval: JOIN_SOURCE_INTERVAL,
+            upstream_burst,
+            upstream_interval,
+        }
+    }
 }
 
 /// Session limits of one server.
@@ -176,6 +284,8 @@ impl ServerConfig {
             session: SessionLimits::default(),
             query: QueryLimits::default(),
             cache_max_age: CACHE_MAX_AGE,
+            caps: SessionCaps::default(),
+            joins: JoinLimits::for_game(GAME),
         }
     }
 }
@@ -215,6 +325,11 @@ mod tests {
             (CACHE_MAX_AGE_TEXT, CACHE_MAX_AGE),
             (HEARTBEAT_INTERVAL_TEXT, HEARTBEAT_INTERVAL),
             (PROBE_TIMEOUT_TEXT, PROBE_TIMEOUT),
+            (HALF_OPEN_TIMEOUT_TEXT, HALF_OPEN_TIMEOUT),
+            (REBIND_QUIET_TEXT, REBIND_QUIET),
+            (JOIN_SOURCE_INTERVAL_TEXT, JOIN_SOURCE_INTERVAL),
+            (UPSTREAM_INTERVAL_Q3_TEXT, UPSTREAM_INTERVAL_Q3),
+            (UPSTREAM_INTERVAL_ET_TEXT, UPSTREAM_INTERVAL_ET),
         ] {
             assert_eq!(humantime::parse_duration(text).unwrap(), d, "{text}");
         }

@@ -7,13 +7,13 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use guard::admission::Gate;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::control::{self, ControlState};
 use crate::registry::{Registry, RegistryConfig};
 use crate::secret::Secret;
+use crate::server::Budget;
 
 /// Most ports in one range of `--ports`.
 pub const MAX_RANGE: usize = 4096;
@@ -29,6 +29,8 @@ pub struct DaemonConfig {
     pub token: Secret,
     /// Sessions open at once, all servers together.
     pub max_sessions: usize,
+    /// Bytes queued towards the game servers, all servers together.
+    pub max_queued_bytes: usize,
     /// Wait for each proof `getstatus`.
     pub proof_timeout: Duration,
 }
@@ -41,7 +43,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> Re
     let root = CancellationToken::new();
     let registry = Registry::open(
         config.registry.clone(),
-        Gate::new(config.max_sessions),
+        Budget::new(config.max_sessions, config.max_queued_bytes),
         &root,
     )
     .await

@@ -15,14 +15,17 @@
 //! - [`proof`]: server keys, their fingerprint, and the proof of console access.
 //! - [`registry`]: the registered servers by port, `servers.json`, one writer for changes.
 //! - [`control`]: the control API (axum): registration, sessions, bans, metrics.
+//! - [`metrics_http`]: `--metrics` in single-server mode: `GET /metrics`, with timeouts.
 //! - [`daemon`]: the several-servers mode: registry, control API, shutdown.
 //! - [`secret`]: values whose `Debug` never shows them (tokens, keys, passwords).
 //! - [`admin`]: `etrelay admin`, the game server admin's tool (HTTP client and rcon).
 //! - [`cli`]: the command line.
 //!
 //! A packet's path: public socket → [`net`] → [`server`]'s relay loop: size → [`bans`] check
-//! → [`et`] classify (the filter) → query limiter → query cache answer *or* session queue →
-//! upstream socket → game server; its answer → session task → public socket → client.
+//! → [`et`] classify (the filter) → by kind: query limiter → query cache answer; or
+//! `getchallenge` → join gate (per source, pace, fair queue); or in-game → qport check; then
+//! session admission (half-open caps) → session queue → upstream socket → game server; its
+//! answer → session task (half-open → established) → public socket → client.
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
 
@@ -34,6 +37,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod et;
+pub mod metrics_http;
 pub mod net;
 pub mod probe;
 pub mod proof;

@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use etrelay::cli::{Cli, Command, Mode};
-use guard::admission::Gate;
+use etrelay::server::{Budget, ServerHandle};
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
@@ -68,20 +68,41 @@ async fn run(mode: Mode) -> Result<(), String> {
             config,
             listen,
             max_sessions,
+            max_queued_bytes,
+            metrics,
         } => {
             let public = UdpSocket::bind(listen)
                 .await
                 .map_err(|e| format!("cannot bind {listen}: {e}"))?;
+            let metrics = match metrics {
+                Some(addr) => Some(
+                    tokio::net::TcpListener::bind(addr)
+                        .await
+                        .map_err(|e| format!("cannot bind --metrics {addr}: {e}"))?,
+                ),
+                None => None,
+            };
             let root = CancellationToken::new();
-            let server = etrelay::server::ServerHandle::start(
-                config,
-                public,
-                Gate::new(max_sessions),
-                &root,
-            )
-            .map_err(|e| format!("cannot start: {e}"))?;
+            let metrics_stop = CancellationToken::new();
+            let budget = Budget::new(max_sessions, max_queued_bytes);
+            let server = std::sync::Arc::new(
+                ServerHandle::start(config, public, budget.clone(), &root)
+                    .map_err(|e| format!("cannot start: {e}"))?,
+            );
+            let served = metrics.map(|l| {
+                tokio::spawn(etrelay::metrics_http::serve(
+                    l,
+                    std::sync::Arc::clone(&server),
+                    budget,
+                    metrics_stop.clone(),
+                ))
+            });
             let signal = shutdown_signal().await;
             info!("{signal}: stopping");
+            metrics_stop.cancel();
+            if let Some(task) = served {
+                let _ = task.await;
+            }
             server.stop().await;
             Ok(())
         }

@@ -17,7 +17,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use guard::admission::Gate;
 use guard::statefile::{self, StateFileError};
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
@@ -30,7 +29,7 @@ use crate::bans::{self, Ban};
 use crate::clock::{from_unix, unix};
 use crate::config::ServerConfig;
 use crate::proof::{KeyHash, key_hash, parse_key_hash};
-use crate::server::ServerHandle;
+use crate::server::{Budget, ServerHandle};
 
 /// What every registered server shares.
 #[derive(Debug, Clone)]
@@ -155,7 +154,7 @@ struct Inner {
     config: RegistryConfig,
     /// The registry lock: servers by public port. Never held across an `.await`.
     servers: Mutex<BTreeMap<u16, Registered>>,
-    sessions_gate: Gate,
+    budget: Budget,
     cancel: CancellationToken,
 }
 
@@ -166,7 +165,7 @@ impl Registry {
     /// The state dir cannot be created or a state file cannot be read or parsed.
     pub async fn open(
         config: RegistryConfig,
-        sessions_gate: Gate,
+        budget: Budget,
         cancel: &CancellationToken,
     ) -> Result<Registry, RegistryError> {
         std::fs::create_dir_all(&config.state_dir).map_err(|source| {
@@ -178,7 +177,7 @@ impl Registry {
         let inner = Arc::new(Inner {
             config,
             servers: Mutex::new(BTreeMap::new()),
-            sessions_gate,
+            budget,
             cancel: cancel.child_token(),
         });
         let file: ServersFile =
@@ -351,7 +350,7 @@ impl Inner {
         let port = public.local_addr().map_or(0, |a| a.port());
         let mut config = self.config.template.clone();
         config.upstream = upstream;
-        let handle = ServerHandle::start(config, public, self.sessions_gate.clone(), &self.cancel)
+        let handle = ServerHandle::start(config, public, self.budget.clone(), &self.cancel)
             .map_err(|source| RegistryError::Bind { port, source })?;
         let now = SystemTime::now();
         for ban in bans.filter(|b| !b.expired(now)) {

@@ -7,9 +7,10 @@ use std::collections::HashSet;
 use std::time::Duration;
 
 use common::*;
-use etrelay::server::Drop;
+use etrelay::config::MAX_QUEUED_BYTES;
+use etrelay::server::{Budget, Drop};
+use etrelay_testkit::player::game_packet;
 use etrelay_testkit::{Dispatch, FakeEtConfig, FakeEtServer, udp, unique_ip};
-use guard::admission::Gate;
 
 const S: Duration = Duration::from_secs(1);
 
@@ -101,11 +102,16 @@ impl ServerView for etrelay::server::SessionInfo {
 #[tokio::test(start_paused = true)]
 async fn no_session_past_the_cap() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
-    let relay = start_on(config(et.addr()), public_socket().await, Gate::new(3));
+    let relay = start_on(
+        config(et.addr()),
+        public_socket().await,
+        Budget::new(3, MAX_QUEUED_BYTES),
+    );
+    // Each client its own qport: a qport is pinned to one session.
     let mut clients = Vec::new();
-    for _ in 0..5 {
+    for q in 0..5u16 {
         let c = client().await;
-        c.send_to(b"\x01\x00\x00\x00game", relay.addr)
+        c.send_to(&game_packet(1, q, b"game"), relay.addr)
             .await
             .unwrap();
         clients.push(c);
@@ -116,12 +122,12 @@ async fn no_session_past_the_cap() {
     assert!(eventually(5 * S, || et.count(Dispatch::NotConnectionless) == 3).await);
     // Known clients keep their sessions; a sixth client is still refused.
     clients[0]
-        .send_to(b"\x01\x00\x00\x00more", relay.addr)
+        .send_to(&game_packet(2, 0, b"more"), relay.addr)
         .await
         .unwrap();
     assert!(eventually(5 * S, || et.count(Dispatch::NotConnectionless) == 4).await);
     let c = client().await;
-    c.send_to(b"\x01\x00\x00\x00game", relay.addr)
+    c.send_to(&game_packet(1, 9, b"game"), relay.addr)
         .await
         .unwrap();
     assert!(eventually(5 * S, || m.drops(Drop::SessionCap) == 3).await);
@@ -137,13 +143,11 @@ async fn a_full_queue_drops_the_packet() {
     let to = public.local_addr().unwrap();
     let c = client().await;
     for i in 0..200u32 {
-        let mut p = vec![1, 0, 0, 0];
-        p.extend_from_slice(&i.to_le_bytes());
-        c.send_to(&p, to).await.unwrap();
+        c.send_to(&game_packet(i, 7, b"x"), to).await.unwrap();
     }
     let mut cfg = config(et.addr());
     cfg.session.queue = 8;
-    let relay = start_on(cfg, public, Gate::new(16));
+    let relay = start_on(cfg, public, Budget::new(16, MAX_QUEUED_BYTES));
     let m = relay.handle.metrics();
     assert!(eventually(5 * S, || m.client_packets.get() == 200).await);
     let dropped = m.drops(Drop::QueueFull);
@@ -159,7 +163,7 @@ async fn a_full_queue_drops_the_packet() {
         .received()
         .iter()
         .filter(|r| r.dispatch == Dispatch::NotConnectionless)
-        .map(|r| u32::from_le_bytes(r.packet[4..8].try_into().unwrap()))
+        .map(|r| u32::from_le_bytes(r.packet[0..4].try_into().unwrap()))
         .collect();
     assert_eq!(kept[..8], (0..8).collect::<Vec<_>>());
     assert!(kept.windows(2).all(|w| w[0] < w[1]), "{kept:?}");
@@ -193,9 +197,10 @@ async fn a_flooding_client_does_not_starve_the_others() {
     let player = client().await;
     let me = player.local_addr().unwrap();
     for i in 0..50u32 {
-        let mut p = vec![2, 0, 0, 0];
-        p.extend_from_slice(&i.to_le_bytes());
-        player.send_to(&p, to).await.unwrap();
+        player
+            .send_to(&game_packet(i, 0x2222, b"p"), to)
+            .await
+            .unwrap();
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     flood.join().unwrap();
@@ -232,15 +237,18 @@ async fn idle_sessions_expire_and_come_back_with_a_new_port() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     let mut cfg = config(et.addr());
     cfg.session.timeout = Duration::from_millis(1000);
+    cfg.caps.half_open_timeout = Duration::from_millis(1000);
     let relay = start(cfg).await;
     let c = client().await;
-    c.send_to(b"\x01\x00\x00\x00one", relay.addr).await.unwrap();
+    c.send_to(&game_packet(1, 5, b"one"), relay.addr)
+        .await
+        .unwrap();
     assert!(eventually(5 * S, || relay.handle.session_count() == 1).await);
     let first = relay.handle.sessions()[0].upstream_local;
     // Kept alive while packets flow...
     for _ in 0..4 {
         tokio::time::sleep(Duration::from_millis(250)).await;
-        c.send_to(b"\x01\x00\x00\x00more", relay.addr)
+        c.send_to(&game_packet(2, 5, b"more"), relay.addr)
             .await
             .unwrap();
     }
@@ -248,7 +256,9 @@ async fn idle_sessions_expire_and_come_back_with_a_new_port() {
     // ...and gone once idle for the timeout.
     assert!(eventually(5 * S, || relay.handle.session_count() == 0).await);
     assert_eq!(relay.handle.metrics().sessions_open.get(), 0);
-    c.send_to(b"\x01\x00\x00\x00two", relay.addr).await.unwrap();
+    c.send_to(&game_packet(3, 5, b"two"), relay.addr)
+        .await
+        .unwrap();
     assert!(eventually(5 * S, || relay.handle.session_count() == 1).await);
     assert_ne!(relay.handle.sessions()[0].upstream_local, first);
     assert_eq!(relay.handle.metrics().sessions_opened.get(), 2);
@@ -287,5 +297,43 @@ async fn large_answers_pass_whole_and_oversize_packets_are_dropped() {
     assert!(eventually(5 * S, || m.drops(Drop::Oversize) == 1).await);
     assert!(eventually(5 * S, || et.count(Dispatch::NotConnectionless) == 1).await);
     small.handle.stop().await;
+    relay.handle.stop().await;
+}
+
+/// A player whose NAT moves it to a new port of the same IP keeps playing: its session follows
+/// it (same upstream port, so the game server sees nothing change). Another IP with that qport
+/// gets nothing through.
+#[tokio::test(start_paused = true)]
+async fn a_nat_rebind_keeps_the_player_playing() {
+    use etrelay_testkit::player::{Dialect, Player};
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let mut cfg = config(et.addr());
+    cfg.caps.rebind_quiet = Duration::from_millis(200);
+    let relay = start(cfg).await;
+    let ip = unique_ip();
+    let mut before = Player::bind(ip, relay.addr, 77, Dialect::Et).await.unwrap();
+    before.join(5 * S, S).await.expect("joins");
+    before.send_game(b"a").await.unwrap();
+    assert_eq!(before.recv_game(S / 2).await, 1);
+    // Silent for longer than rebind_quiet, then from a new port of the same IP.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut after = Player::bind(ip, relay.addr, 77, Dialect::Et).await.unwrap();
+    after.send_game(b"b").await.unwrap();
+    assert_eq!(
+        after.recv_game(S / 2).await,
+        1,
+        "the stream follows the new port"
+    );
+    let m = relay.handle.metrics();
+    assert_eq!(m.sessions_rebound.get(), 1);
+    assert_eq!(relay.handle.session_count(), 1);
+    assert_eq!(et.fixups(), 0, "the server saw the same upstream port");
+    // Another IP with the player's qport: dropped.
+    let mut thief = Player::bind(unique_ip(), relay.addr, 77, Dialect::Et)
+        .await
+        .unwrap();
+    thief.send_game(b"c").await.unwrap();
+    assert!(eventually(5 * S, || m.drops(Drop::QportConflict) == 1).await);
+    assert_eq!(thief.recv_game(S / 2).await, 0);
     relay.handle.stop().await;
 }

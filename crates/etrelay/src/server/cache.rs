@@ -107,6 +107,7 @@ impl QueryCache {
 
     /// Handles one query of `from` (its challenge, if it sent one) at `now`. On
     /// [`Outcome::Answer`] and [`Outcome::Refresh`] the packet to send is in `out`.
+    #[cfg(test)]
     pub(super) fn query(
         &mut self,
         q: Query,
@@ -114,6 +115,21 @@ impl QueryCache {
         from: SocketAddr,
         now: Instant,
         out: &mut Vec<u8>,
+    ) -> Outcome {
+        self.query_paced(q, challenge, from, now, out, true)
+    }
+
+    /// [`QueryCache::query`], with the relay's pace towards the game server: a refresh is only
+    /// asked for when `may_refresh` (the caller then takes the pace's token) and the cache's
+    /// own budget allows it.
+    pub(super) fn query_paced(
+        &mut self,
+        q: Query,
+        challenge: Option<&[u8]>,
+        from: SocketAddr,
+        now: Instant,
+        out: &mut Vec<u8>,
+        may_refresh: bool,
     ) -> Outcome {
         let kind = &mut self.kinds[idx(q)];
         if let Some((t, at)) = &kind.answer
@@ -124,7 +140,7 @@ impl QueryCache {
         }
         let mut outcome = Outcome::Waiting;
         if kind.pending.is_none() {
-            if self.budget.check(&mut self.budget_state, now.into_std()) {
+            if may_refresh && self.budget.check(&mut self.budget_state, now.into_std()) {
                 let nonce = nonce();
                 out.clear();
                 out.extend_from_slice(q.request());

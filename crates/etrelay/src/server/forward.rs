@@ -3,10 +3,14 @@
 //!
 //! [`open`] gives a new session its own upstream socket (an ephemeral port connected to the
 //! game server: how the server tells clients apart) and starts its task. The task sends the
-//! queued packets, sends the server's answers back **through the public socket**, so they come
-//! from the public port, and ends after `timeout` without a packet either way (a deadline on
-//! tokio's timer, moved on by every packet), when its server stops, or at once when it is cut
-//! (a ban). It then removes itself from the table and gives its slot of `MAX_SESSIONS` back.
+//! queued packets, and sends the server's answers back **through the public socket**, so they
+//! come from the public port. It has no receive buffer of its own: when the upstream socket is
+//! readable it reads into the server's one buffer and sends on without waiting (a full socket
+//! buffer drops the answer). The first `connectResponse` or in-game packet from the server
+//! makes the session established; any other answer marks it answered. It ends after its idle
+//! timeout without a packet either way (a deadline on tokio's timer, moved on by every packet;
+//! short while half-open), when its server stops, or at once when it is cut (a ban, recycling,
+//! a cap at promotion). It then removes itself from the table and gives its slot back.
 
 use std::io;
 use std::net::SocketAddr;
@@ -17,11 +21,14 @@ use tokio::net::UdpSocket;
 use tracing::{debug, trace};
 
 use super::metrics::Drop;
-use super::session::Session;
+use super::session::{Phase, Session};
 use super::shared::Shared;
 use crate::clock::Instant;
 use crate::et;
 use crate::net::upstream_socket;
+
+/// Datagrams a session task reads from its upstream socket per turn.
+const READS_PER_TURN: usize = 32;
 
 /// Opens the upstream socket of a new session for `client`, active at `now_ms`, holding the
 /// `permit` of its slot, and starts its task.
@@ -43,6 +50,7 @@ pub(super) fn open(
         socket.local_addr()?,
         now_ms,
         shared.config.session.queue,
+        shared.budget.clone(),
         shared.cancel.child_token(),
     ));
     let task = run(Arc::clone(shared), Arc::clone(&session), socket, permit);
@@ -52,9 +60,7 @@ pub(super) fn open(
 
 /// The session's task: queue → game server, game server → client, idle deadline.
 async fn run(shared: Arc<Shared>, session: Arc<Session>, upstream: UdpSocket, permit: Permit) {
-    let timeout = shared.config.session.timeout;
-    let mut buf = vec![0u8; shared.config.session.max_packet.max(1)];
-    let idle = tokio::time::sleep(timeout);
+    let idle = tokio::time::sleep(shared.config.caps.half_open_timeout);
     tokio::pin!(idle);
     loop {
         // A socket that is always ready never makes a task yield by itself: take part in
@@ -64,13 +70,16 @@ async fn run(shared: Arc<Shared>, session: Arc<Session>, upstream: UdpSocket, pe
             biased;
             () = session.closed() => break,
             () = session.queued() => flush(&shared, &session, &upstream).await,
-            r = upstream.recv(&mut buf) => match r {
-                Ok(n) => reply(&shared, &session, &buf[..n]).await,
-                // ICMP "port unreachable" from a game server that is down, surfacing on the
-                // connected socket: nothing to relay, nothing to stop.
-                Err(e) => trace!(error = %e, "upstream receive"),
+            r = upstream.readable() => match r {
+                Ok(()) => drain(&shared, &session, &upstream),
+                Err(e) => trace!(error = %e, "upstream readiness"),
             },
             () = &mut idle => {
+                let timeout = if session.phase() == Phase::Established {
+                    shared.config.session.timeout
+                } else {
+                    shared.config.caps.half_open_timeout
+                };
                 let deadline = shared.instant_of(session.last_active_ms()) + timeout;
                 if deadline <= Instant::now() {
                     break;
@@ -82,7 +91,7 @@ async fn run(shared: Arc<Shared>, session: Arc<Session>, upstream: UdpSocket, pe
     session.cut();
     let open = shared.remove_session(&session);
     drop(permit);
-    debug!("session - {} ({open} active)", session.client);
+    debug!("session - {} ({open} active)", session.client());
 }
 
 /// Sends every queued packet to the game server.
@@ -104,20 +113,66 @@ async fn flush(shared: &Shared, session: &Session, upstream: &UdpSocket) {
     }
 }
 
-/// Sends one answer of the game server back to the client from the public socket.
-async fn reply(shared: &Shared, session: &Session, data: &[u8]) {
+/// Reads what the game server sent (a bounded number per turn) and relays it.
+fn drain(shared: &Shared, session: &Session, upstream: &UdpSocket) {
+    for _ in 0..READS_PER_TURN {
+        let r = shared.with_recv_buf(|buf| {
+            let n = upstream.try_recv(buf)?;
+            reply(shared, session, &buf[..n]);
+            Ok::<(), io::Error>(())
+        });
+        match r {
+            Ok(()) if session.is_closed() => return,
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+            // ICMP "port unreachable" from a game server that is down, surfacing on the
+            // connected socket: nothing to relay, nothing to stop.
+            Err(e) => trace!(error = %e, "upstream receive"),
+        }
+    }
+}
+
+/// One answer of the game server: the session's phase, then back to the client from the public
+/// socket.
+fn reply(shared: &Shared, session: &Session, data: &[u8]) {
     session.touch(shared.now_ms());
     shared.metrics.server_packets.inc();
     shared.metrics.server_bytes.add(data.len() as u64);
     session.packets_down.inc();
     session.bytes_down.add(data.len() as u64);
-    if et::is_oob(data) {
+    let oob = et::is_oob(data);
+    if session.phase() != Phase::Established && !advance(shared, session, data, oob) {
+        return;
+    }
+    let client = session.client();
+    if oob {
         debug!(
-            "{} <- ET {} ({} B)",
-            session.client,
+            "{client} <- ET {} ({} B)",
             et::command_word(data),
             data.len()
         );
     }
-    shared.send_to_client(data, session.client).await;
+    shared.try_send_to_client(data, client);
+}
+
+/// What the game server's answer says of a session not yet established: a `connectResponse` or
+/// an in-game packet shows a real client (established), anything else that it was answered.
+/// False when a cap refused the promotion: the session is cut and the answer dropped.
+fn advance(shared: &Shared, session: &Session, data: &[u8], oob: bool) -> bool {
+    let real = !oob || data[4..].starts_with(b"connectResponse");
+    let mut st = shared.lock();
+    if real {
+        if let Err(reason) = st.sessions.promote(session) {
+            st.sessions.remove(session);
+            shared.gauges(&st.sessions);
+            drop(st);
+            session.cut();
+            shared.refused(reason, session.client());
+            return false;
+        }
+    } else {
+        st.sessions.answered(session);
+    }
+    shared.gauges(&st.sessions);
+    true
 }

@@ -25,11 +25,29 @@ pub enum Drop {
     CacheBusy,
     /// The upstream socket could not be opened or written.
     Upstream,
+    /// A source IP holds its cap of half-open (or established) sessions.
+    IpCap,
+    /// A prefix (/24, /64) holds its cap of half-open sessions.
+    PrefixCap,
+    /// The server's half-open cap is reached and nothing could be recycled.
+    HalfOpenCap,
+    /// An in-game packet whose qport another session holds (or not its session's own).
+    QportConflict,
+    /// A `getchallenge` over its source IP's limit.
+    JoinLimit,
+    /// A `getchallenge` the fair queue had no room for, or that waited too long.
+    JoinQueue,
+    /// A `connect` or `PB_` packet from an address without a session.
+    NoSession,
+    /// An in-game packet too short to carry a qport.
+    Malformed,
+    /// The process's queued-bytes budget is spent.
+    QueuedBytes,
 }
 
 impl Drop {
     /// Every reason, in counter order.
-    pub const ALL: [Drop; 10] = [
+    pub const ALL: [Drop; 19] = [
         Drop::Rcon,
         Drop::Filter,
         Drop::BadChallenge,
@@ -40,6 +58,15 @@ impl Drop {
         Drop::Oversize,
         Drop::CacheBusy,
         Drop::Upstream,
+        Drop::IpCap,
+        Drop::PrefixCap,
+        Drop::HalfOpenCap,
+        Drop::QportConflict,
+        Drop::JoinLimit,
+        Drop::JoinQueue,
+        Drop::NoSession,
+        Drop::Malformed,
+        Drop::QueuedBytes,
     ];
 
     /// The reason's label.
@@ -55,6 +82,15 @@ impl Drop {
             Drop::Oversize => "oversize",
             Drop::CacheBusy => "cache_busy",
             Drop::Upstream => "upstream",
+            Drop::IpCap => "ip_cap",
+            Drop::PrefixCap => "prefix_cap",
+            Drop::HalfOpenCap => "half_open_cap",
+            Drop::QportConflict => "qport_conflict",
+            Drop::JoinLimit => "join_limit",
+            Drop::JoinQueue => "join_queue",
+            Drop::NoSession => "no_session",
+            Drop::Malformed => "malformed",
+            Drop::QueuedBytes => "queued_bytes",
         }
     }
 }
@@ -106,6 +142,18 @@ guard::counter_set! {
             sessions_opened: Counter,
             /// Sessions open now.
             sessions_open: Gauge,
+            /// Half-open sessions now (the game server has not shown a real client yet).
+            sessions_half_open: Gauge,
+            /// Established sessions now.
+            sessions_established: Gauge,
+            /// Half-open sessions recycled for a newcomer at the server's half-open cap.
+            sessions_recycled: Counter,
+            /// Sessions moved to a new port of their IP (a NAT that rebound).
+            sessions_rebound: Counter,
+            /// Sessions refused, or cut at promotion, by a cap (also counted as drops).
+            sessions_refused: Counter,
+            /// getchallenge waiting in the fair queue now.
+            joins_queued: Gauge,
             /// Heartbeats sent to masters (one per master).
             heartbeats: Counter,
             /// Flatlines sent to masters (one per master).

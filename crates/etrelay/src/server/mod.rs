@@ -10,8 +10,13 @@
 //! game server → session task → public socket → client
 //! ```
 //!
+//! - `budget`: what the whole process may spend: session slots and queued bytes.
 //! - `shared`: what the server's tasks share: settings, public socket, counters, the state
 //!   lock over sessions and bans.
+//! - `table`: the session table: half-open and established sessions, their caps, recycling,
+//!   pinned qports (no I/O).
+//! - `joins`: fair `getchallenge`: per-source limit, the pace towards the game server, the
+//!   fair queue (no I/O).
 //! - `relay`: the relay loop: the packet path above, and the query cache's socket.
 //! - `session`: one client's session: its queue, counters and last activity (no I/O).
 //! - `forward`: a session's task and upstream socket: queue → game server, answers → client.
@@ -20,26 +25,29 @@
 //! - `heartbeat_task`: the task that drives it: probes, master name lookups, sends.
 //! - `metrics`: the counters of the server.
 
+mod budget;
 mod cache;
 mod forward;
 mod heartbeat;
 mod heartbeat_task;
+mod joins;
 mod metrics;
 mod relay;
 mod session;
 mod shared;
+mod table;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
-use guard::admission::Gate;
 use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+pub use self::budget::Budget;
 pub use self::heartbeat::ProbeStatus;
 pub use self::metrics::{Drop, ProbeState, ServerMetrics};
 pub use self::session::SessionInfo;
@@ -61,7 +69,7 @@ pub struct ServerHandle {
 
 impl ServerHandle {
     /// Starts relaying `config.upstream` on `public` (already bound). Sessions take their slot
-    /// from `sessions_gate`, shared by every server of the process; the server stops when
+    /// and queued bytes from `budget`, shared by every server of the process; the server stops when
     /// `parent` is cancelled or [`ServerHandle::stop`] is called.
     ///
     /// # Errors
@@ -69,7 +77,7 @@ impl ServerHandle {
     pub fn start(
         config: ServerConfig,
         public: UdpSocket,
-        sessions_gate: Gate,
+        budget: Budget,
         parent: &CancellationToken,
     ) -> io::Result<ServerHandle> {
         let public_addr = public.local_addr()?;
@@ -81,7 +89,7 @@ impl ServerHandle {
             config,
             public,
             public_addr,
-            sessions_gate,
+            budget,
             parent.child_token(),
         ));
         let relay_loop = relay::RelayLoop::new(Arc::clone(&shared))?;
@@ -122,7 +130,7 @@ impl ServerHandle {
         let now_ms = self.shared.now_ms();
         let st = self.shared.lock();
         st.sessions
-            .values()
+            .iter()
             .filter(|s| !s.is_closed())
             .map(|s| s.info(now_ms))
             .collect()
@@ -155,17 +163,10 @@ impl ServerHandle {
         let mut st = self.shared.lock();
         let ip = ban.ip;
         st.bans.insert(ban, now_sys, now)?;
-        st.sessions.retain(|client, s| {
-            let cut = client.ip() == ip;
-            if cut {
-                s.cut();
-            }
-            !cut
-        });
-        self.shared
-            .metrics
-            .sessions_open
-            .set(st.sessions.len() as u64);
+        for s in st.sessions.remove_ip(ip) {
+            s.cut();
+        }
+        self.shared.gauges(&st.sessions);
         Ok(())
     }
 
@@ -184,7 +185,7 @@ impl ServerHandle {
         self.shared
             .lock()
             .sessions
-            .values()
+            .iter()
             .filter(|s| !s.is_closed())
             .count()
     }

@@ -2,9 +2,11 @@
 //! cache's socket.
 //!
 //! Each wake-up drains the public socket in batches ([`BatchRecv`], one system call per batch)
-//! and runs every datagram through the same straight line: size, ban, [`classify`], query
-//! limiter, then the query cache or the client's session (for a new client, the session cap
-//! first). Nothing in it waits: opening a session is a non-blocking bind and connect, a full
+//! and runs every datagram through the same straight line: size, ban, [`classify`], then by
+//! kind: a query goes through the limiter to the cache; a `getchallenge` through the fair join
+//! gate ([`Joins`]); an in-game packet through the qport check; `connect` and `PB_` only to a
+//! session that exists. A new session is admitted by the table's caps ([`super::table`]) before
+//! anything is opened. Nothing in it waits: opening a session is a non-blocking bind and connect, a full
 //! queue drops the packet, and cached answers and cache refreshes leave with a non-blocking
 //! send. The loop drives the cache's state machine ([`QueryCache`]): it sends the refreshes the
 //! cache asks for, hands what the game server sends back to it, and answers the waiters it
@@ -21,10 +23,12 @@ use tracing::{debug, trace, warn};
 
 use super::cache::{Outcome, QueryCache};
 use super::forward;
+use super::joins::{Joins, Offer, Pace};
 use super::metrics::Drop;
-use super::shared::Shared;
+use super::session::{Phase, Refused};
+use super::shared::{Shared, State};
 use crate::clock::Instant;
-use crate::et::classify::{Packet, Query, Reject, classify};
+use crate::et::classify::{Command, Packet, Query, Reject, classify};
 use crate::et::{self, command_word};
 use crate::net::{BatchRecv, upstream_socket};
 
@@ -37,6 +41,8 @@ const TICK: Duration = Duration::from_millis(250);
 const CACHE_READS: usize = 64;
 /// Shortest gap between two full limiter sweeps forced by a full table.
 const SWEEP_GAP: Duration = Duration::from_millis(200);
+/// Tokens of the upstream pace the query cache leaves to `getchallenge`.
+const REFRESH_RESERVE: u32 = 3;
 
 /// The relay loop: the receive buffers and the packet handler.
 #[derive(Debug)]
@@ -54,6 +60,12 @@ struct Handler {
     cache: Option<Cache>,
     /// Where cached answers and refreshes are written.
     scratch: Vec<u8>,
+    /// Requests the game server limits per source IP: `getchallenge` and cache refreshes.
+    pace: Pace,
+    /// The per-source limit and fair queue of `getchallenge`.
+    joins: Joins,
+    /// Where a queued `getchallenge` is given back.
+    join_buf: Vec<u8>,
 }
 
 /// The query cache and the socket its refreshes go out on and their answers come back on.
@@ -95,6 +107,13 @@ impl RelayLoop {
                 limiter,
                 cache,
                 scratch: Vec::with_capacity(64 * 1024),
+                pace: Pace::new(
+                    cfg.joins.upstream_burst,
+                    cfg.joins.upstream_interval,
+                    Instant::now(),
+                ),
+                joins: Joins::new(&cfg.joins),
+                join_buf: Vec::with_capacity(128),
                 shared,
             },
         })
@@ -106,6 +125,10 @@ impl RelayLoop {
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            let due = self
+                .handler
+                .joins
+                .next_due(Instant::now(), &self.handler.pace);
             // Not biased: under a flood of client packets the cache socket and the tick still
             // get their turns.
             tokio::select! {
@@ -126,6 +149,7 @@ impl RelayLoop {
                     }
                 }
                 _ = tick.tick() => self.handler.tick(Instant::now()),
+                () = until(due) => self.handler.release_joins(Instant::now()),
             }
         }
     }
@@ -139,6 +163,7 @@ impl RelayLoop {
                     for (src, data) in self.batch.datagrams() {
                         self.handler.client_packet(src, data, now);
                     }
+                    self.handler.release_joins(now);
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => {
@@ -169,7 +194,9 @@ impl Handler {
             debug!("{src} -> ET {} ({} B)", command_word(data), data.len());
         }
         match packet {
-            Packet::Game | Packet::Pass(_) => self.enqueue(src, data),
+            Packet::Game => self.game(src, data),
+            Packet::Pass(Command::GetChallenge) => self.join(src, data, now),
+            Packet::Pass(Command::Connect | Command::PunkBuster) => self.session_only(src, data),
             Packet::Query(q, challenge) => {
                 match self.limiter.check(&src.ip(), now.into_std()) {
                     Ok(true) => {}
@@ -182,20 +209,27 @@ impl Handler {
                 }
                 m.query_sources.set(self.limiter.len() as u64);
                 let Some(cache) = self.cache.as_mut() else {
-                    self.enqueue(src, data);
+                    let mut st = self.shared.lock();
+                    open_or_push(&self.shared, &mut st, src, data, None);
                     return;
                 };
                 let challenge = challenge.map(|r| &data[r]);
-                match cache
-                    .machine
-                    .query(q, challenge, src, now, &mut self.scratch)
-                {
+                let may_refresh = self.pace.available(now) > REFRESH_RESERVE;
+                match cache.machine.query_paced(
+                    q,
+                    challenge,
+                    src,
+                    now,
+                    &mut self.scratch,
+                    may_refresh,
+                ) {
                     Outcome::Answer => {
                         m.cache_hits.inc();
                         send_now(&self.shared, &self.scratch, src);
                     }
                     Outcome::Refresh => match cache.socket.try_send(&self.scratch) {
                         Ok(n) => {
+                            self.pace.take(now, REFRESH_RESERVE);
                             m.cache_refreshes.inc();
                             m.upstream_packets.inc();
                             m.upstream_bytes.add(n as u64);
@@ -226,41 +260,88 @@ impl Handler {
         self.shared.lock().bans.is_banned(ip, now)
     }
 
-    /// Queues a packet on the client's session, opening one if needed.
-    fn enqueue(&mut self, src: SocketAddr, data: &[u8]) {
+    /// A `getchallenge`: through the join gate, then to the client's session (opened if
+    /// needed). A queued one comes back through [`Handler::release_joins`].
+    fn join(&mut self, src: SocketAddr, data: &[u8], now: Instant) {
+        match self.joins.offer(src, data, now, &mut self.pace) {
+            Offer::Pass => {
+                let mut st = self.shared.lock();
+                open_or_push(&self.shared, &mut st, src, data, None);
+            }
+            Offer::Queued => {}
+            Offer::Refused(reason) => {
+                debug!("{src} dropped ({})", reason.name());
+                self.shared.metrics.drop(reason);
+            }
+        }
+        self.shared
+            .metrics
+            .joins_queued
+            .set(self.joins.queued() as u64);
+    }
+
+    /// Sends on the queued `getchallenge` whose turn has come.
+    fn release_joins(&mut self, now: Instant) {
+        while let Some(src) = self.joins.release(now, &mut self.pace, &mut self.join_buf) {
+            let mut st = self.shared.lock();
+            open_or_push(&self.shared, &mut st, src, &self.join_buf, None);
+        }
+        self.shared
+            .metrics
+            .joins_queued
+            .set(self.joins.queued() as u64);
+    }
+
+    /// `connect` and `PB_`: only for a session that exists. A `connect` can only be accepted
+    /// with a challenge the game server gave that session's upstream port, so a source without
+    /// a session has nothing to connect with.
+    fn session_only(&mut self, src: SocketAddr, data: &[u8]) {
         let shared = &self.shared;
+        let st = shared.lock();
+        match st.sessions.get(&src) {
+            Some(s) => push(shared, s, data, shared.now_ms()),
+            None => {
+                debug!("{src} dropped (no_session)");
+                shared.metrics.drop(Drop::NoSession);
+            }
+        }
+    }
+
+    /// An in-game packet: its qport must be its session's own (pinned on the first one), and
+    /// no other session's. From an unknown address, a qport that an established session of the
+    /// same IP holds, silent for `rebind_quiet`, moves that session there (a NAT that
+    /// rebound); any other pinned qport is dropped; an unpinned one opens a half-open session.
+    fn game(&mut self, src: SocketAddr, data: &[u8]) {
+        let shared = &self.shared;
+        let Some(qport) = data.get(4..6).map(|q| u16::from_le_bytes([q[0], q[1]])) else {
+            shared.metrics.drop(Drop::Malformed);
+            return;
+        };
         let now_ms = shared.now_ms();
         let mut st = shared.lock();
-        if let Some(s) = st.sessions.get(&src)
-            && !s.is_closed()
-        {
-            if s.push(data, now_ms).is_err() {
-                shared.metrics.drop(Drop::QueueFull);
+        if let Some(s) = st.sessions.get(&src).cloned() {
+            match st.sessions.check_qport(&s, qport) {
+                Ok(()) => push(shared, &s, data, now_ms),
+                Err(reason) => shared.metrics.drop(reason),
             }
             return;
         }
-        // A new source: the session cap first, before any work. (Idle sessions end on their
-        // own deadline, in their task: nothing to sweep here.)
-        let Some(permit) = shared.sessions_gate.try_acquire() else {
-            shared.metrics.drop(Drop::SessionCap);
-            debug!("{src}: no session (MAX_SESSIONS reached)");
+        let Some(holder) = st.sessions.qport_holder(qport).cloned() else {
+            open_or_push(shared, &mut st, src, data, Some(qport));
             return;
         };
-        match forward::open(shared, src, now_ms, permit) {
-            Ok(s) => {
-                if s.push(data, now_ms).is_err() {
-                    shared.metrics.drop(Drop::QueueFull);
-                }
-                st.sessions.insert(src, s);
-                let n = st.sessions.len();
-                shared.metrics.sessions_opened.inc();
-                shared.metrics.sessions_open.set(n as u64);
-                debug!("session + {src} ({n} active)");
-            }
-            Err(e) => {
-                shared.metrics.drop(Drop::Upstream);
-                warn!("cannot open a session for {src}: {e}");
-            }
+        let quiet = now_ms.saturating_sub(holder.last_client_ms());
+        if holder.client().ip() == src.ip()
+            && holder.phase() == Phase::Established
+            && quiet >= shared.config.caps.rebind_quiet.as_millis() as u64
+        {
+            let from = holder.client();
+            st.sessions.rebind(&holder, src);
+            shared.metrics.sessions_rebound.inc();
+            debug!("session {from} moved to {src} (qport {qport})");
+            push(shared, &holder, data, now_ms);
+        } else {
+            shared.metrics.drop(Drop::QportConflict);
         }
     }
 
@@ -304,6 +385,8 @@ impl Handler {
 
     fn tick(&mut self, now: Instant) {
         self.limiter.sweep(now.into_std());
+        self.joins.sweep(now);
+        self.release_joins(now);
         self.shared
             .metrics
             .query_sources
@@ -321,6 +404,72 @@ impl Handler {
                 Err(e) => debug!("cache: cannot reopen its socket: {e}"),
             }
         }
+    }
+}
+
+/// Queues `data` on `src`'s session, opening a half-open one if the table's caps admit it (at
+/// the server's half-open cap the oldest half-open session is recycled); `qport` is pinned on a
+/// new session.
+fn open_or_push(
+    shared: &Arc<Shared>,
+    st: &mut State,
+    src: SocketAddr,
+    data: &[u8],
+    qport: Option<u16>,
+) {
+    let now_ms = shared.now_ms();
+    if let Some(s) = st.sessions.get(&src) {
+        push(shared, s, data, now_ms);
+        return;
+    }
+    match st.sessions.admit(src.ip()) {
+        Ok(None) => {}
+        Ok(Some(victim)) => {
+            victim.cut();
+            shared.metrics.sessions_recycled.inc();
+        }
+        Err(reason) => {
+            shared.refused(reason, src);
+            return;
+        }
+    }
+    let Some(permit) = shared.budget.sessions.try_acquire() else {
+        shared.refused(Drop::SessionCap, src);
+        return;
+    };
+    match forward::open(shared, src, now_ms, permit) {
+        Ok(s) => {
+            st.sessions.insert(Arc::clone(&s));
+            if let Some(q) = qport {
+                // A new session takes a free qport (the caller checked it is free).
+                let _ = st.sessions.check_qport(&s, q);
+            }
+            push(shared, &s, data, now_ms);
+            shared.metrics.sessions_opened.inc();
+            shared.gauges(&st.sessions);
+            debug!("session + {src} ({} active)", st.sessions.len());
+        }
+        Err(e) => {
+            shared.metrics.drop(Drop::Upstream);
+            warn!("cannot open a session for {src}: {e}");
+        }
+    }
+}
+
+/// Queues `data` on session `s`, counting a refusal.
+fn push(shared: &Shared, s: &super::session::Session, data: &[u8], now_ms: u64) {
+    match s.push(data, now_ms) {
+        Ok(()) => {}
+        Err(Refused::QueueFull) => shared.metrics.drop(Drop::QueueFull),
+        Err(Refused::OverBudget) => shared.metrics.drop(Drop::QueuedBytes),
+    }
+}
+
+/// Resolves at `due`; never without one.
+async fn until(due: Option<Instant>) {
+    match due {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 

@@ -1,34 +1,39 @@
-//! What the tasks of one server share: its settings, its public socket, its counters, and the
-//! state lock over its sessions and bans.
+//! What the tasks of one server share: its settings, its public socket, its counters, the
+//! state lock over its sessions and bans, the buffer the session tasks receive into, and the
+//! rate-limited warning of refused sessions.
 //!
 //! The relay loop, the session tasks, the heartbeat task and the [`super::ServerHandle`] each
 //! hold an `Arc<Shared>`. The state mutex is a `std` mutex, never held across an `.await`:
 //! every critical section is a few map operations (opening a session adds a non-blocking bind
 //! and connect; a ban adds cancelling the sessions it cuts).
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
-use guard::admission::Gate;
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::trace;
+use tracing::{trace, warn};
 
+use super::budget::Budget;
 use super::heartbeat::ProbeStatus;
-use super::metrics::ServerMetrics;
+use super::metrics::{Drop, ServerMetrics};
 use super::session::Session;
+use super::table::Table;
 use crate::bans::BanTable;
 use crate::clock::Instant;
 use crate::config::ServerConfig;
 
+/// At most one warning of refused sessions per server per this interval.
+const WARN_EVERY: Duration = Duration::from_secs(10);
+
 /// What the state lock guards.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(super) struct State {
-    /// Open sessions by client address.
-    pub(super) sessions: HashMap<SocketAddr, Arc<Session>>,
+    /// Open sessions.
+    pub(super) sessions: Table,
     /// The server's bans.
     pub(super) bans: BanTable,
 }
@@ -50,8 +55,13 @@ pub(super) struct Shared {
     probe: Mutex<ProbeStatus>,
     /// Base of the millisecond timestamps sessions keep.
     epoch: Instant,
-    /// Slots of `MAX_SESSIONS`, shared by every server of the process.
-    pub(super) sessions_gate: Gate,
+    /// Session slots and queued bytes, shared by every server of the process.
+    pub(super) budget: Budget,
+    /// What the session tasks receive the game server's answers into (one at a time: no task
+    /// waits while holding it).
+    recv_buf: Mutex<Vec<u8>>,
+    /// Refusals since the last warning, and when it was written.
+    warned: Mutex<(u64, Option<Instant>)>,
     /// The next session's id.
     next_session: AtomicU64,
     /// Stops the server: the relay loop, the heartbeat task, and every session (child tokens).
@@ -66,18 +76,24 @@ impl Shared {
         config: ServerConfig,
         public: UdpSocket,
         public_addr: SocketAddr,
-        sessions_gate: Gate,
+        budget: Budget,
         cancel: CancellationToken,
     ) -> Self {
+        let state = State {
+            sessions: Table::new(config.caps),
+            bans: BanTable::default(),
+        };
         Shared {
+            recv_buf: Mutex::new(vec![0; config.session.max_packet.max(1)]),
+            warned: Mutex::new((0, None)),
             config,
             public,
             public_addr,
             metrics: ServerMetrics::default(),
-            state: Mutex::new(State::default()),
+            state: Mutex::new(state),
             probe: Mutex::new(ProbeStatus::default()),
             epoch: Instant::now(),
-            sessions_gate,
+            budget,
             next_session: AtomicU64::new(1),
             cancel,
             tracker: TaskTracker::new(),
@@ -112,21 +128,51 @@ impl Shared {
     /// Removes `session` from the table if it is still the one there; returns the open count.
     pub(super) fn remove_session(&self, session: &Session) -> usize {
         let mut st = self.lock();
-        if st
-            .sessions
-            .get(&session.client)
-            .is_some_and(|s| s.id == session.id)
-        {
-            st.sessions.remove(&session.client);
-        }
-        let n = st.sessions.len();
-        self.metrics.sessions_open.set(n as u64);
-        n
+        st.sessions.remove(session);
+        self.gauges(&st.sessions);
+        st.sessions.len()
     }
 
-    /// Sends a datagram to a client from the public socket.
-    pub(super) async fn send_to_client(&self, data: &[u8], to: SocketAddr) {
-        match self.public.send_to(data, to).await {
+    /// Sets the session gauges from the table.
+    pub(super) fn gauges(&self, t: &Table) {
+        self.metrics.sessions_open.set(t.len() as u64);
+        self.metrics.sessions_half_open.set(t.half_open() as u64);
+        self.metrics
+            .sessions_established
+            .set(t.established() as u64);
+    }
+
+    /// Runs `f` on the receive buffer of the session tasks.
+    pub(super) fn with_recv_buf<T>(&self, f: impl FnOnce(&mut [u8]) -> T) -> T {
+        let mut buf = self.recv_buf.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut buf)
+    }
+
+    /// Counts a session refused by a cap (`reason`) for `who`, and warns at most once per
+    /// [`WARN_EVERY`], with the number of refusals since the last warning.
+    pub(super) fn refused(&self, reason: Drop, who: SocketAddr) {
+        self.metrics.drop(reason);
+        self.metrics.sessions_refused.inc();
+        let now = Instant::now();
+        let mut w = self.warned.lock().unwrap_or_else(|p| p.into_inner());
+        w.0 += 1;
+        if w.1
+            .is_none_or(|t| now.saturating_duration_since(t) >= WARN_EVERY)
+        {
+            warn!(
+                "{}: session refused for {who} ({}); {} refused since the last warning",
+                self.public_addr,
+                reason.name(),
+                w.0
+            );
+            *w = (0, Some(now));
+        }
+    }
+
+    /// Sends a datagram to a client from the public socket without waiting; a full socket
+    /// buffer drops it, as any congested UDP hop would.
+    pub(super) fn try_send_to_client(&self, data: &[u8], to: SocketAddr) {
+        match self.public.try_send_to(data, to) {
             Ok(n) => {
                 self.metrics.reply_packets.inc();
                 self.metrics.reply_bytes.add(n as u64);

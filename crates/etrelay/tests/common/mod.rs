@@ -8,10 +8,9 @@ use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
-use etrelay::config::{MAX_SESSIONS, ServerConfig};
-use etrelay::server::ServerHandle;
+use etrelay::config::{MAX_QUEUED_BYTES, MAX_SESSIONS, ServerConfig};
+use etrelay::server::{Budget, ServerHandle};
 use etrelay_testkit::{udp, unique_ip};
-use guard::admission::Gate;
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 
@@ -96,7 +95,7 @@ pub async fn public_socket() -> UdpSocket {
 }
 
 /// Starts a relay for `config` on an already bound `public` socket.
-pub fn start_on(config: ServerConfig, public: UdpSocket, gate: Gate) -> Relay {
+pub fn start_on(config: ServerConfig, public: UdpSocket, gate: Budget) -> Relay {
     let root = CancellationToken::new();
     let handle = ServerHandle::start(config, public, gate, &root).expect("start relay");
     let addr = handle.public_addr();
@@ -105,7 +104,11 @@ pub fn start_on(config: ServerConfig, public: UdpSocket, gate: Gate) -> Relay {
 
 /// Starts a relay for `config` on a fresh loopback address.
 pub async fn start(config: ServerConfig) -> Relay {
-    start_on(config, public_socket().await, Gate::new(MAX_SESSIONS))
+    start_on(
+        config,
+        public_socket().await,
+        Budget::new(MAX_SESSIONS, MAX_QUEUED_BYTES),
+    )
 }
 
 /// Waits until `cond` holds, checking every 10 ms, for at most `limit`.

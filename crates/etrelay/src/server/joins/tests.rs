@@ -1,0 +1,123 @@
+use super::*;
+
+const MS: Duration = Duration::from_millis(1);
+
+fn limits() -> JoinLimits {
+    JoinLimits {
+        source_burst: 2,
+        source_interval: Duration::from_secs(2),
+        upstream_burst: 2,
+        upstream_interval: Duration::from_secs(1),
+    }
+}
+
+fn src(a: u8, b: u8) -> SocketAddr {
+    SocketAddr::from(([10, a, 0, b], 27000))
+}
+
+#[test]
+fn the_pace_is_a_token_bucket_with_a_reserve() {
+    let t0 = Instant::now();
+    let mut p = Pace::new(3, Duration::from_secs(1), t0);
+    assert_eq!(p.available(t0), 3);
+    assert!(p.take(t0, 2));
+    assert!(!p.take(t0, 2), "two kept in reserve");
+    assert!(p.take(t0, 0));
+    assert!(p.take(t0, 0));
+    assert!(!p.take(t0, 0));
+    assert_eq!(p.next_token(t0), t0 + Duration::from_secs(1));
+    assert_eq!(p.available(t0 + 999 * MS), 0);
+    assert_eq!(p.available(t0 + Duration::from_secs(1)), 1);
+    assert_eq!(p.available(t0 + Duration::from_secs(10)), 3);
+}
+
+#[test]
+fn a_source_over_its_limit_is_refused_before_anything_else() {
+    let t0 = Instant::now();
+    let mut pace = Pace::new(100, MS, t0);
+    let mut j = Joins::new(&limits());
+    assert_eq!(j.offer(src(1, 1), b"g", t0, &mut pace), Offer::Pass);
+    assert_eq!(j.offer(src(1, 1), b"g", t0, &mut pace), Offer::Pass);
+    assert_eq!(
+        j.offer(src(1, 1), b"g", t0, &mut pace),
+        Offer::Refused(Drop::JoinLimit)
+    );
+    assert_eq!(j.offer(src(1, 2), b"g", t0, &mut pace), Offer::Pass);
+    assert_eq!(
+        j.offer(src(1, 1), b"g", t0 + Duration::from_secs(2), &mut pace),
+        Offer::Pass
+    );
+}
+
+#[test]
+fn past_the_pace_joins_wait_their_turn_round_robin_over_prefixes() {
+    let t0 = Instant::now();
+    let mut pace = Pace::new(2, 500 * MS, t0);
+    let mut j = Joins::new(&limits());
+    assert_eq!(j.offer(src(1, 1), b"a", t0, &mut pace), Offer::Pass);
+    assert_eq!(j.offer(src(1, 2), b"b", t0, &mut pace), Offer::Pass);
+    // The pace is spent: a flood from prefix 1 queues (4 at most), then one honest join.
+    for i in 3..10 {
+        let o = j.offer(src(1, i), b"f", t0, &mut pace);
+        assert_eq!(
+            o,
+            if i < 7 {
+                Offer::Queued
+            } else {
+                Offer::Refused(Drop::JoinQueue)
+            }
+        );
+    }
+    assert_eq!(j.offer(src(2, 1), b"honest", t0, &mut pace), Offer::Queued);
+    assert_eq!(j.queued(), 5);
+    let mut out = Vec::new();
+    assert_eq!(j.release(t0, &mut pace, &mut out), None, "no token yet");
+    assert_eq!(j.next_due(t0, &pace), Some(t0 + 500 * MS));
+    let t1 = t0 + 500 * MS;
+    assert_eq!(j.release(t1, &mut pace, &mut out), Some(src(1, 3)));
+    assert_eq!(out, b"f");
+    let t2 = t0 + 1000 * MS;
+    assert_eq!(
+        j.release(t2, &mut pace, &mut out),
+        Some(src(2, 1)),
+        "the other prefix's turn"
+    );
+    assert_eq!(out, b"honest");
+    // Entries that waited too long are dropped.
+    assert_eq!(
+        j.release(t0 + Duration::from_secs(5), &mut pace, &mut out),
+        None
+    );
+    assert_eq!(j.queued(), 0);
+    assert_eq!(j.next_due(t0, &pace), None);
+}
+
+#[test]
+fn a_full_queue_makes_room_for_a_new_prefix() {
+    let t0 = Instant::now();
+    let mut pace = Pace::new(1, Duration::from_secs(1), t0);
+    let mut j = Joins::new(&JoinLimits {
+        source_burst: 100,
+        ..limits()
+    });
+    assert_eq!(j.offer(src(0, 1), b"a", t0, &mut pace), Offer::Pass);
+    let mut queued = 0;
+    for a in 1..=(QUEUE_MAX / QUEUE_PER_PREFIX) as u8 {
+        for b in 1..=QUEUE_PER_PREFIX as u8 {
+            if j.offer(src(a, b), b"f", t0, &mut pace) == Offer::Queued {
+                queued += 1;
+            }
+        }
+    }
+    assert_eq!(queued, QUEUE_MAX);
+    assert_eq!(
+        j.offer(src(200, 1), b"honest", t0, &mut pace),
+        Offer::Queued
+    );
+    assert_eq!(j.queued(), QUEUE_MAX);
+    // One per source address: a retransmit does not queue twice.
+    assert_eq!(
+        j.offer(src(200, 1), b"honest", t0, &mut pace),
+        Offer::Refused(Drop::JoinQueue)
+    );
+}
