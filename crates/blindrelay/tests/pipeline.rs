@@ -646,6 +646,66 @@ async fn the_request_gate_shares_its_totals_per_source() {
     assert!(n.pipeline.admit(&flood, &body).is_ok());
 }
 
+async fn submit_from(n: &Node, source: &blindrelay::sources::Source, bytes: Vec<u8>) -> Reply {
+    let verdict = match n.pipeline.admit(source, &bytes) {
+        Ok(a) => n.pipeline.process(a).await,
+        Err(r) => Err(r),
+    };
+    let (status, body) = wire(&verdict);
+    Reply { status, body }
+}
+
+#[tokio::test]
+async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
+    let (m, clock) = manual();
+    let n = node(&clock, |c| {
+        c.replay_capacity = 8;
+        c.replay_share_percent = 25;
+    })
+    .await;
+    let p = key();
+    let probe = || {
+        let now = clock.unix();
+        let payload = blindrelay::proto::probe::payload();
+        frame(&p, &n, rand::random(), 0, now, terminal_blob(&n, &payload)).encode()
+    };
+    let src = |i: u8| n.pipeline.classify(IpAddr::from([10, 60, i, 1]));
+    // One source: two routes (25 % of 8), then its own refusal.
+    for _ in 0..2 {
+        assert_eq!(
+            reason(&submit_from(&n, &src(0), probe()).await),
+            "delivered"
+        );
+    }
+    let r = submit_from(&n, &src(0), probe()).await;
+    assert_eq!(
+        (r.status, reason(&r).as_str()),
+        (429, "replay_share_exceeded")
+    );
+    assert_eq!(status_of(&n)["replay"]["full"], false);
+    // Three more fill it; then everyone is refused as `replay_capacity`, and status says so.
+    for i in 1..4 {
+        for _ in 0..2 {
+            assert_eq!(
+                reason(&submit_from(&n, &src(i), probe()).await),
+                "delivered"
+            );
+        }
+    }
+    let r = submit_from(&n, &src(9), probe()).await;
+    assert_eq!((r.status, reason(&r).as_str()), (503, "replay_capacity"));
+    let s = status_of(&n);
+    assert_eq!(s["replay"]["full"], true);
+    assert_eq!(s["quality"]["status"], "attention");
+    assert_eq!(s["counters"]["replay_capacity"], 1);
+    assert_eq!(s["counters"]["replay_share_exceeded"], 1);
+    // Routes end 600 s after their reservation: room again, and status no longer full.
+    m.advance(Duration::from_secs(600));
+    let r = submit_from(&n, &src(9), probe()).await;
+    assert_eq!(reason(&r), "delivered");
+    assert_eq!(status_of(&n)["replay"]["full"], false);
+}
+
 #[tokio::test]
 async fn crypto_admission_refuses_at_once_and_keeps_a_slot_for_outbound() {
     let (_m, clock) = manual();

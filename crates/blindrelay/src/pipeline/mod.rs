@@ -267,12 +267,6 @@ impl Pipeline {
             deadline,
         } = admitted;
         let verdict = self.run(env, &source, deadline).await;
-        if matches!(
-            verdict,
-            Ok(Answer::Delivered { .. } | Answer::Forwarded { .. })
-        ) {
-            self.sources.verified(&source, self.ctx.clock.instant());
-        }
         self.record(&verdict);
         verdict
     }
@@ -319,9 +313,13 @@ impl Pipeline {
                 return Err(r);
             }
         }
-        self.ctx
-            .health
-            .record_contact(&c.prev, self.ctx.clock.unix());
+        let now = self.ctx.clock.unix();
+        self.ctx.health.record_contact(&c.prev, now);
+        // A known peer, authenticated: its address is known from now on (a peer whose
+        // connections do not come from its descriptor's endpoint).
+        if self.ctx.peers.descriptor(&c.prev, now).is_ok() {
+            self.sources.verified(source, self.ctx.clock.instant());
+        }
         // Step 8, then the replay record.
         let (verdict, completed_at) = match c.next {
             Next::Forward {

@@ -5,8 +5,9 @@
 //! address by its /56 (`--source-prefix-v4`, `--source-prefix-v6`), so one party with a block of
 //! addresses counts once. A **known** source is keyed by its exact address and gets a reserved
 //! share unknown sources cannot take: the address of a peer's descriptor endpoint, or an address
-//! a request recently came from that authenticated and was accepted (a verified previous hop,
-//! remembered for [`VERIFIED_TTL`]).
+//! a request recently came from whose previous hop authenticated as a known peer (a verified
+//! previous hop, remembered for [`VERIFIED_TTL`]). A stranger's key, however valid its
+//! signatures, never makes its address known.
 //!
 //! [`SourceKey`] and [`Source`] never print an address: their `Debug` says only the class.
 //! Nothing here logs, and the tables only ever expose counts (status, metrics).
