@@ -1,6 +1,7 @@
 //! Step 3, authenticate: the body must be one well-framed envelope (its blob at most
 //! [`MAX_BLOB`](crate::proto::envelope::MAX_BLOB), checked on the length field before anything
-//! is copied), signed by its previous hop (`verify_strict`). A failure here is counted but never
+//! is copied: [`frame`], one of the cheap checks run before step 1 admits the request), signed
+//! by its previous hop (`verify_strict`: [`verify`], on a crypto slot). A failure here is counted but never
 //! charged to the identity the frame claims: forged frames cannot quarantine an honest node.
 
 use crate::proto::envelope::{AuthError, DecodeError, Envelope};
