@@ -6,12 +6,14 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use crate::api::serve;
 use crate::clock::Clock;
 use crate::context;
-use crate::daemon::{RelayConfig, RunConfig};
+use crate::daemon::{self, RelayConfig, RunConfig};
 use crate::pipeline::gate;
-use crate::replay::ReplayStore;
-use crate::{client, probe, send};
+use crate::replay::{self, ReplayStore};
+use crate::sources::{self, CountLimits, Grouping};
+use crate::{client, forward, probe, send, terminal};
 
 /// The operator listener unless told otherwise: loopback.
 pub const DEFAULT_OPERATOR: SocketAddr =
@@ -60,14 +62,21 @@ pub enum Command {
         #[arg(default_value = client::STDIN)]
         file: String,
     },
-    /// List the messages delivered to the local node, or print one.
+    /// List the messages delivered to the local node, print one, delete one, or take the
+    /// oldest (print it, then delete it).
     Inbox {
         /// The local node's operator API.
         #[arg(long)]
         operator: String,
         /// Print the message with this id (raw bytes to standard output).
-        #[arg(long)]
+        #[arg(long, conflicts_with_all = ["delete", "take"])]
         read: Option<u64>,
+        /// Delete the message with this id.
+        #[arg(long, conflicts_with = "take")]
+        delete: Option<u64>,
+        /// Print the oldest message (raw bytes), then delete it; exit 1 when the inbox is empty.
+        #[arg(long)]
+        take: bool,
         /// JSON output.
         #[arg(long)]
         json: bool,
@@ -104,16 +113,60 @@ pub struct RunArgs {
     /// Where route reservations are kept: `sqlite` survives restarts, `memory` does not.
     #[arg(long, value_enum, default_value_t = ReplayStore::Sqlite)]
     pub replay_store: ReplayStore,
-    /// Relay requests admitted per minute, process-wide (the request gate's window).
+    /// Relay requests admitted per minute, process-wide (the request gate's rate, shared
+    /// fairly per source).
     #[arg(long, default_value_t = gate::DEFAULT_PER_WINDOW)]
     pub admission_per_minute: u32,
+    /// Percent of the admission rate only known peers (descriptor endpoints, verified previous
+    /// hops) may use.
+    #[arg(long, default_value_t = gate::KNOWN_SHARE_PERCENT, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub known_share: u8,
     /// Relay requests in flight at most.
     #[arg(long, default_value_t = gate::MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
+    /// IPv4 sources are grouped by this prefix length.
+    #[arg(long, default_value_t = sources::DEFAULT_V4_PREFIX, value_parser = clap::value_parser!(u8).range(0..=32))]
+    pub source_prefix_v4: u8,
+    /// IPv6 sources are grouped by this prefix length.
+    #[arg(long, default_value_t = sources::DEFAULT_V6_PREFIX, value_parser = clap::value_parser!(u8).range(0..=128))]
+    pub source_prefix_v6: u8,
+    /// A request head must arrive within this (also the idle timeout between requests).
+    #[arg(long, default_value_t = humantime::Duration::from(serve::HEADER_TIMEOUT))]
+    pub header_timeout: humantime::Duration,
+    /// Open connections per listener at most.
+    #[arg(long, default_value_t = serve::CONNECTIONS)]
+    pub max_connections: usize,
+    /// Open connections one source may hold.
+    #[arg(long, default_value_t = serve::CONNECTIONS_PER_SOURCE)]
+    pub connections_per_source: usize,
     /// Crypto slots (default: half the CPU threads rounded up, at least 4, at most 8; never
     /// fewer than 2).
     #[arg(long)]
     pub crypto_slots: Option<usize>,
+    /// How long a request may wait for a crypto slot before it is refused (`backpressure`).
+    #[arg(long, default_value_t = humantime::Duration::from(context::DEFAULT_CRYPTO_WAIT))]
+    pub crypto_wait: humantime::Duration,
+    /// Relay requests in flight to one next hop at most.
+    #[arg(long, default_value_t = forward::PER_NEXT_HOP)]
+    pub per_next_hop: usize,
+    /// Inbox items at most.
+    #[arg(long, default_value_t = terminal::INBOX_MAX_ITEMS)]
+    pub inbox_max_items: usize,
+    /// Inbox payload bytes at most.
+    #[arg(long, default_value_t = terminal::INBOX_MAX_BYTES)]
+    pub inbox_max_bytes: u64,
+    /// Delivered messages are deleted after this long (`0s`: kept until deleted).
+    #[arg(long, default_value_t = humantime::Duration::from(terminal::DEFAULT_RETENTION))]
+    pub inbox_retention: humantime::Duration,
+    /// Percent of the inbox (items and bytes) one source may hold.
+    #[arg(long, default_value_t = terminal::INBOX_SOURCE_SHARE_PERCENT, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub inbox_share: u8,
+    /// Live routes the replay registry holds at most.
+    #[arg(long, default_value_t = replay::CAPACITY)]
+    pub replay_capacity: usize,
+    /// Percent of the replay registry one source may hold.
+    #[arg(long, default_value_t = daemon::REPLAY_SOURCE_SHARE_PERCENT, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub replay_share: u8,
     /// Time between synthetic probe rounds (humantime, `0s` disables them).
     #[arg(long, default_value_t = humantime::Duration::from(probe::DEFAULT_INTERVAL))]
     pub probe_interval: humantime::Duration,
@@ -129,9 +182,31 @@ impl RunArgs {
             relay: RelayConfig {
                 window_limit: self.admission_per_minute,
                 max_in_flight: self.max_in_flight,
+                known_share_percent: self.known_share,
+                grouping: Grouping {
+                    v4_prefix: self.source_prefix_v4,
+                    v6_prefix: self.source_prefix_v6,
+                },
+                listen: serve::ListenConfig {
+                    header_timeout: self.header_timeout.into(),
+                    connections: CountLimits {
+                        total: self.max_connections,
+                        per_source: self.connections_per_source,
+                        reserved: serve::CONNECTIONS_RESERVED.min(self.max_connections / 2),
+                    },
+                },
                 crypto_slots: self
                     .crypto_slots
                     .map_or_else(context::default_crypto_slots, |n| n.max(MIN_CRYPTO_SLOTS)),
+                crypto_wait: self.crypto_wait.into(),
+                per_next_hop: self.per_next_hop,
+                inbox_max_items: self.inbox_max_items,
+                inbox_max_bytes: self.inbox_max_bytes,
+                inbox_retention: self.inbox_retention.into(),
+                inbox_share_percent: self.inbox_share,
+                replay_capacity: self.replay_capacity,
+                replay_share_percent: self.replay_share,
+                bind: Some(self.listen.ip()).filter(|ip| !ip.is_unspecified()),
                 allow_private_endpoints: self.allow_private_endpoints,
                 probe_interval: self.probe_interval.into(),
             },
@@ -174,6 +249,41 @@ mod tests {
             ),
             (d.window_limit, d.max_in_flight, d.crypto_slots)
         );
+        assert_eq!(
+            (
+                c.relay.known_share_percent,
+                c.relay.grouping,
+                c.relay.listen,
+                c.relay.crypto_wait,
+                c.relay.per_next_hop,
+            ),
+            (
+                d.known_share_percent,
+                d.grouping,
+                d.listen,
+                d.crypto_wait,
+                d.per_next_hop
+            )
+        );
+        assert_eq!(
+            (
+                c.relay.inbox_max_items,
+                c.relay.inbox_max_bytes,
+                c.relay.inbox_retention,
+                c.relay.inbox_share_percent,
+                c.relay.replay_capacity,
+                c.relay.replay_share_percent,
+            ),
+            (
+                d.inbox_max_items,
+                d.inbox_max_bytes,
+                d.inbox_retention,
+                d.inbox_share_percent,
+                d.replay_capacity,
+                d.replay_share_percent,
+            )
+        );
+        assert_eq!(c.relay.bind, None, "0.0.0.0 binds nothing");
         assert_eq!(c.relay.probe_interval, std::time::Duration::from_secs(300));
         assert_eq!(c.replay_store, ReplayStore::Sqlite);
         let c = run_args(&["--probe-interval", "0s", "--crypto-slots", "1"]).run_config();

@@ -10,7 +10,7 @@ use std::io::{Read, Write};
 
 use serde::de::DeserializeOwned;
 
-use crate::api::{InboxList, Sent};
+use crate::api::{Deleted, InboxList, Sent};
 use crate::health::Row;
 use crate::proto::answer::ErrorBody;
 use crate::status::{Document, Evidence};
@@ -105,6 +105,58 @@ pub async fn inbox(operator: &str, read: Option<u64>, json: bool) -> Result<(), 
     Ok(())
 }
 
+/// `blindrelay inbox --delete ID`.
+///
+/// # Errors
+/// What went wrong, in words for the operator.
+pub async fn inbox_delete(operator: &str, id: u64) -> Result<(), String> {
+    let resp = http()
+        .delete(format!("{}/v1/inbox/{id}", base(operator)))
+        .send()
+        .await
+        .map_err(operator_error)?;
+    if !resp.status().is_success() {
+        return Err(format!("no message {id}"));
+    }
+    let d: Deleted = resp.json().await.map_err(operator_error)?;
+    say!("deleted message {} ({} bytes)", d.deleted, d.size);
+    Ok(())
+}
+
+/// `blindrelay inbox --take`: the oldest message's bytes to standard output, then deleted.
+///
+/// # Errors
+/// The inbox is empty, or what went wrong.
+pub async fn inbox_take(operator: &str) -> Result<(), String> {
+    let base = base(operator);
+    let list: InboxList = get_json(&format!("{base}/v1/inbox")).await?;
+    let Some(first) = list.items.first() else {
+        return Err("inbox empty".into());
+    };
+    let resp = http()
+        .get(format!("{base}/v1/inbox/{}", first.id))
+        .send()
+        .await
+        .map_err(operator_error)?;
+    if !resp.status().is_success() {
+        return Err(format!("no message {}", first.id));
+    }
+    let bytes = resp.bytes().await.map_err(operator_error)?;
+    std::io::stdout()
+        .write_all(&bytes)
+        .and_then(|()| std::io::stdout().flush())
+        .map_err(|e| e.to_string())?;
+    let resp = http()
+        .delete(format!("{base}/v1/inbox/{}", first.id))
+        .send()
+        .await
+        .map_err(operator_error)?;
+    if !resp.status().is_success() {
+        return Err(format!("message {} printed but not deleted", first.id));
+    }
+    Ok(())
+}
+
 /// `blindrelay status`: the status document as tables, or as JSON.
 ///
 /// # Errors
@@ -130,6 +182,23 @@ fn render_status(s: &Status) {
     );
     say!("  why:  {}", q.reason);
     say!("  next: {}", q.next_action);
+    say!(
+        "  inbox {}/{} items, {}/{} bytes{}   replay {}/{} routes{}",
+        s.inbox.items,
+        s.inbox.max_items,
+        s.inbox.bytes,
+        s.inbox.max_bytes,
+        if s.inbox.full { " FULL" } else { "" },
+        s.replay.live_routes,
+        s.replay.capacity,
+        if s.replay.full { " FULL" } else { "" },
+    );
+    say!(
+        "  admission {} in flight, {} connections, {} sources",
+        s.admission.in_flight,
+        s.admission.connections,
+        s.admission.sources
+    );
     say!("");
     say!(
         "{:<28} {:>8} {:>12} {:>6}",

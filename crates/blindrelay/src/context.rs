@@ -5,16 +5,20 @@
 //! The crypto gate is the design's crypto admission budget: signature checks, onion layers and
 //! receipt signing take a slot. Inbound requests may use all but one slot
 //! (the pipeline's step 2); outbound work (route building, receipt checking) may use them
-//! all, so it proceeds under an inbound burst. Nothing waits for a slot: no free slot is a
-//! refusal. Disk work never holds a slot.
+//! all, so it proceeds under an inbound burst. A request waits for a slot at most the crypto
+//! wait (`--crypto-wait`, [`DEFAULT_CRYPTO_WAIT`]), woken as soon as a slot is given back; then
+//! it is refused. Disk work never holds a slot.
 
+use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use guard::admission::{Gate, Permit};
+use tokio::sync::Notify;
 
 use crate::clock::Clock;
 use crate::counters::Counters;
-use crate::forward;
+use crate::forward::{self, NextHopSlots};
 use crate::health::Health;
 use crate::node::Node;
 use crate::peers::Peers;
@@ -24,6 +28,9 @@ use crate::peers::Peers;
 pub fn crypto_slots(threads: usize) -> usize {
     threads.div_ceil(2).clamp(4, 8)
 }
+
+/// How long a request may wait for a crypto slot by default before it is refused.
+pub const DEFAULT_CRYPTO_WAIT: Duration = Duration::from_millis(50);
 
 /// Crypto slots for this host.
 pub fn default_crypto_slots() -> usize {
@@ -45,21 +52,99 @@ pub struct Context {
     pub health: Health,
     /// The crypto slots, shared by inbound and outbound work.
     pub crypto: Gate,
+    /// Woken whenever a crypto slot is given back.
+    crypto_freed: Arc<Notify>,
+    /// How long a request may wait for a crypto slot.
+    pub crypto_wait: Duration,
+    /// Requests in flight per next hop.
+    pub next_hops: NextHopSlots,
     /// The HTTP client for next hops and descriptor fetches.
     pub http: reqwest::Client,
 }
 
+/// The settings of a [`Context`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ContextConfig {
+    /// Crypto slots in all.
+    pub crypto_slots: usize,
+    /// How long a request may wait for a crypto slot.
+    pub crypto_wait: Duration,
+    /// Requests in flight per next hop.
+    pub per_next_hop: usize,
+    /// The address outgoing connections are made from (the listen address, so peers know the
+    /// node by its descriptor's endpoint), if any.
+    pub bind: Option<IpAddr>,
+}
+
+impl ContextConfig {
+    /// The defaults for `crypto_slots` slots.
+    pub fn new(crypto_slots: usize) -> Self {
+        ContextConfig {
+            crypto_slots,
+            crypto_wait: DEFAULT_CRYPTO_WAIT,
+            per_next_hop: forward::PER_NEXT_HOP,
+            bind: None,
+        }
+    }
+}
+
+/// A crypto slot: given back on drop, which wakes the requests waiting for one.
+#[derive(Debug)]
+pub struct CryptoSlot {
+    permit: Option<Permit>,
+    freed: Arc<Notify>,
+}
+
+impl Drop for CryptoSlot {
+    fn drop(&mut self) {
+        drop(self.permit.take());
+        self.freed.notify_waiters();
+    }
+}
+
 impl Context {
-    /// A context with `crypto_slots` slots in all.
+    /// A context with `crypto_slots` slots in all and the other defaults.
     pub fn new(node: Arc<Node>, peers: Arc<Peers>, clock: Clock, crypto_slots: usize) -> Self {
+        Self::with_config(node, peers, clock, ContextConfig::new(crypto_slots))
+    }
+
+    /// A context with `config`.
+    pub fn with_config(
+        node: Arc<Node>,
+        peers: Arc<Peers>,
+        clock: Clock,
+        config: ContextConfig,
+    ) -> Self {
         Context {
             node,
             peers,
             clock,
             counters: Counters::default(),
             health: Health::default(),
-            crypto: Gate::new(crypto_slots),
-            http: forward::client(),
+            crypto: Gate::new(config.crypto_slots),
+            crypto_freed: Arc::new(Notify::new()),
+            crypto_wait: config.crypto_wait,
+            next_hops: NextHopSlots::new(config.per_next_hop),
+            http: forward::client(config.bind),
+        }
+    }
+
+    /// A crypto slot while fewer than `below` are in use, waiting at most `wait` for one.
+    pub async fn crypto_slot(&self, below: usize, wait: Duration) -> Option<CryptoSlot> {
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let freed = self.crypto_freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            if let Some(permit) = self.crypto.try_acquire_below(below) {
+                return Some(CryptoSlot {
+                    permit: Some(permit),
+                    freed: Arc::clone(&self.crypto_freed),
+                });
+            }
+            if tokio::time::timeout_at(deadline, freed).await.is_err() {
+                return None;
+            }
         }
     }
 }
@@ -67,7 +152,7 @@ impl Context {
 /// Runs CPU-heavy crypto `work` on a blocking thread (off the async reactor) while holding
 /// `slot`, which is given back as soon as the work is done. `None` if the work panicked.
 pub async fn on_crypto_slot<T: Send + 'static>(
-    slot: Permit,
+    slot: CryptoSlot,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Option<T> {
     tokio::task::spawn_blocking(move || {
@@ -91,16 +176,51 @@ mod tests {
         assert_eq!(crypto_slots(64), 8);
     }
 
+    fn context(slots: usize) -> (tempfile::TempDir, Context) {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = Clock::Manual(crate::clock::ManualClock::new(1_800_000_000));
+        crate::node::init(dir.path(), "http://127.0.0.1:7001", 1_800_000_000).unwrap();
+        let node = Arc::new(Node::load(dir.path()).unwrap());
+        let peers = Arc::new(Peers::new(vec![], true, clock.clone(), *node.id()));
+        let ctx = Context::new(node, peers, clock, slots);
+        (dir, ctx)
+    }
+
     #[tokio::test]
     async fn the_slot_is_held_only_while_the_work_runs() {
-        let gate = Gate::new(1);
-        let slot = gate.try_acquire().unwrap();
-        let g = gate.clone();
+        let (_dir, ctx) = context(1);
+        let slot = ctx.crypto_slot(1, Duration::ZERO).await.unwrap();
+        let g = ctx.crypto.clone();
         let seen = on_crypto_slot(slot, move || g.in_use()).await;
         assert_eq!(seen, Some(1));
-        assert_eq!(gate.in_use(), 0);
-        let slot = gate.try_acquire().unwrap();
+        assert_eq!(ctx.crypto.in_use(), 0);
+        let slot = ctx.crypto_slot(1, Duration::ZERO).await.unwrap();
         assert_eq!(on_crypto_slot(slot, || panic!("boom")).await, None::<()>);
-        assert_eq!(gate.in_use(), 0, "given back after a panic too");
+        assert_eq!(ctx.crypto.in_use(), 0, "given back after a panic too");
+    }
+
+    #[tokio::test]
+    async fn a_request_waits_a_little_for_a_slot_then_gives_up() {
+        let (_dir, ctx) = context(2);
+        let ctx = Arc::new(ctx);
+        let held = ctx.crypto_slot(1, Duration::ZERO).await.unwrap();
+        // No slot within the wait: refused.
+        let t = std::time::Instant::now();
+        assert!(
+            ctx.crypto_slot(1, Duration::from_millis(30))
+                .await
+                .is_none()
+        );
+        assert!(t.elapsed() >= Duration::from_millis(30));
+        // A slot given back during the wait is taken at once.
+        let c = Arc::clone(&ctx);
+        let waiter = tokio::spawn(async move { c.crypto_slot(1, Duration::from_secs(5)).await });
+        tokio::task::yield_now().await;
+        drop(held);
+        let got = tokio::time::timeout(Duration::from_secs(5), waiter)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(got.is_some());
     }
 }

@@ -38,8 +38,22 @@ guard::counter_set! {
             invalid_endpoint: Counter,
             /// Self-loop or route loop.
             loop_detected: Counter,
-            /// Replay registry outcomes other than new (duplicates included).
+            /// Replay registry outcomes other than new and full (duplicates included).
             replay_dropped: Counter,
+            /// Refused: every replay slot holds a live route.
+            replay_capacity: Counter,
+            /// Refused: the source holds its share of the replay registry's live routes.
+            replay_share_exceeded: Counter,
+            /// Refused: the inbox holds its most items or bytes.
+            inbox_full: Counter,
+            /// Refused: the source holds its share of the inbox.
+            inbox_share_exceeded: Counter,
+            /// Refused: the source is over its share of the request gate.
+            source_limited: Counter,
+            /// Refused: the body did not arrive within its deadline (the connection is closed).
+            request_timeout: Counter,
+            /// Refused: the next hop has its most requests in flight.
+            next_hop_busy: Counter,
             /// Too old or from the future.
             timestamp_rejected: Counter,
             /// Over the previous hop's rate.
@@ -48,8 +62,21 @@ guard::counter_set! {
             quarantined: Counter,
             /// Quarantines started.
             quarantine_started: Counter,
-            /// Refused at once for lack of capacity (request gate or crypto slots).
+            /// Refused for lack of capacity: the node's request rate or in-flight total is spent,
+            /// or no crypto slot came free within the crypto wait.
             backpressure_dropped: Counter,
+            /// Connections closed at once: their source holds its connection cap, or the node
+            /// holds its most connections.
+            connections_refused: Counter,
+            /// Connections closed because no complete request head arrived in time (new or idle
+            /// between requests).
+            connections_timed_out: Counter,
+            /// Relay requests retried after a `429` within their deadline.
+            busy_retried: Counter,
+            /// Inbox items deleted or taken by the operator.
+            inbox_removed: Counter,
+            /// Inbox items deleted at the end of the retention period.
+            inbox_expired: Counter,
             /// The next hop or the terminal store failed.
             forward_failed: Counter,
             /// Retries made.
@@ -89,6 +116,14 @@ guard::counter_set! {
             last_protection_at: Stamp,
             /// Last backpressure refusal.
             last_backpressure_at: Stamp,
+            /// Last refusal because the inbox was full.
+            last_inbox_full_at: Stamp,
+            /// Last time inbox room was freed (delete, take, retention).
+            last_inbox_freed_at: Stamp,
+            /// Last refusal because the replay registry was full.
+            last_replay_full_at: Stamp,
+            /// Last refusal because a next hop had its most requests in flight.
+            last_next_hop_busy_at: Stamp,
             /// Last forward that failed after all its retries.
             last_retry_exhausted_at: Stamp,
             /// Last forward failure of any kind.

@@ -2,6 +2,7 @@
 //! background tasks (peer descriptors, probes, onion key rotation and guard upkeep).
 
 use std::future::Future;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,16 +11,23 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::api;
+use crate::api::{self, serve};
 use crate::clock::Clock;
-use crate::context::{self, Context};
+use crate::context::{self, Context, ContextConfig};
+use crate::forward;
 use crate::node::Node;
 use crate::peers::Peers;
 use crate::pipeline::{Pipeline, gate};
 use crate::probe;
 use crate::proto::Prefix;
 use crate::replay::{self, ReplayRegistry, ReplayStore};
-use crate::terminal::{Inbox, InboxError, Terminal};
+use crate::sources::Grouping;
+use crate::terminal::{self, INBOX_MAX_BYTES, INBOX_MAX_ITEMS, Inbox, InboxError, Terminal};
+
+/// Of the replay registry, what one source may hold by default (percent).
+pub const REPLAY_SOURCE_SHARE_PERCENT: u8 = 25;
+/// Descriptors kept free for everything but connections (SQLite, peers, the operator).
+const SPARE_DESCRIPTORS: u64 = 256;
 
 /// How often onion keys are checked for rotation and the guard is swept.
 const UPKEEP: Duration = Duration::from_secs(10);
@@ -27,12 +35,36 @@ const UPKEEP: Duration = Duration::from_secs(10);
 /// Settings of the relay.
 #[derive(Debug, Clone)]
 pub struct RelayConfig {
-    /// Requests admitted per admission window, process-wide.
+    /// Requests admitted per minute, process-wide.
     pub window_limit: u32,
     /// Requests in flight at most.
     pub max_in_flight: usize,
+    /// Percent of the admission rate only known sources may use.
+    pub known_share_percent: u8,
+    /// How sources are grouped.
+    pub grouping: Grouping,
+    /// The listeners' timeouts and connection caps.
+    pub listen: serve::ListenConfig,
     /// Crypto slots in all.
     pub crypto_slots: usize,
+    /// How long a request may wait for a crypto slot.
+    pub crypto_wait: Duration,
+    /// Requests in flight per next hop.
+    pub per_next_hop: usize,
+    /// Inbox caps: items, payload bytes.
+    pub inbox_max_items: usize,
+    /// See `inbox_max_items`.
+    pub inbox_max_bytes: u64,
+    /// Inbox items are deleted after this long (zero: never).
+    pub inbox_retention: Duration,
+    /// Percent of the inbox one source may hold.
+    pub inbox_share_percent: u8,
+    /// Live routes the replay registry holds at most.
+    pub replay_capacity: usize,
+    /// Percent of the replay registry one source may hold.
+    pub replay_share_percent: u8,
+    /// Outgoing connections are made from this address (the listen address).
+    pub bind: Option<IpAddr>,
     /// Next hops may have private endpoints (loopback tests).
     pub allow_private_endpoints: bool,
     /// Time between probe rounds (zero: no periodic probes).
@@ -45,7 +77,19 @@ impl RelayConfig {
         RelayConfig {
             window_limit: gate::DEFAULT_PER_WINDOW,
             max_in_flight: gate::MAX_IN_FLIGHT,
+            known_share_percent: gate::KNOWN_SHARE_PERCENT,
+            grouping: Grouping::default(),
+            listen: serve::ListenConfig::default(),
             crypto_slots: context::default_crypto_slots(),
+            crypto_wait: context::DEFAULT_CRYPTO_WAIT,
+            per_next_hop: forward::PER_NEXT_HOP,
+            inbox_max_items: INBOX_MAX_ITEMS,
+            inbox_max_bytes: INBOX_MAX_BYTES,
+            inbox_retention: terminal::DEFAULT_RETENTION,
+            inbox_share_percent: terminal::INBOX_SOURCE_SHARE_PERCENT,
+            replay_capacity: replay::CAPACITY,
+            replay_share_percent: REPLAY_SOURCE_SHARE_PERCENT,
+            bind: None,
             allow_private_endpoints,
             probe_interval: probe::DEFAULT_INTERVAL,
         }
@@ -88,6 +132,10 @@ pub struct Built {
     pub pipeline: Arc<Pipeline>,
     /// Time between probe rounds.
     pub probe_interval: Duration,
+    /// The listeners' limits.
+    pub listen: serve::ListenConfig,
+    /// Inbox retention (zero: none).
+    pub inbox_retention: Duration,
 }
 
 /// Builds the node from the state dir.
@@ -98,39 +146,96 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
     let node = Arc::new(Node::load(&config.state_dir)?);
     let now = config.clock.unix();
     node.rotate_if_due(now)?;
+    let relay = &config.relay;
     let registry = match config.replay_store {
         ReplayStore::Sqlite => ReplayRegistry::open_sqlite(
             &config.state_dir.join("replay.db"),
-            replay::CAPACITY,
+            relay.replay_capacity,
             replay::WINDOW_SECS,
             now,
         )?,
-        ReplayStore::Memory => ReplayRegistry::memory(replay::CAPACITY, replay::WINDOW_SECS),
-    };
-    let inbox = Inbox::open(&config.state_dir.join("inbox.db"))?;
+        ReplayStore::Memory => ReplayRegistry::memory(relay.replay_capacity, replay::WINDOW_SECS),
+    }
+    .with_source_share(relay.replay_share_percent);
+    let inbox = Inbox::open_with_limits(
+        &config.state_dir.join("inbox.db"),
+        relay.inbox_max_items,
+        relay.inbox_max_bytes,
+    )?;
+    let mut listen = relay.listen;
+    fit_descriptors(&mut listen);
     let peers = Arc::new(Peers::new(
         config.peers,
         config.relay.allow_private_endpoints,
         config.clock.clone(),
         *node.id(),
     ));
-    let ctx = Arc::new(Context::new(
+    let ctx = Arc::new(Context::with_config(
         node,
         peers,
         config.clock,
-        config.relay.crypto_slots,
+        ContextConfig {
+            crypto_slots: relay.crypto_slots,
+            crypto_wait: relay.crypto_wait,
+            per_next_hop: relay.per_next_hop,
+            bind: relay.bind,
+        },
     ));
     let pipeline = Pipeline::new(
         ctx,
-        config.relay.window_limit,
-        config.relay.max_in_flight,
+        gate::GateConfig {
+            per_minute: relay.window_limit,
+            max_in_flight: relay.max_in_flight,
+            known_share_percent: relay.known_share_percent,
+        },
+        relay.grouping,
+        serve::connections(&listen),
         Arc::new(registry),
-        Terminal::new(Arc::new(inbox)),
+        Terminal::new(Arc::new(inbox), relay.inbox_share_percent),
     );
     Ok(Built {
         pipeline: Arc::new(pipeline),
-        probe_interval: config.relay.probe_interval,
+        probe_interval: relay.probe_interval,
+        listen,
+        inbox_retention: relay.inbox_retention,
     })
+}
+
+/// Raises the descriptor limit (soft up to hard) so both listeners can hold their connections;
+/// when it cannot, lowers the connection caps to fit, with a warning.
+fn fit_descriptors(listen: &mut serve::ListenConfig) {
+    use rustix::process::{Resource, getrlimit, setrlimit};
+    let need = 2 * listen.connections.total as u64 + SPARE_DESCRIPTORS;
+    let lim = getrlimit(Resource::Nofile);
+    let soft = lim.current.unwrap_or(u64::MAX);
+    if soft >= need {
+        return;
+    }
+    let raised = lim.maximum.unwrap_or(u64::MAX).min(need);
+    let soft = if setrlimit(
+        Resource::Nofile,
+        rustix::process::Rlimit {
+            current: Some(raised),
+            maximum: lim.maximum,
+        },
+    )
+    .is_ok()
+    {
+        raised
+    } else {
+        soft
+    };
+    if soft < need {
+        let total = usize::try_from(soft.saturating_sub(SPARE_DESCRIPTORS) / 2).unwrap_or(0);
+        let c = &mut listen.connections;
+        c.total = total.max(1);
+        c.reserved = c.reserved.min(c.total / 2);
+        c.per_source = c.per_source.min(c.total);
+        warn!(
+            connections = c.total,
+            "the descriptor limit is low: fewer connections per listener"
+        );
+    }
 }
 
 /// Serves `node` on the two listeners until `shutdown`.
@@ -143,26 +248,34 @@ pub async fn serve(
     let Built {
         pipeline,
         probe_interval,
+        listen,
+        inbox_retention,
     } = node;
     let ctx = Arc::clone(pipeline.ctx());
     let cancel = CancellationToken::new();
     let probes = tokio::spawn(probe::run(Arc::clone(&ctx), probe_interval, cancel.clone()));
     let peers = tokio::spawn(Arc::clone(&ctx.peers).run(ctx.http.clone(), cancel.clone()));
-    let upkeep = tokio::spawn(upkeep(Arc::clone(&pipeline), cancel.clone()));
-    let serve_public = axum::serve(public, api::public(Arc::clone(&pipeline)))
-        .with_graceful_shutdown(cancel.clone().cancelled_owned());
-    let serve_operator = axum::serve(operator, api::operator(pipeline))
-        .with_graceful_shutdown(cancel.clone().cancelled_owned());
-    let a = tokio::spawn(async move {
-        if serve_public.await.is_err() {
-            warn!("relay listener stopped");
-        }
-    });
-    let b = tokio::spawn(async move {
-        if serve_operator.await.is_err() {
-            warn!("operator listener stopped");
-        }
-    });
+    let upkeep = tokio::spawn(upkeep(
+        Arc::clone(&pipeline),
+        inbox_retention,
+        cancel.clone(),
+    ));
+    let a = tokio::spawn(serve::serve(
+        public,
+        api::public(Arc::clone(&pipeline)),
+        Arc::clone(&pipeline),
+        listen,
+        pipeline.connections().clone(),
+        cancel.clone(),
+    ));
+    let b = tokio::spawn(serve::serve(
+        operator,
+        api::operator(Arc::clone(&pipeline)),
+        pipeline,
+        listen,
+        serve::connections(&listen),
+        cancel.clone(),
+    ));
     info!(node = %Prefix(ctx.node.id()), "node ready");
     shutdown.await;
     cancel.cancel();
@@ -172,8 +285,8 @@ pub async fn serve(
     info!("node stopped");
 }
 
-/// Onion key rotation and guard upkeep.
-async fn upkeep(pipeline: Arc<Pipeline>, cancel: CancellationToken) {
+/// Onion key rotation, guard upkeep, and the inbox's retention.
+async fn upkeep(pipeline: Arc<Pipeline>, retention: Duration, cancel: CancellationToken) {
     let ctx = Arc::clone(pipeline.ctx());
     loop {
         tokio::select! {
@@ -185,6 +298,29 @@ async fn upkeep(pipeline: Arc<Pipeline>, cancel: CancellationToken) {
             Ok(false) => {}
             Err(e) => warn!("onion key rotation failed: {e}"),
         }
-        pipeline.hops().sweep(ctx.clock.instant());
+        let instant = ctx.clock.instant();
+        pipeline.hops().sweep(instant);
+        pipeline.gate().sweep(instant);
+        pipeline.sources().sweep(instant);
+        if !retention.is_zero() {
+            expire(&pipeline, retention).await;
+        }
+    }
+}
+
+/// Deletes the inbox items older than `retention`.
+pub async fn expire(pipeline: &Arc<Pipeline>, retention: Duration) {
+    let ctx = pipeline.ctx();
+    let now = ctx.clock.unix();
+    let cutoff = now.saturating_sub(retention.as_secs());
+    let terminal = pipeline.terminal().clone();
+    match tokio::task::spawn_blocking(move || terminal.expire(cutoff)).await {
+        Ok(Ok(0)) => {}
+        Ok(Ok(n)) => {
+            ctx.counters.inbox_expired.add(n as u64);
+            ctx.counters.last_inbox_freed_at.set(now);
+            info!(items = n, "inbox items past their retention deleted");
+        }
+        _ => warn!("inbox retention failed"),
     }
 }

@@ -8,10 +8,26 @@
 //! a as u32 BE)[0..2]) mod 100) ms`, so 50–149 ms, spread between routes and next hops but the
 //! same for the same retry (no RNG: reproducible, testable).
 //!
+//! A `429` whose reason is retryable (`backpressure`, `source_limited`: nothing was reserved,
+//! the condition lasts milliseconds) is retried too, after the same delays, at most
+//! [`MAX_BUSY_RETRIES`] times; every other answer is definitive.
+//!
+//! **Deadlines.** Everything a hop does for a request ends within [`hop_deadline`]`(ttl)` of its
+//! arrival: `BASE + min(ttl, 8) × STEP`. The next hop gets the frame with one TTL less, so its
+//! deadline is one [`DEADLINE_STEP`] shorter than ours and it answers before we give up on it;
+//! the sender waits `hop_deadline(hops)`. A hung next hop costs at most [`PER_NEXT_HOP`] requests
+//! in flight (`--per-next-hop`), each for at most its deadline; more to it are refused at once
+//! (`next_hop_busy`).
+//!
 //! Errors are classified, never printed: reqwest's messages carry the URL, which must not reach
 //! a log.
 
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::time::Instant;
 
 use sha2::{Digest, Sha256};
 use tracing::debug;
@@ -22,12 +38,81 @@ use crate::proto::{NodeId, Prefix, RouteId};
 
 /// Attempts in all, the first included.
 pub const MAX_ATTEMPTS: u32 = 3;
+/// Retries of a retryable `429` at most.
+pub const MAX_BUSY_RETRIES: u32 = 20;
 /// Connect timeout to a next hop.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
-/// Whole-request timeout to a next hop.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Whole-request timeout of the client (each request is also bounded by its deadline).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest answer read from a next hop.
 pub const MAX_ANSWER: usize = 16 * 1024;
+/// A hop's deadline for a frame with no TTL left (the terminal).
+pub const DEADLINE_BASE: Duration = Duration::from_secs(3);
+/// What one more hop adds to the deadline.
+pub const DEADLINE_STEP: Duration = Duration::from_secs(3);
+/// TTLs beyond this add nothing to the deadline.
+pub const DEADLINE_MAX_TTL: u8 = 8;
+/// Requests in flight to one next hop at most, by default.
+pub const PER_NEXT_HOP: usize = 8;
+
+/// How long a hop may spend on a frame that arrived with `ttl` hops left.
+pub fn hop_deadline(ttl: u8) -> Duration {
+    DEADLINE_BASE + DEADLINE_STEP * u32::from(ttl.min(DEADLINE_MAX_TTL))
+}
+
+/// Requests in flight per next hop: at most `limit` each. Entries exist only while a request
+/// is in flight, so the table is bounded by the requests in flight. Nothing is printed.
+#[derive(Debug, Clone)]
+pub struct NextHopSlots {
+    limit: usize,
+    map: Arc<Mutex<HashMap<NodeId, usize>>>,
+}
+
+/// One request in flight to a next hop, given back on drop.
+#[derive(Debug)]
+pub struct NextHopSlot {
+    map: Arc<Mutex<HashMap<NodeId, usize>>>,
+    hop: NodeId,
+}
+
+impl NextHopSlots {
+    /// At most `limit` requests in flight per next hop.
+    pub fn new(limit: usize) -> Self {
+        NextHopSlots {
+            limit,
+            map: Arc::new(Mutex::new(HashMap::new())),
+        }
+    }
+
+    /// A slot for `hop`, unless it has `limit` requests in flight.
+    pub fn acquire(&self, hop: &NodeId) -> Option<NextHopSlot> {
+        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        let n = m.entry(*hop).or_insert(0);
+        if *n >= self.limit {
+            if *n == 0 {
+                m.remove(hop);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(NextHopSlot {
+            map: Arc::clone(&self.map),
+            hop: *hop,
+        })
+    }
+}
+
+impl Drop for NextHopSlot {
+    fn drop(&mut self) {
+        let mut m = self.map.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get_mut(&self.hop) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.hop);
+            }
+        }
+    }
+}
 
 /// The delay before the attempt after `attempt` (see the module docs).
 pub fn retry_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32) -> Duration {
@@ -40,10 +125,12 @@ pub fn retry_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32) -> Durat
     Duration::from_millis(50 + u64::from(u16::from_be_bytes([d[0], d[1]]) % 100))
 }
 
-/// The HTTP client for next hops: no proxy, no redirects, bounded timeouts.
-pub fn client() -> reqwest::Client {
+/// The HTTP client for next hops: no proxy, no redirects, bounded timeouts; connections made
+/// from `bind` when given.
+pub fn client(bind: Option<IpAddr>) -> reqwest::Client {
     reqwest::Client::builder()
         .no_proxy()
+        .local_address(bind)
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(REQUEST_TIMEOUT)
@@ -77,7 +164,48 @@ fn kind(e: &reqwest::Error) -> &'static str {
     }
 }
 
-/// Posts an envelope to `url`, with retries on transport errors only.
+/// What one attempt got.
+enum Attempt {
+    /// An answer: status and body (`None` if over [`MAX_ANSWER`] or cut).
+    Answer(u16, Option<Vec<u8>>),
+    /// No answer: the failure kind.
+    Failed(&'static str),
+}
+
+async fn attempt(http: &reqwest::Client, url: &str, envelope: &[u8], deadline: Instant) -> Attempt {
+    let left = deadline.saturating_duration_since(Instant::now());
+    let work = async {
+        match http
+            .post(url)
+            .header("content-type", "application/octet-stream")
+            .timeout(left)
+            .body(envelope.to_vec())
+            .send()
+            .await
+        {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                Attempt::Answer(status, read_capped(resp).await)
+            }
+            Err(e) => Attempt::Failed(kind(&e)),
+        }
+    };
+    tokio::time::timeout_at(deadline, work)
+        .await
+        .unwrap_or(Attempt::Failed("timeout"))
+}
+
+/// True for a `429` whose reason says the next hop was busy for a moment.
+fn busy(status: u16, body: Option<&[u8]>) -> bool {
+    status == 429
+        && body
+            .and_then(|b| serde_json::from_slice::<crate::proto::answer::ErrorBody>(b).ok())
+            .and_then(|e| crate::reason::Reason::from_wire(&e.error))
+            .is_some_and(|r| r.is_retryable())
+}
+
+/// Posts an envelope to `url` until `deadline`, with retries on transport errors and on a busy
+/// next hop's retryable `429`.
 pub async fn post(
     http: &reqwest::Client,
     url: &str,
@@ -85,19 +213,25 @@ pub async fn post(
     route_id: &RouteId,
     next_hop: &NodeId,
     counters: &Counters,
+    deadline: Instant,
 ) -> Forwarded {
-    for attempt in 1..=MAX_ATTEMPTS {
-        let sent = http
-            .post(url)
-            .header("content-type", "application/octet-stream")
-            .body(envelope.to_vec())
-            .send()
-            .await;
-        match sent {
-            Ok(resp) => {
-                let status = resp.status().as_u16();
-                let body = read_capped(resp).await;
-                if attempt > 1 && status == 200 {
+    let (mut failures, mut busy_retries, mut retry) = (0u32, 0u32, 0u32);
+    loop {
+        match attempt(http, url, envelope, deadline).await {
+            Attempt::Answer(status, body) => {
+                let delay = retry_delay(route_id, next_hop, retry + 1);
+                if busy(status, body.as_deref())
+                    && busy_retries < MAX_BUSY_RETRIES
+                    && Instant::now() + delay < deadline
+                {
+                    busy_retries += 1;
+                    retry += 1;
+                    counters.busy_retried.inc();
+                    debug!(next = %Prefix(next_hop), "next hop busy, retrying");
+                    tokio::time::sleep(delay).await;
+                    continue;
+                }
+                if retry > 0 && status == 200 {
                     counters.retry_succeeded.inc();
                 }
                 return match (
@@ -111,12 +245,16 @@ pub async fn post(
                     }
                 };
             }
-            Err(e) => {
-                debug!(next = %Prefix(next_hop), attempt, kind = kind(&e), "next hop unreachable");
-                if attempt < MAX_ATTEMPTS {
-                    counters.retry_attempted.inc();
-                    tokio::time::sleep(retry_delay(route_id, next_hop, attempt)).await;
+            Attempt::Failed(kind) => {
+                failures += 1;
+                debug!(next = %Prefix(next_hop), attempt = failures, kind, "next hop unreachable");
+                let delay = retry_delay(route_id, next_hop, retry + 1);
+                if failures >= MAX_ATTEMPTS || Instant::now() + delay >= deadline {
+                    break;
                 }
+                retry += 1;
+                counters.retry_attempted.inc();
+                tokio::time::sleep(delay).await;
             }
         }
     }
@@ -173,6 +311,40 @@ mod tests {
             seen.insert(d);
         }
         assert!(seen.len() > 50);
+    }
+
+    #[test]
+    fn deadlines_shrink_hop_by_hop_and_are_bounded() {
+        assert_eq!(hop_deadline(0), Duration::from_secs(3));
+        assert_eq!(hop_deadline(2), Duration::from_secs(9));
+        assert_eq!(hop_deadline(255), hop_deadline(DEADLINE_MAX_TTL));
+        for ttl in 1..DEADLINE_MAX_TTL {
+            assert_eq!(hop_deadline(ttl) - hop_deadline(ttl - 1), DEADLINE_STEP);
+        }
+    }
+
+    #[test]
+    fn next_hop_slots_cap_each_next_hop() {
+        let slots = NextHopSlots::new(2);
+        let a = slots.acquire(&[1; 32]).unwrap();
+        let _b = slots.acquire(&[1; 32]).unwrap();
+        assert!(slots.acquire(&[1; 32]).is_none());
+        assert!(
+            slots.acquire(&[2; 32]).is_some(),
+            "another next hop has its own"
+        );
+        drop(a);
+        assert!(slots.acquire(&[1; 32]).is_some());
+        assert!(NextHopSlots::new(0).acquire(&[3; 32]).is_none());
+    }
+
+    #[test]
+    fn only_retryable_429s_are_busy() {
+        assert!(busy(429, Some(br#"{"error":"backpressure"}"#)));
+        assert!(busy(429, Some(br#"{"error":"source_limited"}"#)));
+        assert!(!busy(429, Some(br#"{"error":"quarantined"}"#)));
+        assert!(!busy(503, Some(br#"{"error":"backpressure"}"#)));
+        assert!(!busy(429, None));
     }
 
     // Computed independently (Python hashlib) for route 16×0x11 and next hop 32×0x22.

@@ -12,6 +12,8 @@
 //! - [`proto`]: the wire formats without I/O: envelopes and their signatures, onion layers,
 //!   delivery receipts, descriptors, the relay answer, the probe payload.
 //! - [`reason`]: why a request is refused: wire string, HTTP status, counter, scored or not.
+//! - [`sources`]: who a request comes from (address blocks, known peers) and the bounded
+//!   per-source tables and fair shares the relay listener divides its capacity with.
 //! - [`context`]: what inbound and outbound work share: keys, peers, clock, counters, peer
 //!   health, the crypto gate, the HTTP client.
 //! - [`pipeline`]: the admission pipeline, one file per design step, run in order by its
@@ -104,6 +106,7 @@ pub mod proto;
 pub mod reason;
 pub mod replay;
 pub mod send;
+pub mod sources;
 pub mod sqlite;
 pub mod status;
 pub mod terminal;

@@ -67,8 +67,14 @@ async fn run(cmd: Command) -> Result<(), String> {
         Command::Inbox {
             operator,
             read,
+            delete,
+            take,
             json,
-        } => client::inbox(&operator, read, json).await,
+        } => match (delete, take) {
+            (Some(id), _) => client::inbox_delete(&operator, id).await,
+            (None, true) => client::inbox_take(&operator).await,
+            (None, false) => client::inbox(&operator, read, json).await,
+        },
         Command::Status { operator, json } => client::status(&operator, json).await,
     }
 }

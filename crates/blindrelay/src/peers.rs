@@ -7,8 +7,9 @@
 //! `--allow-private-endpoints`). The table is bounded ([`MAX_PEERS`]). Nothing here is logged
 //! beyond 8-hex id prefixes: no URL, no address, and `Debug` prints counts only.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -43,6 +44,8 @@ pub enum PeerError {
 pub struct Peers {
     /// Descriptors that verified when they were accepted.
     map: Mutex<HashMap<NodeId, Descriptor>>,
+    /// The addresses of the descriptors' endpoints: known sources (`crate::sources`).
+    endpoint_ips: Mutex<HashSet<IpAddr>>,
     urls: Vec<String>,
     allow_private: bool,
     clock: Clock,
@@ -65,6 +68,7 @@ impl Peers {
     pub fn new(urls: Vec<String>, allow_private: bool, clock: Clock, self_id: NodeId) -> Self {
         Peers {
             map: Mutex::new(HashMap::new()),
+            endpoint_ips: Mutex::new(HashSet::new()),
             urls,
             allow_private,
             clock,
@@ -94,9 +98,24 @@ impl Peers {
             Some(old) if old.issued_at >= d.issued_at => false,
             _ => {
                 map.insert(d.node_id, d);
+                let ips = map
+                    .values()
+                    .filter_map(|d| descriptor::parse_endpoint(&d.endpoint).ok())
+                    .map(|a| a.ip())
+                    .collect();
+                drop(map);
+                *self.endpoint_ips.lock().unwrap_or_else(|p| p.into_inner()) = ips;
                 true
             }
         }
+    }
+
+    /// True when `ip` is the address of a peer's descriptor endpoint.
+    pub fn is_endpoint_ip(&self, ip: &IpAddr) -> bool {
+        self.endpoint_ips
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(ip)
     }
 
     /// The relay URL of `id`, if it can be routed to at `now`.

@@ -55,11 +55,23 @@ pub enum Reason {
     ReplayCapacity,
     /// The next hop or the terminal store failed.
     ForwardFailed,
+    /// The source is over its share of the request gate (cheap budget, rate or in flight).
+    SourceLimited,
+    /// The body did not arrive within its deadline.
+    RequestTimeout,
+    /// The next hop has its most requests in flight (it is slow or hung).
+    NextHopBusy,
+    /// The inbox holds its most items or bytes.
+    InboxFull,
+    /// The source holds its share of the inbox.
+    InboxShareExceeded,
+    /// The source holds its share of the replay registry's live routes.
+    ReplayShareExceeded,
 }
 
 impl Reason {
     /// Every reason, for the docs' table and tests.
-    pub const ALL: [Reason; 21] = {
+    pub const ALL: [Reason; 27] = {
         use Reason::*;
         [
             Backpressure,
@@ -83,6 +95,12 @@ impl Reason {
             ReplayResponseExpired,
             ReplayCapacity,
             ForwardFailed,
+            SourceLimited,
+            RequestTimeout,
+            NextHopBusy,
+            InboxFull,
+            InboxShareExceeded,
+            ReplayShareExceeded,
         ]
     };
 
@@ -111,6 +129,12 @@ impl Reason {
             ReplayResponseExpired => "replay_response_expired",
             ReplayCapacity => "replay_capacity",
             ForwardFailed => "forward_failed",
+            SourceLimited => "source_limited",
+            RequestTimeout => "request_timeout",
+            NextHopBusy => "next_hop_busy",
+            InboxFull => "inbox_full",
+            InboxShareExceeded => "inbox_share_exceeded",
+            ReplayShareExceeded => "replay_share_exceeded",
         }
     }
 
@@ -118,14 +142,17 @@ impl Reason {
     pub fn status(self) -> u16 {
         use Reason::*;
         match self {
-            Backpressure | RateLimited | Quarantined => 429,
+            Backpressure | RateLimited | Quarantined | SourceLimited | InboxShareExceeded
+            | ReplayShareExceeded => 429,
+            RequestTimeout => 408,
+            InboxFull => 507,
             EnvelopeTooLarge => 413,
             MalformedEnvelope | InvalidPreviousHop | InvalidSignature | TimestampExpired
             | TimestampInFuture | SelfLoop | WrongHop | OnionPeelFailed | RouteLoop
             | TtlExhausted | ReplayConflict => 400,
             ReplayResponseExpired => 409,
             NoRoute | InvalidEndpoint | ForwardFailed => 502,
-            RouteInFlight | ReplayCapacity => 503,
+            RouteInFlight | ReplayCapacity | NextHopBusy => 503,
         }
     }
 
@@ -143,10 +170,15 @@ impl Reason {
             TtlExhausted => &c.ttl_exhausted,
             WrongHop | NoRoute => &c.no_route,
             InvalidEndpoint => &c.invalid_endpoint,
-            RouteInFlight | ReplayConflict | ReplayResponseExpired | ReplayCapacity => {
-                &c.replay_dropped
-            }
+            RouteInFlight | ReplayConflict | ReplayResponseExpired => &c.replay_dropped,
+            ReplayCapacity => &c.replay_capacity,
             ForwardFailed => &c.forward_failed,
+            SourceLimited => &c.source_limited,
+            RequestTimeout => &c.request_timeout,
+            NextHopBusy => &c.next_hop_busy,
+            InboxFull => &c.inbox_full,
+            InboxShareExceeded => &c.inbox_share_exceeded,
+            ReplayShareExceeded => &c.replay_share_exceeded,
         }
     }
 
@@ -165,7 +197,22 @@ impl Reason {
                 | SelfLoop
                 | RouteLoop
                 | TtlExhausted
+                | SourceLimited
+                | RequestTimeout
+                | InboxShareExceeded
+                | ReplayShareExceeded
         )
+    }
+
+    /// A refusal a sender may retry at once, within its deadline: nothing was reserved, and the
+    /// condition lasts milliseconds (a busy node, a source over its share for a moment).
+    pub fn is_retryable(self) -> bool {
+        matches!(self, Reason::Backpressure | Reason::SourceLimited)
+    }
+
+    /// Looks a reason up by its wire string.
+    pub fn from_wire(s: &str) -> Option<Reason> {
+        Reason::ALL.into_iter().find(|r| r.as_str() == s)
     }
 
     /// A failure that counts towards the previous hop's quarantine (the design's list). The
@@ -189,7 +236,7 @@ mod tests {
     /// The design's table, row by row: reason, status, counter, scored.
     #[test]
     fn the_table_of_the_docs() {
-        let table: [(&str, u16, &str, bool); 21] = [
+        let table: [(&str, u16, &str, bool); 27] = [
             ("backpressure", 429, "backpressure_dropped", false),
             ("malformed_envelope", 400, "envelope_too_large", false),
             ("envelope_too_large", 413, "envelope_too_large", false),
@@ -209,8 +256,14 @@ mod tests {
             ("route_in_flight", 503, "replay_dropped", false),
             ("replay_conflict", 400, "replay_dropped", false),
             ("replay_response_expired", 409, "replay_dropped", false),
-            ("replay_capacity", 503, "replay_dropped", false),
+            ("replay_capacity", 503, "replay_capacity", false),
             ("forward_failed", 502, "forward_failed", false),
+            ("source_limited", 429, "source_limited", false),
+            ("request_timeout", 408, "request_timeout", false),
+            ("next_hop_busy", 503, "next_hop_busy", false),
+            ("inbox_full", 507, "inbox_full", false),
+            ("inbox_share_exceeded", 429, "inbox_share_exceeded", false),
+            ("replay_share_exceeded", 429, "replay_share_exceeded", false),
         ];
         for (r, (name, status, counter, scored)) in Reason::ALL.into_iter().zip(table) {
             assert_eq!(

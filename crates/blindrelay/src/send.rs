@@ -163,7 +163,12 @@ pub(crate) async fn deliver_along(
         .peers
         .route(&entry, now)
         .map_err(|_| SendError::NotEnoughPeers(hops))?;
-    let slot = ctx.crypto.try_acquire().ok_or(SendError::Backpressure)?;
+    let deadline =
+        tokio::time::Instant::now() + forward::hop_deadline(u8::try_from(hops).unwrap_or(u8::MAX));
+    let slot = ctx
+        .crypto_slot(ctx.crypto.limit(), ctx.crypto_wait)
+        .await
+        .ok_or(SendError::Backpressure)?;
     let node = Arc::clone(&ctx.node);
     let (route, commitment, envelope) = context::on_crypto_slot(slot, move || {
         let route = onion::build(&path, &payload)
@@ -187,6 +192,7 @@ pub(crate) async fn deliver_along(
         &route.first_route_id,
         &entry,
         &ctx.counters,
+        deadline,
     )
     .await;
     ctx.health.record_route(

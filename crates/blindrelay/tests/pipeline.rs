@@ -3,7 +3,7 @@
 //! every replay outcome (also across a restart), retries, and receipts. Nodes listen on fresh
 //! 127.x.y.z addresses with ports from the OS.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -68,6 +68,9 @@ async fn start_in(
         blindrelay::node::init(dir, &format!("http://{addr}"), clock.unix()).unwrap();
     }
     let mut cfg = RelayConfig::new(true);
+    // The clock is frozen: a rate would never refill. The gate's own test sets its rate.
+    cfg.window_limit = 1_000_000;
+    cfg.bind = Some(IpAddr::V4(ip));
     tweak(&mut cfg);
     let built = daemon::build(RunConfig {
         state_dir: dir.to_owned(),
@@ -156,9 +159,17 @@ struct Reply {
     body: Vec<u8>,
 }
 
+/// One of 64 unknown sources (each its own /24), in turn, so a test's many requests never
+/// exhaust one source's share on the frozen clock.
+fn fresh_source(n: &Node) -> blindrelay::sources::Source {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let i = (NEXT.fetch_add(1, Ordering::Relaxed) % 64) as u8;
+    n.pipeline.classify(IpAddr::from([10, 77, i, 1]))
+}
+
 async fn submit(n: &Node, bytes: Vec<u8>) -> Reply {
-    let verdict = match n.pipeline.admit() {
-        Ok(a) => n.pipeline.process(a, bytes).await,
+    let verdict = match n.pipeline.admit(&fresh_source(n), &bytes) {
+        Ok(a) => n.pipeline.process(a).await,
         Err(r) => Err(r),
     };
     let (status, body) = wire(&verdict);
@@ -577,46 +588,122 @@ async fn the_steps_run_in_the_design_order() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sixty_four_in_flight_and_the_admission_window() {
-    let (_m, clock) = manual();
-    let n = node(&clock, |c| c.window_limit = 1000).await;
-    // 200 callers race for the in-flight slots: exactly 64 get one.
-    let mut tasks = Vec::new();
-    for _ in 0..200 {
-        let pipeline = Arc::clone(&n.pipeline);
-        tasks.push(tokio::spawn(async move { pipeline.admit().ok() }));
-    }
+async fn the_request_gate_shares_its_totals_per_source() {
+    let (m, clock) = manual();
+    let n = node(&clock, |c| c.window_limit = 60_000).await;
+    let peer = node(&clock, |_| {}).await;
+    introduce(&n, &peer);
+    let body = frame(&key(), &n, rand::random(), 0, clock.unix(), vec![1; 8]).encode();
+    // 64 in flight: at most 16 per source, and the last 16 only for known peers.
     let mut held = Vec::new();
-    for t in tasks {
-        if let Some(p) = t.await.unwrap() {
-            held.push(p);
+    for i in 0..5u8 {
+        let s = n.pipeline.classify(IpAddr::from([10, i, 0, 1]));
+        for _ in 0..20 {
+            if let Ok(a) = n.pipeline.admit(&s, &body) {
+                held.push(a);
+            }
         }
     }
-    assert_eq!(held.len(), 64);
-    assert_eq!(n.ctx.counters.snapshot().backpressure_dropped, 136);
-    // Over HTTP too: 429 backpressure at once.
-    let http = reqwest::Client::new();
-    let r = http
+    assert_eq!(held.len(), 48);
+    let c = n.ctx.counters.snapshot();
+    // Sources 0 and 1 over their cap (4 each); then the unknown part is full (4 + 20 + 20).
+    assert_eq!((c.source_limited, c.backpressure_dropped), (8, 44));
+    // Junk costs the cheap checks only: refused before any slot is taken.
+    let s = n.pipeline.classify(IpAddr::from([10, 9, 0, 1]));
+    assert_eq!(
+        n.pipeline.admit(&s, b"junk").unwrap_err().as_str(),
+        "malformed_envelope"
+    );
+    // A known peer (its descriptor's endpoint) still gets the reserved slots.
+    let known = n.pipeline.classify(peer.addr.ip());
+    for _ in 0..16 {
+        held.push(n.pipeline.admit(&known, &body).expect("a reserved slot"));
+    }
+    // Over HTTP too: 429 at once.
+    let r = reqwest::Client::new()
         .post(format!("http://{}/v1/relay", n.addr))
-        .body(vec![0u8; 10])
+        .body(body.clone())
         .send()
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 429);
-    assert_eq!(
-        r.json::<serde_json::Value>().await.unwrap()["error"],
-        "backpressure"
-    );
     drop(held);
-    assert!(n.pipeline.admit().is_ok());
 
-    // The window: 1000 per minute, process-wide, then a new window.
+    // The rate: 60 per minute, half of it for known peers. A flooding source gets its share of
+    // the other half, a second source too, and the known peer keeps its own.
+    let n = node(&clock, |c| c.window_limit = 60).await;
+    let peer = node(&clock, |_| {}).await;
+    introduce(&n, &peer);
+    let flood = n.pipeline.classify(IpAddr::from([10, 1, 0, 1]));
+    let got = (0..100)
+        .filter(|_| n.pipeline.admit(&flood, &body).is_ok())
+        .count();
+    assert!((1..=3).contains(&got), "{got}");
+    let known = n.pipeline.classify(peer.addr.ip());
+    assert!(n.pipeline.admit(&known, &body).is_ok());
+    // Recovery follows the load: seconds, not a 60 s window.
+    m.advance(Duration::from_secs(4));
+    assert!(n.pipeline.admit(&flood, &body).is_ok());
+}
+
+async fn submit_from(n: &Node, source: &blindrelay::sources::Source, bytes: Vec<u8>) -> Reply {
+    let verdict = match n.pipeline.admit(source, &bytes) {
+        Ok(a) => n.pipeline.process(a).await,
+        Err(r) => Err(r),
+    };
+    let (status, body) = wire(&verdict);
+    Reply { status, body }
+}
+
+#[tokio::test]
+async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
     let (m, clock) = manual();
-    let n = node(&clock, |c| c.window_limit = 10).await;
-    let ok = (0..15).filter(|_| n.pipeline.admit().is_ok()).count();
-    assert_eq!(ok, 10);
-    m.advance(Duration::from_secs(60));
-    assert!(n.pipeline.admit().is_ok());
+    let n = node(&clock, |c| {
+        c.replay_capacity = 8;
+        c.replay_share_percent = 25;
+    })
+    .await;
+    let p = key();
+    let probe = || {
+        let now = clock.unix();
+        let payload = blindrelay::proto::probe::payload();
+        frame(&p, &n, rand::random(), 0, now, terminal_blob(&n, &payload)).encode()
+    };
+    let src = |i: u8| n.pipeline.classify(IpAddr::from([10, 60, i, 1]));
+    // One source: two routes (25 % of 8), then its own refusal.
+    for _ in 0..2 {
+        assert_eq!(
+            reason(&submit_from(&n, &src(0), probe()).await),
+            "delivered"
+        );
+    }
+    let r = submit_from(&n, &src(0), probe()).await;
+    assert_eq!(
+        (r.status, reason(&r).as_str()),
+        (429, "replay_share_exceeded")
+    );
+    assert_eq!(status_of(&n)["replay"]["full"], false);
+    // Three more fill it; then everyone is refused as `replay_capacity`, and status says so.
+    for i in 1..4 {
+        for _ in 0..2 {
+            assert_eq!(
+                reason(&submit_from(&n, &src(i), probe()).await),
+                "delivered"
+            );
+        }
+    }
+    let r = submit_from(&n, &src(9), probe()).await;
+    assert_eq!((r.status, reason(&r).as_str()), (503, "replay_capacity"));
+    let s = status_of(&n);
+    assert_eq!(s["replay"]["full"], true);
+    assert_eq!(s["quality"]["status"], "attention");
+    assert_eq!(s["counters"]["replay_capacity"], 1);
+    assert_eq!(s["counters"]["replay_share_exceeded"], 1);
+    // Routes end 600 s after their reservation: room again, and status no longer full.
+    m.advance(Duration::from_secs(600));
+    let r = submit_from(&n, &src(9), probe()).await;
+    assert_eq!(reason(&r), "delivered");
+    assert_eq!(status_of(&n)["replay"]["full"], false);
 }
 
 #[tokio::test]
@@ -696,7 +783,7 @@ async fn forged_frames_cannot_quarantine_an_honest_node() {
 #[tokio::test]
 async fn rate_limit_quarantine_expiry_and_window_reset() {
     let (m, clock) = manual();
-    let n = node(&clock, |c| c.window_limit = 100_000).await;
+    let n = node(&clock, |_| {}).await;
     let p = key();
     let cheap = |n: &Node, ts: u64| frame(&p, n, rand::random(), 1, ts, vec![0; 8]).encode(); // refused later, at step 7
     for _ in 0..120 {
@@ -776,7 +863,7 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
 #[tokio::test]
 async fn five_thousand_fresh_identities_cannot_flush_an_active_quarantine() {
     let (_m, clock) = manual();
-    let n = node(&clock, |c| c.window_limit = 100_000).await;
+    let n = node(&clock, |_| {}).await;
     let now = clock.unix();
     let q = key();
     for _ in 0..=120 {

@@ -120,13 +120,31 @@ impl IntoResponse for ApiError {
             error: Cow::Borrowed(error),
             message,
         };
-        (
+        let mut resp = (
             status,
             [(header::CONTENT_TYPE, "application/json")],
             body.to_json(),
         )
-            .into_response()
+            .into_response();
+        if let ApiError::Refused(r) = self
+            && closes(r)
+        {
+            resp.headers_mut().insert(
+                header::CONNECTION,
+                header::HeaderValue::from_static("close"),
+            );
+        }
+        resp
     }
+}
+
+/// Refusals after which the connection is closed: its body was not read (too large, too slow),
+/// or its source is over its share.
+fn closes(r: Reason) -> bool {
+    matches!(
+        r,
+        Reason::EnvelopeTooLarge | Reason::RequestTimeout | Reason::SourceLimited
+    )
 }
 
 impl From<Reason> for ApiError {

@@ -4,15 +4,23 @@
 //!
 //! Handlers turn what the pipeline, the sender and the stores decide into responses; every
 //! error goes through [`ApiError`]. SQLite reads and the status document (whose locks may wait
-//! for a commit) run on blocking threads.
+//! for a commit) run on blocking threads. Both listeners run [`serve::serve`]: header and idle
+//! timeouts, and capped connections per source.
+//!
+//! A relay request's body has a deadline: [`BODY_BASE`] plus its length at [`BODY_MIN_RATE`]
+//! (a declared `Content-Length` over the largest envelope is refused at once with 413). A body
+//! that does not arrive in time is refused (`request_timeout`, 408) and its connection closed.
+//! The in-flight slot is taken only once the body is read and framed (`Pipeline::admit`).
 
 mod error;
+pub mod serve;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Path, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -20,6 +28,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 pub use self::error::ApiError;
+use self::serve::PeerAddr;
 use crate::pipeline::{Answer, Pipeline};
 use crate::proto::envelope::MAX_ENVELOPE;
 use crate::proto::from_hex;
@@ -43,7 +52,7 @@ pub fn operator(pipeline: Arc<Pipeline>) -> Router {
     Router::new()
         .route("/v1/send", post(send_message))
         .route("/v1/inbox", get(inbox_list))
-        .route("/v1/inbox/{id}", get(inbox_item))
+        .route("/v1/inbox/{id}", get(inbox_item).delete(inbox_delete))
         .route("/v1/status", get(status_document))
         .route("/metrics", get(metrics))
         .route("/v1/probe", post(probe_now))
@@ -76,17 +85,49 @@ async fn descriptor(State(pipeline): State<Arc<Pipeline>>) -> Response {
     Json(ctx.node.descriptor(ctx.clock.unix())).into_response()
 }
 
-/// `POST /v1/relay`: step 1 before the body is read, the body capped before it is parsed, then
-/// the pipeline.
+/// A relay body may take this long…
+pub const BODY_BASE: Duration = Duration::from_secs(2);
+/// …plus its length at this rate (bytes per second).
+pub const BODY_MIN_RATE: u64 = 64 * 1024;
+
+/// How long a body of `len` bytes may take to arrive.
+pub fn body_deadline(len: u64) -> Duration {
+    BODY_BASE + Duration::from_millis(len.saturating_mul(1000) / BODY_MIN_RATE)
+}
+
+/// `POST /v1/relay`: the source's cheap budget before the body is read; the declared length
+/// checked; the body read within its deadline and capped; then the pipeline (admission once
+/// the body is framed).
 async fn relay_request(
     State(pipeline): State<Arc<Pipeline>>,
+    peer: Option<Extension<PeerAddr>>,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let admitted = pipeline.admit()?;
-    let body = axum::body::to_bytes(req.into_body(), MAX_ENVELOPE)
-        .await
-        .map_err(|_| pipeline.refuse(Reason::EnvelopeTooLarge))?;
-    let answer = pipeline.process(admitted, body.to_vec()).await?;
+    let ip = peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |Extension(p)| p.0);
+    let source = pipeline.classify(ip);
+    pipeline.cheap(&source)?;
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_ENVELOPE as u64) {
+        return Err(pipeline.refuse(Reason::EnvelopeTooLarge).into());
+    }
+    let deadline = body_deadline(declared.unwrap_or(MAX_ENVELOPE as u64));
+    let body = match tokio::time::timeout(
+        deadline,
+        axum::body::to_bytes(req.into_body(), MAX_ENVELOPE),
+    )
+    .await
+    {
+        Ok(Ok(body)) => body,
+        Ok(Err(_)) => return Err(pipeline.refuse(Reason::EnvelopeTooLarge).into()),
+        Err(_) => return Err(pipeline.refuse(Reason::RequestTimeout).into()),
+    };
+    let admitted = pipeline.admit(&source, &body)?;
+    drop(body);
+    let answer = pipeline.process(admitted).await?;
     Ok(relay_answer(&answer))
 }
 
@@ -160,6 +201,33 @@ async fn inbox_item(
             Body::from(bytes),
         )
             .into_response()),
+        Ok(None) => Err(ApiError::NotFound("no such item")),
+        Err(_) => Err(ApiError::InboxUnavailable),
+    }
+}
+
+/// `DELETE /v1/inbox/{id}`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Deleted {
+    /// The item deleted.
+    pub deleted: u64,
+    /// Its size in bytes.
+    pub size: u64,
+}
+
+async fn inbox_delete(
+    State(pipeline): State<Arc<Pipeline>>,
+    id: Result<Path<u64>, PathRejection>,
+) -> Result<Json<Deleted>, ApiError> {
+    let Path(id) = id?;
+    let terminal = pipeline.terminal().clone();
+    match blocking(move || terminal.remove(id)).await? {
+        Ok(Some(size)) => {
+            let c = &pipeline.ctx().counters;
+            c.inbox_removed.inc();
+            c.last_inbox_freed_at.set(pipeline.ctx().clock.unix());
+            Ok(Json(Deleted { deleted: id, size }))
+        }
         Ok(None) => Err(ApiError::NotFound("no such item")),
         Err(_) => Err(ApiError::InboxUnavailable),
     }

@@ -1,26 +1,44 @@
 //! Step 3, authenticate: the body must be one well-framed envelope (its blob at most
 //! [`MAX_BLOB`](crate::proto::envelope::MAX_BLOB), checked on the length field before anything
-//! is copied), signed by its previous hop (`verify_strict`). A failure here is counted but never
+//! is copied: [`frame`], one of the cheap checks run before step 1 admits the request), signed
+//! by its previous hop (`verify_strict`: [`verify`], on a crypto slot). A failure here is counted but never
 //! charged to the identity the frame claims: forged frames cannot quarantine an honest node.
 
 use crate::proto::envelope::{AuthError, DecodeError, Envelope};
 use crate::reason::Reason;
 
-/// The authenticated envelope in `body`.
+/// The envelope framed in `body`: the cheap check, run before the request gate admits it.
 ///
 /// # Errors
-/// `envelope_too_large`, `malformed_envelope`, `invalid_previous_hop` or `invalid_signature`.
-pub(super) fn authenticate(body: &[u8]) -> Result<Envelope, Reason> {
-    let env = Envelope::decode(body).map_err(|e| match e {
+/// `envelope_too_large` or `malformed_envelope`.
+pub(super) fn frame(body: &[u8]) -> Result<Envelope, Reason> {
+    Envelope::decode(body).map_err(|e| match e {
         DecodeError::BlobTooLarge => Reason::EnvelopeTooLarge,
         DecodeError::TooShort | DecodeError::BadMagic | DecodeError::LengthMismatch => {
             Reason::MalformedEnvelope
         }
-    })?;
+    })
+}
+
+/// The previous hop's signature of a framed envelope.
+///
+/// # Errors
+/// `invalid_previous_hop` or `invalid_signature`.
+pub(super) fn verify(env: &Envelope) -> Result<(), Reason> {
     env.verify().map_err(|e| match e {
         AuthError::InvalidPreviousHop => Reason::InvalidPreviousHop,
         AuthError::InvalidSignature => Reason::InvalidSignature,
-    })?;
+    })
+}
+
+/// [`frame`] then [`verify`].
+///
+/// # Errors
+/// Theirs.
+#[cfg(test)]
+fn authenticate(body: &[u8]) -> Result<Envelope, Reason> {
+    let env = frame(body)?;
+    verify(&env)?;
     Ok(env)
 }
 

@@ -1,8 +1,12 @@
 //! The admission pipeline, one file per design step, run in this order by [`Pipeline`]:
 //!
-//! 1. [`gate`]: the request gate, a process-wide admission window and at most 64 requests in
-//!    flight ([`Pipeline::admit`], before the body is read);
-//! 2. [`crypto`]: a free crypto slot (inbound requests get all but one), or backpressure;
+//! 1. [`gate`]: the request gate. Its cheap budget is charged before the body is read
+//!    ([`Pipeline::cheap`]); once the body is read (within its deadline, at the HTTP edge) and
+//!    framed (the cheap checks: size, framing), the request can be judged and takes its fair
+//!    share of the design's process-wide totals: a token of the admission rate and one of the
+//!    64 in-flight slots ([`Pipeline::admit`]);
+//! 2. [`crypto`]: a crypto slot (inbound requests get all but one), waiting at most the crypto
+//!    wait for one, or backpressure;
 //! 3. [`authenticate`]: the envelope's framing and its previous hop's signature;
 //! 4. [`hop_guard`]: the previous-hop rate limit and quarantine;
 //! 5. [`metadata`]: the envelope's age and future skew;
@@ -31,15 +35,17 @@ pub mod metadata;
 pub mod reserve;
 pub mod route;
 
+use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use tracing::{debug, trace};
 
-use self::gate::{Admitted, RequestGate};
+use self::gate::{GateConfig, RequestGate};
 use self::hop_guard::HopGuard;
 use self::reserve::Reserved;
 use self::route::Routed;
+use crate::api::serve::Connections;
 use crate::context::{self, Context};
 use crate::forward::{self, Forwarded};
 use crate::health::Bucket;
@@ -48,7 +54,21 @@ use crate::proto::envelope::Envelope;
 use crate::proto::{NodeId, Prefix, RouteId, probe};
 use crate::reason::Reason;
 use crate::replay::{Digest, ReplayRegistry, StoredResponse};
-use crate::terminal::{self, Terminal};
+use crate::sources::{Classifier, Grouping, Source};
+use crate::terminal::{self, Terminal, Undelivered};
+
+/// Of a request's deadline, what is kept back to record its answer and reply.
+const FINISH_MARGIN: Duration = Duration::from_millis(250);
+
+/// A request the gate admitted: framed, its in-flight slot held until it ends.
+#[derive(Debug)]
+pub struct Admitted {
+    _slot: gate::Admitted,
+    env: Envelope,
+    source: Source,
+    /// When everything this hop does for it must be over.
+    deadline: tokio::time::Instant,
+}
 
 /// What an admitted request is answered with, unless it is refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -124,29 +144,34 @@ enum Next {
     },
 }
 
-/// The inbound pipeline: its own state (gate, guard, replay registry, terminal) over the shared
-/// context.
+/// The inbound pipeline: its own state (gate, sources, guard, replay registry, terminal) over
+/// the shared context.
 #[derive(Debug)]
 pub struct Pipeline {
     ctx: Arc<Context>,
     gate: RequestGate,
+    sources: Classifier,
+    connections: Connections,
     hops: HopGuard,
     replay: Arc<ReplayRegistry>,
     terminal: Terminal,
 }
 
 impl Pipeline {
-    /// A pipeline over `ctx`: `window_limit` requests per admission window, `max_in_flight` at
-    /// once, reservations in `replay`, deliveries through `terminal`.
+    /// A pipeline over `ctx`: the request gate's `gate` settings, sources grouped by
+    /// `grouping`, the relay listener's `connections`, reservations in `replay`, deliveries through `terminal`.
     pub fn new(
         ctx: Arc<Context>,
-        window_limit: u32,
-        max_in_flight: usize,
+        gate: GateConfig,
+        grouping: Grouping,
+        connections: Connections,
         replay: Arc<ReplayRegistry>,
         terminal: Terminal,
     ) -> Self {
         Pipeline {
-            gate: RequestGate::new(window_limit, max_in_flight, ctx.clock.instant()),
+            gate: RequestGate::new(gate, ctx.clock.instant()),
+            sources: Classifier::new(grouping, Arc::clone(&ctx.peers)),
+            connections,
             hops: HopGuard::default(),
             ctx,
             replay,
@@ -174,14 +199,54 @@ impl Pipeline {
         &self.terminal
     }
 
-    /// Step 1. Never waits.
+    /// The request gate.
+    pub fn gate(&self) -> &RequestGate {
+        &self.gate
+    }
+
+    /// The relay listener's open connections.
+    pub fn connections(&self) -> &Connections {
+        &self.connections
+    }
+
+    /// Known and verified sources.
+    pub fn sources(&self) -> &Classifier {
+        &self.sources
+    }
+
+    /// The source of a request from `ip`, now.
+    pub fn classify(&self, ip: IpAddr) -> Source {
+        self.sources.classify(ip, self.ctx.clock.instant())
+    }
+
+    /// Step 1's cheap budget, before the body is read. Never waits.
     ///
     /// # Errors
-    /// `backpressure` (already counted).
-    pub fn admit(&self) -> Result<Admitted, Reason> {
+    /// `source_limited` (already counted).
+    pub fn cheap(&self, source: &Source) -> Result<(), Reason> {
         self.gate
-            .admit(self.ctx.clock.instant())
-            .ok_or_else(|| self.refuse(Reason::Backpressure))
+            .cheap(source.key(), self.ctx.clock.instant())
+            .map_err(|r| self.refuse(r))
+    }
+
+    /// The cheap checks (size, framing) of the body read, then step 1's admission. Never
+    /// waits.
+    ///
+    /// # Errors
+    /// `envelope_too_large`, `malformed_envelope`, `source_limited` or `backpressure` (already
+    /// counted).
+    pub fn admit(&self, source: &Source, body: &[u8]) -> Result<Admitted, Reason> {
+        let env = authenticate::frame(body).map_err(|r| self.refuse(r))?;
+        let slot = self
+            .gate
+            .admit(source.key(), self.ctx.clock.instant())
+            .map_err(|r| self.refuse(r))?;
+        Ok(Admitted {
+            _slot: slot,
+            deadline: tokio::time::Instant::now() + forward::hop_deadline(env.ttl),
+            env,
+            source: *source,
+        })
     }
 
     /// Counts a refusal found outside the steps (the body read at the edge) and returns it.
@@ -190,36 +255,52 @@ impl Pipeline {
         r
     }
 
-    /// Steps 2–8 for an admitted request whose body is `body`; counted.
+    /// Steps 2–8 for an admitted request; counted. Its in-flight slot is held until the end.
     ///
     /// # Errors
     /// The refusal.
-    pub async fn process(
-        self: &Arc<Self>,
-        admitted: Admitted,
-        body: Vec<u8>,
-    ) -> Result<Answer, Reason> {
-        let verdict = self.run(body).await;
+    pub async fn process(self: &Arc<Self>, admitted: Admitted) -> Result<Answer, Reason> {
+        let Admitted {
+            _slot,
+            env,
+            source,
+            deadline,
+        } = admitted;
+        let verdict = self.run(env, &source, deadline).await;
         self.record(&verdict);
-        drop(admitted);
         verdict
     }
 
-    async fn run(self: &Arc<Self>, body: Vec<u8>) -> Result<Answer, Reason> {
+    async fn run(
+        self: &Arc<Self>,
+        env: Envelope,
+        source: &Source,
+        deadline: tokio::time::Instant,
+    ) -> Result<Answer, Reason> {
         // Step 2, then 3–7 on a blocking thread while the slot is held.
-        let slot = crypto::admit(&self.ctx)?;
+        let slot = crypto::admit(&self.ctx).await?;
         let (now, instant) = (self.ctx.clock.unix(), self.ctx.clock.instant());
         let me = Arc::clone(self);
         let (prev, checked) = context::on_crypto_slot(slot, move || {
             let mut prev = None;
-            let checked = me.check(&body, now, instant, &mut prev);
+            let checked = me.check(&env, now, instant, &mut prev);
             (prev, checked)
         })
         .await
         .ok_or(Reason::ForwardFailed)?;
         let c = checked.inspect_err(|r| self.refused(prev, *r, instant))?;
+        // A next hop with its most requests in flight is refused before anything is reserved.
+        let _next_hop_slot = match &c.next {
+            Next::Forward { next_hop, .. } => Some(
+                self.ctx
+                    .next_hops
+                    .acquire(next_hop)
+                    .ok_or(Reason::NextHopBusy)?,
+            ),
+            Next::Terminal { .. } => None,
+        };
         // The end of step 7: the reservation, on disk, with no slot held.
-        match reserve::reserve(&self.replay, c.route_id, c.digest, c.now).await {
+        match reserve::reserve(&self.replay, c.route_id, c.digest, c.now, source.key()).await {
             Ok(Reserved::New) => {}
             Ok(Reserved::Duplicate(stored)) => {
                 self.ctx
@@ -232,9 +313,13 @@ impl Pipeline {
                 return Err(r);
             }
         }
-        self.ctx
-            .health
-            .record_contact(&c.prev, self.ctx.clock.unix());
+        let now = self.ctx.clock.unix();
+        self.ctx.health.record_contact(&c.prev, now);
+        // A known peer, authenticated: its address is known from now on (a peer whose
+        // connections do not come from its descriptor's endpoint).
+        if self.ctx.peers.descriptor(&c.prev, now).is_ok() {
+            self.sources.verified(source, self.ctx.clock.instant());
+        }
         // Step 8, then the replay record.
         let (verdict, completed_at) = match c.next {
             Next::Forward {
@@ -243,8 +328,9 @@ impl Pipeline {
                 envelope,
             } => {
                 trace!(next = %Prefix(&next_hop), "forwarding");
+                let until = deadline.checked_sub(FINISH_MARGIN).unwrap_or(deadline);
                 let verdict = self
-                    .forward(&endpoint, &next_hop, &c.route_id, envelope)
+                    .forward(&endpoint, &next_hop, &c.route_id, envelope, until)
                     .await;
                 (verdict, self.ctx.clock.unix())
             }
@@ -252,7 +338,10 @@ impl Pipeline {
                 payload,
                 receipt,
                 probe,
-            } => (self.deliver(payload, receipt, probe, c.now).await, c.now),
+            } => (
+                self.deliver(payload, receipt, probe, c.now, source).await,
+                c.now,
+            ),
         };
         reserve::complete(
             &self.replay,
@@ -269,17 +358,17 @@ impl Pipeline {
     /// `prev` is set once the previous hop is authenticated.
     fn check(
         &self,
-        body: &[u8],
+        env: &Envelope,
         now: u64,
         instant: Instant,
         prev: &mut Option<NodeId>,
     ) -> Result<Checked, Reason> {
-        let env = authenticate::authenticate(body)?;
+        authenticate::verify(env)?;
         *prev = Some(env.previous_hop);
         self.hops
             .check(&env.previous_hop, instant, &self.ctx.counters)?;
         metadata::check(env.timestamp, now)?;
-        let next = match route::route(&self.ctx, &env, now)? {
+        let next = match route::route(&self.ctx, env, now)? {
             Routed::Forward {
                 endpoint,
                 next_hop,
@@ -343,6 +432,7 @@ impl Pipeline {
         next_hop: &NodeId,
         route_id: &RouteId,
         envelope: Vec<u8>,
+        deadline: tokio::time::Instant,
     ) -> Result<Answer, Reason> {
         let ctx = &self.ctx;
         let outcome = forward::post(
@@ -352,6 +442,7 @@ impl Pipeline {
             route_id,
             next_hop,
             &ctx.counters,
+            deadline,
         )
         .await;
         let now = ctx.clock.unix();
@@ -382,9 +473,17 @@ impl Pipeline {
         receipt: String,
         probe: bool,
         now: u64,
+        source: &Source,
     ) -> Result<Answer, Reason> {
-        if !probe && self.terminal.deliver(payload, now).await.is_err() {
-            return Err(Reason::ForwardFailed);
+        if !probe {
+            self.terminal
+                .deliver(payload, now, source.key())
+                .await
+                .map_err(|e| match e {
+                    Undelivered::Full => Reason::InboxFull,
+                    Undelivered::ShareExceeded => Reason::InboxShareExceeded,
+                    Undelivered::Failed => Reason::ForwardFailed,
+                })?;
         }
         Ok(Answer::Delivered { receipt, probe })
     }
@@ -407,6 +506,9 @@ impl Pipeline {
                 match r {
                     Reason::Backpressure => c.last_backpressure_at.set(now),
                     Reason::ForwardFailed => c.last_forward_failed_at.set(now),
+                    Reason::InboxFull => c.last_inbox_full_at.set(now),
+                    Reason::ReplayCapacity => c.last_replay_full_at.set(now),
+                    Reason::NextHopBusy => c.last_next_hop_busy_at.set(now),
                     _ if r.is_protection() => c.last_protection_at.set(now),
                     _ => {}
                 }

@@ -8,6 +8,7 @@ use tracing::debug;
 
 use crate::reason::Reason;
 use crate::replay::{Digest, Outcome, ReplayRegistry, RouteId, StoredResponse};
+use crate::sources::SourceKey;
 
 /// A reservation that lets the request go on, or answers it.
 #[derive(Debug)]
@@ -28,10 +29,13 @@ pub(super) async fn reserve(
     route_id: RouteId,
     digest: Digest,
     now: u64,
+    source: SourceKey,
 ) -> Result<Reserved, Reason> {
     let registry = Arc::clone(replay);
-    let reserved =
-        tokio::task::spawn_blocking(move || registry.reserve(route_id, digest, now)).await;
+    let reserved = tokio::task::spawn_blocking(move || {
+        registry.reserve_from(route_id, digest, now, Some(source))
+    })
+    .await;
     match reserved {
         Ok(Ok(outcome)) => decide(outcome),
         Ok(Err(_)) | Err(_) => {
@@ -51,6 +55,7 @@ fn decide(outcome: Outcome) -> Result<Reserved, Reason> {
         Outcome::Conflict => Err(Reason::ReplayConflict),
         Outcome::Expired => Err(Reason::ReplayResponseExpired),
         Outcome::Capacity => Err(Reason::ReplayCapacity),
+        Outcome::ShareExceeded => Err(Reason::ReplayShareExceeded),
     }
 }
 
@@ -95,5 +100,9 @@ mod tests {
             Some((409, "replay_response_expired"))
         );
         assert_eq!(refused(Outcome::Capacity), Some((503, "replay_capacity")));
+        assert_eq!(
+            refused(Outcome::ShareExceeded),
+            Some((429, "replay_share_exceeded"))
+        );
     }
 }

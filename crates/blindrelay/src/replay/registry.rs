@@ -23,6 +23,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use rusqlite::{Connection, TransactionBehavior, params};
 
 use super::{ReplayError, ReplayStore};
+use crate::sources::SourceKey;
 use crate::sqlite::{self, SqliteContext, StoreError, sql_time};
 
 /// A hop's route id, as in the envelope.
@@ -75,6 +76,8 @@ pub enum Outcome {
     Expired,
     /// Every slot holds a live route: 503 `replay_capacity`.
     Capacity,
+    /// The source holds its share of the live routes: 429 `replay_share_exceeded`.
+    ShareExceeded,
 }
 
 #[derive(Debug, Clone)]
@@ -88,6 +91,8 @@ struct Entry {
     digest: Digest,
     reserved_at: u64,
     state: State,
+    /// Whose share it counts in (memory only: entries loaded from SQLite count in none).
+    source: Option<SourceKey>,
 }
 
 struct Inner {
@@ -97,6 +102,8 @@ struct Inner {
     /// Purged from memory, still to delete from SQLite with the next write.
     pending_deletes: Vec<RouteId>,
     db: Option<Connection>,
+    /// Live routes per source.
+    per_source: HashMap<SourceKey, usize>,
 }
 
 /// The route replay registry: SQLite-backed ([`ReplayRegistry::open_sqlite`]) or in memory
@@ -104,6 +111,8 @@ struct Inner {
 /// internal mutex and block while SQLite writes.
 pub struct ReplayRegistry {
     capacity: usize,
+    /// Live routes one source may hold.
+    source_share: usize,
     window_secs: u64,
     persistent: bool,
     inner: Mutex<Inner>,
@@ -180,6 +189,7 @@ impl ReplayRegistry {
             expiry: BTreeSet::new(),
             pending_deletes: Vec::new(),
             db: None,
+            per_source: HashMap::new(),
         };
         {
             let mut stmt = tx
@@ -204,6 +214,7 @@ impl ReplayRegistry {
         );
         Ok(Self {
             capacity,
+            source_share: capacity,
             window_secs,
             persistent: true,
             inner: Mutex::new(inner),
@@ -214,6 +225,7 @@ impl ReplayRegistry {
     pub fn memory(capacity: usize, window_secs: u64) -> Self {
         Self {
             capacity,
+            source_share: capacity,
             window_secs,
             persistent: false,
             inner: Mutex::new(Inner {
@@ -221,8 +233,21 @@ impl ReplayRegistry {
                 expiry: BTreeSet::new(),
                 pending_deletes: Vec::new(),
                 db: None,
+                per_source: HashMap::new(),
             }),
         }
+    }
+
+    /// The same registry where one source may hold at most `percent` of the capacity (at least
+    /// one route).
+    pub fn with_source_share(mut self, percent: u8) -> Self {
+        self.source_share = (self.capacity * usize::from(percent.min(100)) / 100).max(1);
+        self
+    }
+
+    /// The capacity, in live routes.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// Decides what to do with a request for `route_id` whose digest is `digest`. On
@@ -234,6 +259,18 @@ impl ReplayRegistry {
         route_id: RouteId,
         digest: Digest,
         now: u64,
+    ) -> Result<Outcome, ReplayError> {
+        self.reserve_from(route_id, digest, now, None)
+    }
+
+    /// [`ReplayRegistry::reserve`] for a request from `source`: a new route counts in its share,
+    /// and once it holds its share its new routes get [`Outcome::ShareExceeded`].
+    pub fn reserve_from(
+        &self,
+        route_id: RouteId,
+        digest: Digest,
+        now: u64,
+        source: Option<SourceKey>,
     ) -> Result<Outcome, ReplayError> {
         let now_sql = sql_time(now)?;
         let mut inner = self.lock();
@@ -252,6 +289,11 @@ impl ReplayRegistry {
                     }
                 }
             });
+        }
+        if let Some(key) = source
+            && inner.per_source.get(&key).copied().unwrap_or(0) >= self.source_share
+        {
+            return Ok(Outcome::ShareExceeded);
         }
         if inner.entries.len() >= self.capacity {
             return Ok(Outcome::Capacity);
@@ -280,6 +322,7 @@ impl ReplayRegistry {
                 digest,
                 reserved_at: now,
                 state: State::InFlight,
+                source,
             },
             self.window_secs,
         );
@@ -387,6 +430,9 @@ impl ReplayRegistry {
 
 impl Inner {
     fn insert(&mut self, route_id: RouteId, entry: Entry, window_secs: u64) {
+        if let Some(key) = entry.source {
+            *self.per_source.entry(key).or_insert(0) += 1;
+        }
         self.expiry
             .insert((entry.reserved_at.saturating_add(window_secs), route_id));
         self.entries.insert(route_id, entry);
@@ -399,7 +445,16 @@ impl Inner {
                 break;
             }
             self.expiry.pop_first();
-            self.entries.remove(&route_id);
+            if let Some(Entry {
+                source: Some(key), ..
+            }) = self.entries.remove(&route_id)
+                && let Some(n) = self.per_source.get_mut(&key)
+            {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_source.remove(&key);
+                }
+            }
             if self.db.is_some() {
                 self.pending_deletes.push(route_id);
             }
@@ -475,6 +530,7 @@ fn entry_from_row(row: &rusqlite::Row<'_>) -> Result<(RouteId, Entry), StoreErro
             digest,
             reserved_at,
             state,
+            source: None,
         },
     ))
 }

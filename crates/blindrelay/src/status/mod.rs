@@ -14,7 +14,7 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use self::quality::{Evidence, ProofScope, Quality, Status};
+pub use self::quality::{Evidence, ProofScope, Quality, Status, Stores};
 use crate::counters::Snapshot;
 use crate::health::Summary;
 use crate::pipeline::Pipeline;
@@ -28,6 +28,21 @@ pub struct ReplayInfo {
     pub store: ReplayStore,
     /// Routes reserved now.
     pub live_routes: usize,
+    /// Live routes it holds at most.
+    pub capacity: usize,
+    /// Every slot holds a live route: new routes are refused (`replay_capacity`).
+    pub full: bool,
+}
+
+/// The request gate and the relay listener, as counts (never an address).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AdmissionInfo {
+    /// Relay requests in flight.
+    pub in_flight: usize,
+    /// Open connections of the relay listener.
+    pub connections: usize,
+    /// Sources the request gate's rate pools remember.
+    pub sources: usize,
 }
 
 /// The peer table, as the document shows it.
@@ -44,6 +59,16 @@ pub struct PeersInfo {
 pub struct InboxInfo {
     /// Items stored.
     pub items: usize,
+    /// Payload bytes stored.
+    pub bytes: u64,
+    /// Items it holds at most.
+    pub max_items: usize,
+    /// Payload bytes it holds at most.
+    pub max_bytes: u64,
+    /// Deliveries were refused for lack of room and none was freed since (`inbox_full`).
+    pub full: bool,
+    /// Sources holding a share of it (a count).
+    pub sources: usize,
 }
 
 /// The status document. The server fills `counters` with a [`Snapshot`]; a reader may take
@@ -64,6 +89,22 @@ pub struct Document<C = Snapshot> {
     pub peers: PeersInfo,
     /// The inbox.
     pub inbox: InboxInfo,
+    /// The request gate and the relay listener.
+    pub admission: AdmissionInfo,
+}
+
+/// The stores' state now, for `status`.
+pub fn stores(pipeline: &Pipeline, counters: &Snapshot, now: u64) -> Stores {
+    let inbox = pipeline.terminal().inbox();
+    let refused_since_freed = match (counters.last_inbox_full_at, counters.last_inbox_freed_at) {
+        (Some(full), Some(freed)) => full > freed,
+        (Some(_), None) => true,
+        _ => false,
+    };
+    Stores {
+        inbox_full: inbox.len() >= inbox.limits().0 || refused_since_freed,
+        replay_full: pipeline.replay().live(now) >= pipeline.replay().capacity(),
+    }
 }
 
 /// The whole status document now. Reads the replay registry's and the inbox's in-memory state
@@ -82,21 +123,36 @@ pub fn document(pipeline: &Pipeline) -> Document {
     let peer_health = ctx.health.summary(now, &descriptors, |id| {
         quarantines.get(id).copied().unwrap_or(0)
     });
+    let stores = stores(pipeline, &counters, now);
+    let inbox = pipeline.terminal().inbox();
+    let (max_items, max_bytes) = inbox.limits();
     Document {
         node: Prefix(ctx.node.id()).to_string(),
-        quality: quality::quality(&counters, now),
+        quality: quality::quality(&counters, now, stores),
         counters,
         peer_health,
         replay: ReplayInfo {
             store: pipeline.replay().kind(),
             live_routes: pipeline.replay().live(now),
+            capacity: pipeline.replay().capacity(),
+            full: stores.replay_full,
         },
         peers: PeersInfo {
             known: descriptors.len(),
             routable: ctx.peers.routable(now).len(),
         },
         inbox: InboxInfo {
-            items: pipeline.terminal().inbox().len(),
+            items: inbox.len(),
+            bytes: inbox.bytes(),
+            max_items,
+            max_bytes,
+            full: stores.inbox_full,
+            sources: pipeline.terminal().sources(),
+        },
+        admission: AdmissionInfo {
+            in_flight: pipeline.gate().in_flight(),
+            connections: pipeline.connections().open(),
+            sources: pipeline.gate().sources(),
         },
     }
 }

@@ -89,6 +89,15 @@ pub struct Quality {
     pub client_delivery_receipts: Evidence,
 }
 
+/// The state of the node's stores now, which `status` reports as what it is.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stores {
+    /// The inbox refused a delivery for lack of room, and no room was freed since.
+    pub inbox_full: bool,
+    /// Every replay slot holds a live route.
+    pub replay_full: bool,
+}
+
 fn within(t: Option<u64>, now: u64, window: u64) -> bool {
     t.is_some_and(|t| now.saturating_sub(t) < window)
 }
@@ -104,14 +113,16 @@ fn evidence(total: u64, last_at: Option<u64>, now: u64) -> Evidence {
 /// The quality of a node from its counters at `now`. First match wins:
 ///
 /// 1. `idle`: no request received, no probe sent, no client delivery.
-/// 2. `attention`: a backpressure refusal or an exhausted retry within [`RECENT`].
-/// 3. `degraded`: a forward failure or a failed probe within [`RECENT`].
-/// 4. `protecting`: an abuse-guard refusal (rate, quarantine, authentication, loop, TTL,
-///    timestamp) within [`RECENT`].
+/// 2. `attention`: the inbox or the replay registry is full now (deliveries are refused), or a
+///    backpressure refusal or an exhausted retry within [`RECENT`].
+/// 3. `degraded`: a forward failure, a next hop with its most requests in flight, or a failed
+///    probe within [`RECENT`].
+/// 4. `protecting`: an abuse-guard refusal (rate, quarantine, a source over its share, a slow
+///    body, authentication, loop, TTL, timestamp) within [`RECENT`].
 /// 5. `ready`: fresh evidence of any kind.
 /// 6. `stale`: success evidence, none fresh.
 /// 7. `observing`: activity without success evidence.
-pub fn quality(s: &Snapshot, now: u64) -> Quality {
+pub fn quality(s: &Snapshot, now: u64, stores: Stores) -> Quality {
     let relay_acceptance = evidence(s.terminal + s.forwarded, s.last_accepted_at, now);
     let synthetic_probes = evidence(s.probe_succeeded, s.last_probe_succeeded_at, now);
     let synthetic_two_hop_probes = evidence(
@@ -145,10 +156,22 @@ pub fn quality(s: &Snapshot, now: u64) -> Quality {
             "no relay or probe activity yet",
             "add peers with --peer, or wait for relay traffic and probes",
         )
+    } else if stores.inbox_full {
+        (
+            Status::Attention,
+            "the inbox is full: deliveries to this node are refused (inbox_full)",
+            "delete or take delivered messages (blindrelay inbox --take, --delete ID), or shorten --inbox-retention",
+        )
+    } else if stores.replay_full {
+        (
+            Status::Attention,
+            "the replay registry is full of live routes: new routes are refused (replay_capacity)",
+            "wait for routes to end (600 s after their reservation), or raise --replay-capacity",
+        )
     } else if recent(s.last_backpressure_at) {
         (
             Status::Attention,
-            "backpressure: requests refused for lack of CPU slots or in-flight room",
+            "backpressure: the node's request rate, in-flight slots or crypto slots were spent",
             "give the node more CPU, or take less relay traffic",
         )
     } else if recent(s.last_retry_exhausted_at) {
@@ -158,6 +181,7 @@ pub fn quality(s: &Snapshot, now: u64) -> Quality {
             "check that the next hops are reachable (see peer_health)",
         )
     } else if recent(s.last_forward_failed_at)
+        || recent(s.last_next_hop_busy_at)
         || recent(s.last_probe_failed_at)
         || recent(s.last_two_hop_probe_failed_at)
     {
@@ -232,37 +256,81 @@ mod tests {
     #[test]
     fn transitions_follow_the_rules() {
         let mut s = Snapshot::default();
-        assert_eq!(quality(&s, T).status.as_str(), "idle");
-        assert_eq!(quality(&s, T).proof_scope.as_str(), "none");
+        assert_eq!(quality(&s, T, Stores::default()).status.as_str(), "idle");
+        assert_eq!(
+            quality(&s, T, Stores::default()).proof_scope.as_str(),
+            "none"
+        );
         // A request refused for no route: activity, no success.
         s.received = 1;
         s.rejected = 1;
         s.no_route = 1;
-        assert_eq!(quality(&s, T).status.as_str(), "observing");
-        assert_eq!(quality(&s, T).proof_scope.as_str(), "attempted");
+        assert_eq!(
+            quality(&s, T, Stores::default()).status.as_str(),
+            "observing"
+        );
+        assert_eq!(
+            quality(&s, T, Stores::default()).proof_scope.as_str(),
+            "attempted"
+        );
         // Accepted work: ready, then stale once it is older than FRESH.
         s.received += 1;
         s.forwarded = 1;
         s.last_accepted_at = Some(T);
-        assert_eq!(quality(&s, T).status.as_str(), "ready");
-        assert_eq!(quality(&s, T).proof_scope.as_str(), "relay_acceptance");
-        assert_eq!(quality(&s, T + FRESH).status.as_str(), "stale");
+        assert_eq!(quality(&s, T, Stores::default()).status.as_str(), "ready");
+        assert_eq!(
+            quality(&s, T, Stores::default()).proof_scope.as_str(),
+            "relay_acceptance"
+        );
+        assert_eq!(
+            quality(&s, T + FRESH, Stores::default()).status.as_str(),
+            "stale"
+        );
         // A rate limit: protecting, back to ready once RECENT has passed and evidence is fresh.
         s.rate_limited = 1;
         s.last_protection_at = Some(T + 10);
         s.last_accepted_at = Some(T + 20);
-        assert_eq!(quality(&s, T + 30).status.as_str(), "protecting");
+        assert_eq!(
+            quality(&s, T + 30, Stores::default()).status.as_str(),
+            "protecting"
+        );
         s.last_accepted_at = Some(T + 10 + RECENT);
-        assert_eq!(quality(&s, T + 10 + RECENT).status.as_str(), "ready");
+        assert_eq!(
+            quality(&s, T + 10 + RECENT, Stores::default())
+                .status
+                .as_str(),
+            "ready"
+        );
         // Forward failures: degraded; backpressure: attention (it wins).
         s.last_forward_failed_at = Some(T + 5000);
-        assert_eq!(quality(&s, T + 5000).status.as_str(), "degraded");
+        assert_eq!(
+            quality(&s, T + 5000, Stores::default()).status.as_str(),
+            "degraded"
+        );
         s.last_backpressure_at = Some(T + 5000);
-        let q = quality(&s, T + 5000);
+        let q = quality(&s, T + 5000, Stores::default());
         assert_eq!(q.status.as_str(), "attention");
         assert!(q.next_action.contains("CPU"));
+        // A full store is attention while it is full, whatever else happened.
+        let full = Stores {
+            inbox_full: true,
+            replay_full: false,
+        };
+        assert!(quality(&s, T + 5000, full).reason.contains("inbox is full"));
+        let full = Stores {
+            inbox_full: false,
+            replay_full: true,
+        };
+        let q = quality(&s, T + 5000 + RECENT, full);
+        assert_eq!(q.status.as_str(), "attention");
+        assert!(q.reason.contains("replay registry is full"));
         // Both problems age out.
-        assert_eq!(quality(&s, T + 5000 + RECENT).status.as_str(), "stale");
+        assert_eq!(
+            quality(&s, T + 5000 + RECENT, Stores::default())
+                .status
+                .as_str(),
+            "stale"
+        );
     }
 
     #[test]
@@ -272,14 +340,17 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(
-            quality(&s, T).proof_scope.as_str(),
+            quality(&s, T, Stores::default()).proof_scope.as_str(),
             "single_hop_control_plane"
         );
         s.two_hop_probe_attempted = 1;
-        assert_eq!(quality(&s, T).proof_scope.as_str(), "control_plane");
+        assert_eq!(
+            quality(&s, T, Stores::default()).proof_scope.as_str(),
+            "control_plane"
+        );
         s.two_hop_probe_succeeded = 1;
         s.last_two_hop_probe_succeeded_at = Some(T);
-        let q = quality(&s, T);
+        let q = quality(&s, T, Stores::default());
         assert_eq!(
             (
                 q.proof_scope.as_str(),
@@ -290,12 +361,12 @@ mod tests {
         );
         s.verified_client_onion_deliveries = 1;
         s.last_verified_client_onion_delivery_at = Some(T);
-        let q = quality(&s, T);
+        let q = quality(&s, T, Stores::default());
         assert_eq!(
             (q.proof_scope.as_str(), q.real_relay_ready),
             ("client_message_delivery", true)
         );
-        assert!(!quality(&s, T + FRESH).real_relay_ready);
+        assert!(!quality(&s, T + FRESH, Stores::default()).real_relay_ready);
         // Probe evidence is never counted as relay acceptance.
         assert_eq!(q.relay_acceptance.total, 0);
     }

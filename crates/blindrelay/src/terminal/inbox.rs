@@ -75,7 +75,11 @@ impl Inbox {
     }
 
     /// [`Inbox::open`] with other caps.
-    fn open_with_limits(path: &Path, max_items: usize, max_bytes: u64) -> Result<Self, InboxError> {
+    pub fn open_with_limits(
+        path: &Path,
+        max_items: usize,
+        max_bytes: u64,
+    ) -> Result<Self, InboxError> {
         let conn = sqlite::open_durable(path)?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS inbox_items (
@@ -180,12 +184,11 @@ impl Inbox {
             .map_err(InboxError::from)
     }
 
-    /// Removes the item `id` (committed before it returns), freeing its room. `false` if there
-    /// was no such item. (The node never deletes; the tests free room with it.)
-    #[cfg(test)]
-    fn remove(&self, id: u64) -> Result<bool, InboxError> {
+    /// Removes the item `id` (committed before it returns), freeing its room. Its size, or
+    /// `None` if there was no such item.
+    pub fn remove(&self, id: u64) -> Result<Option<u64>, InboxError> {
         let Ok(id) = i64::try_from(id) else {
-            return Ok(false);
+            return Ok(None);
         };
         let mut inner = self.lock();
         let size: Option<i64> = inner
@@ -198,11 +201,49 @@ impl Inbox {
             .optional()
             .ctx("remove an inbox item")?;
         let Some(size) = size else {
-            return Ok(false);
+            return Ok(None);
         };
+        let size = u64::try_from(size).unwrap_or(0);
         inner.items = inner.items.saturating_sub(1);
-        inner.bytes = inner.bytes.saturating_sub(u64::try_from(size).unwrap_or(0));
-        Ok(true)
+        inner.bytes = inner.bytes.saturating_sub(size);
+        Ok(Some(size))
+    }
+
+    /// Removes every item received before `cutoff` (Unix seconds), at most `limit` of them in
+    /// one transaction; returns `(id, size)` of each removed.
+    pub fn expire(&self, cutoff: u64, limit: usize) -> Result<Vec<(u64, u64)>, InboxError> {
+        let cutoff = sql_time(cutoff)?;
+        let limit = i64::try_from(limit).unwrap_or(i64::MAX);
+        let mut inner = self.lock();
+        let removed = {
+            let mut stmt = inner
+                .conn
+                .prepare_cached(
+                    "DELETE FROM inbox_items WHERE id IN
+                       (SELECT id FROM inbox_items WHERE received_at < ?1 ORDER BY id LIMIT ?2)
+                     RETURNING id, size",
+                )
+                .ctx("prepare expiring inbox items")?;
+            let rows = stmt
+                .query_map(params![cutoff, limit], |row| {
+                    Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?))
+                })
+                .ctx("expire inbox items")?;
+            let mut out = Vec::new();
+            for row in rows {
+                let (id, size) = row.ctx("expire inbox items")?;
+                out.push((
+                    u64::try_from(id).unwrap_or(0),
+                    u64::try_from(size).unwrap_or(0),
+                ));
+            }
+            out
+        };
+        for (_, size) in &removed {
+            inner.items = inner.items.saturating_sub(1);
+            inner.bytes = inner.bytes.saturating_sub(*size);
+        }
+        Ok(removed)
     }
 
     /// How many items the inbox holds (counted in memory: no disk read).
@@ -216,9 +257,13 @@ impl Inbox {
     }
 
     /// Payload bytes the inbox holds.
-    #[cfg(test)]
-    fn bytes(&self) -> u64 {
+    pub fn bytes(&self) -> u64 {
         self.lock().bytes
+    }
+
+    /// The caps: items, payload bytes.
+    pub fn limits(&self) -> (usize, u64) {
+        (self.max_items, self.max_bytes)
     }
 
     /// Counters are only changed after the matching SQLite write succeeded.
@@ -322,8 +367,8 @@ mod tests {
         // Still full after a reopen: the counts come from the file.
         let inbox = Inbox::open_with_limits(&path, 3, 1_000).unwrap();
         assert!(matches!(inbox.store(b"4", 4), Err(InboxError::Full)));
-        assert!(inbox.remove(first).unwrap());
-        assert!(!inbox.remove(first).unwrap());
+        assert_eq!(inbox.remove(first).unwrap(), Some(1));
+        assert_eq!(inbox.remove(first).unwrap(), None);
         let fourth = inbox.store(b"4", 4).unwrap();
         assert!(fourth > first);
         assert_eq!(
@@ -335,6 +380,20 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![2, 3, 4]
         );
+    }
+
+    #[test]
+    fn retention_removes_the_old_items_only() {
+        let dir = dir();
+        let inbox = Inbox::open(&dir.path().join("inbox.db")).unwrap();
+        let a = inbox.store(b"old", 100).unwrap();
+        let b = inbox.store(b"older", 50).unwrap();
+        let c = inbox.store(b"new", 200).unwrap();
+        assert_eq!(inbox.expire(150, 1).unwrap(), vec![(a, 3)]);
+        assert_eq!(inbox.expire(150, 10).unwrap(), vec![(b, 5)]);
+        assert_eq!(inbox.expire(150, 10).unwrap(), vec![]);
+        assert_eq!((inbox.len(), inbox.bytes()), (1, 3));
+        assert_eq!(inbox.list().unwrap()[0].id, c);
     }
 
     #[test]

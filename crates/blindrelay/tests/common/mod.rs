@@ -113,6 +113,12 @@ impl Proc {
         if matches!(self.child.try_wait(), Ok(Some(_))) {
             return;
         }
+        // A stopped process dies of SIGKILL too; CONT first keeps its readers moving.
+        let _ = std::process::Command::new("kill")
+            .args(["-CONT", &self.pid.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
         let _ = std::process::Command::new("kill")
             .args(["-9", &self.pid.to_string()])
             .stdout(Stdio::null())
@@ -530,6 +536,32 @@ impl Net {
         let url = format!("{}{path}", self.nodes[i].operator);
         let resp = self.http.get(&url).send().await.expect("operator API");
         resp.json().await.expect("JSON")
+    }
+
+    /// The PID of node `i` (running).
+    pub fn pid(&self, i: usize) -> u32 {
+        self.procs[i].as_ref().expect("running").pid
+    }
+
+    /// Sends `signal` (`STOP`, `CONT`, …) to node `i`.
+    pub fn signal(&self, i: usize, signal: &str) {
+        let ok = std::process::Command::new("kill")
+            .args([&format!("-{signal}"), &self.pid(i).to_string()])
+            .status()
+            .expect("kill")
+            .success();
+        assert!(ok, "kill -{signal} node {i}");
+    }
+
+    /// Node `i`'s peak resident set (VmHWM), in KiB.
+    pub fn peak_rss_kib(&self, i: usize) -> u64 {
+        let status =
+            std::fs::read_to_string(format!("/proc/{}/status", self.pid(i))).unwrap_or_default();
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
     }
 
     /// Kills node `i` with `kill -9` and reaps it.

@@ -261,6 +261,46 @@ fn capacity_with_the_real_8192_routes() {
 }
 
 #[test]
+fn one_source_holds_at_most_its_share_until_its_routes_end() {
+    let a = Some(SourceKey::Net(std::net::IpAddr::from([10, 0, 1, 0])));
+    let b = Some(SourceKey::Net(std::net::IpAddr::from([10, 0, 2, 0])));
+    let reg = ReplayRegistry::memory(8, 600).with_source_share(25);
+    for n in 0..2 {
+        assert_eq!(
+            reg.reserve_from(rid(n), dg(1), T0, a).unwrap(),
+            Outcome::New
+        );
+    }
+    assert_eq!(
+        reg.reserve_from(rid(2), dg(1), T0, a).unwrap(),
+        Outcome::ShareExceeded
+    );
+    // A duplicate of its own route is still answered, not refused.
+    assert_eq!(
+        reg.reserve_from(rid(0), dg(1), T0, a).unwrap(),
+        Outcome::InFlight
+    );
+    for n in 10..12 {
+        assert_eq!(
+            reg.reserve_from(rid(n), dg(1), T0, b).unwrap(),
+            Outcome::New
+        );
+    }
+    for n in 20..24 {
+        assert_eq!(reg.reserve(rid(n), dg(1), T0 + 1).unwrap(), Outcome::New);
+    }
+    assert_eq!(
+        reg.reserve(rid(30), dg(1), T0 + 1).unwrap(),
+        Outcome::Capacity
+    );
+    // The window ends: the share comes back.
+    assert_eq!(
+        reg.reserve_from(rid(3), dg(1), T0 + 600, a).unwrap(),
+        Outcome::New
+    );
+}
+
+#[test]
 fn capacity_zero_refuses_everything() {
     on_both(0, WINDOW_SECS, |reg| {
         assert_eq!(reserve(reg, 1, 1, T0), Outcome::Capacity);
