@@ -10,6 +10,7 @@ use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, DEFAULT_MASTERS, Game, QueryLimits, ServerConfig, SessionLimits};
+use crate::control::listen::{self, ListenLimits};
 use crate::daemon::DaemonConfig;
 use crate::proof::MIN_KEY;
 use crate::registry::RegistryConfig;
@@ -111,6 +112,19 @@ pub struct RunArgs {
     #[arg(long, env = "ETRELAY_BIND", default_value = "0.0.0.0")]
     pub bind: IpAddr,
 
+    /// Connections to the control API at once; more are closed at once.
+    #[arg(long, default_value_t = listen::MAX_CONNS, value_parser = clap::value_parser!(u32).range(1..=4096).map(|v| v as usize))]
+    pub control_max_conns: usize,
+
+    /// Connections to the control API from one address at once; more are closed at once.
+    #[arg(long, default_value_t = listen::MAX_CONNS_PER_IP, value_parser = clap::value_parser!(u32).range(1..=4096).map(|v| v as usize))]
+    pub control_conns_per_ip: usize,
+
+    /// Accept upstreams on loopback addresses (127.0.0.0/8, ::1). For tests and demos that run
+    /// everything on one host: a real game server is never the relay's own host.
+    #[arg(long)]
+    pub allow_loopback_upstream: bool,
+
     /// Masters to heartbeat, comma-separated `host:port`, resolved on every heartbeat.
     /// An empty value disables heartbeats.
     #[arg(long, env = "ETRELAY_MASTERS", default_value = DEFAULT_MASTERS)]
@@ -197,8 +211,15 @@ impl RunArgs {
                         bind: self.bind,
                         state_dir: self.state_dir.clone(),
                         template,
+                        control: Some(control),
+                        allow_loopback: self.allow_loopback_upstream,
                     },
                     control,
+                    listen: ListenLimits::new(
+                        self.control_max_conns,
+                        self.control_conns_per_ip,
+                        self.probe_timeout * config::PROBE_ATTEMPTS,
+                    ),
                     token,
                     max_sessions: self.max_sessions,
                     proof_timeout: self.probe_timeout,

@@ -15,6 +15,8 @@
 //! - [`proof`]: server keys, their fingerprint, and the proof of console access.
 //! - [`registry`]: the registered servers by port, `servers.json`, one writer for changes.
 //! - [`control`]: the control API (axum): registration, sessions, bans, metrics.
+//! - [`fdbudget`]: the descriptor limit shared out between sessions, servers and the control
+//!   API.
 //! - [`daemon`]: the several-servers mode: registry, control API, shutdown.
 //! - [`secret`]: values whose `Debug` never shows them (tokens, keys, passwords).
 //! - [`admin`]: `etrelay admin`, the game server admin's tool (HTTP client and rcon).
@@ -34,6 +36,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod et;
+pub mod fdbudget;
 pub mod net;
 pub mod probe;
 pub mod proof;

@@ -69,6 +69,7 @@ async fn run(mode: Mode) -> Result<(), String> {
             listen,
             max_sessions,
         } => {
+            let max_sessions = etrelay::fdbudget::fit_sessions(max_sessions, 1, 0)?;
             let public = UdpSocket::bind(listen)
                 .await
                 .map_err(|e| format!("cannot bind {listen}: {e}"))?;

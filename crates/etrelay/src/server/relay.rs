@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use guard::limiter::{KeyedLimiter, Limits, TokenBucket};
+use guard::throttle::Throttle;
 use tokio::net::UdpSocket;
 use tracing::{debug, trace, warn};
 
@@ -26,7 +27,7 @@ use super::shared::Shared;
 use crate::clock::Instant;
 use crate::et::classify::{Packet, Query, Reject, classify};
 use crate::et::{self, command_word};
-use crate::net::{BatchRecv, upstream_socket};
+use crate::net::{BatchRecv, canonical, upstream_socket};
 
 /// Batches read per wake-up before the loop yields, so the sessions can send what it queued
 /// (a batch is up to [`crate::net::BATCH`] datagrams: 64 per turn, one full session queue).
@@ -35,6 +36,8 @@ const ROUNDS_PER_WAKE: usize = 2;
 const TICK: Duration = Duration::from_millis(250);
 /// Datagrams read from the cache socket per turn.
 const CACHE_READS: usize = 64;
+/// At most one "cannot open a session" line per this period.
+const WARN_PERIOD: Duration = Duration::from_secs(10);
 /// Shortest gap between two full limiter sweeps forced by a full table.
 const SWEEP_GAP: Duration = Duration::from_millis(200);
 
@@ -54,6 +57,8 @@ struct Handler {
     cache: Option<Cache>,
     /// Where cached answers and refreshes are written.
     scratch: Vec<u8>,
+    /// "Cannot open a session" at most once per [`WARN_PERIOD`] (it fires per packet).
+    open_failed: Throttle,
 }
 
 /// The query cache and the socket its refreshes go out on and their answers come back on.
@@ -95,6 +100,7 @@ impl RelayLoop {
                 limiter,
                 cache,
                 scratch: Vec::with_capacity(64 * 1024),
+                open_failed: Throttle::new(WARN_PERIOD),
                 shared,
             },
         })
@@ -137,7 +143,7 @@ impl RelayLoop {
                 Ok(_) => {
                     let now = Instant::now();
                     for (src, data) in self.batch.datagrams() {
-                        self.handler.client_packet(src, data, now);
+                        self.handler.client_packet(canonical(src), data, now);
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
@@ -259,7 +265,9 @@ impl Handler {
             }
             Err(e) => {
                 shared.metrics.drop(Drop::Upstream);
-                warn!("cannot open a session for {src}: {e}");
+                if let Some(n) = self.open_failed.event(Instant::now().into_std()) {
+                    warn!("cannot open a session for {src}: {e} ({n} more failures not logged)");
+                }
             }
         }
     }

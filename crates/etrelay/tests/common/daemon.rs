@@ -15,7 +15,12 @@ pub const TOKEN: &str = "relay-token-0123456789abcdef-0123456789";
 
 /// The address in `control API on <addr>`.
 fn control_address(line: &str) -> Option<SocketAddr> {
-    line.split("control API on ").nth(1)?.trim().parse().ok()
+    line.split("control API on ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// An `etrelay --ports …` process started, its control API maybe not up yet.
@@ -112,6 +117,8 @@ impl Daemon {
             ip.to_string(),
             "--probe-timeout".into(),
             "200ms".into(),
+            // The scripted game servers run on loopback addresses.
+            "--allow-loopback-upstream".into(),
         ];
         if !extra.contains(&"--masters") {
             args.extend(["--masters".to_string(), String::new()]);
