@@ -100,6 +100,20 @@ impl Daemon {
         control: &str,
         extra: &[&str],
     ) -> Launch {
+        Self::launch_under(&[], &ip.to_string(), ip, state_dir, ports, control, extra)
+    }
+
+    /// As [`Daemon::launch`], binding the public ports on `bind` (`ip` is where tests reach
+    /// them), the binary run under `prefix` (see [`super::spawn_logged_under`]).
+    pub fn launch_under(
+        prefix: &[&str],
+        bind: &str,
+        ip: Ipv4Addr,
+        state_dir: &Path,
+        ports: &[u16],
+        control: &str,
+        extra: &[&str],
+    ) -> Launch {
         std::fs::create_dir_all(state_dir).unwrap();
         let token_file = state_dir.with_extension("token");
         std::fs::write(&token_file, TOKEN).unwrap();
@@ -114,7 +128,7 @@ impl Daemon {
             "--state-dir".into(),
             state_dir.display().to_string(),
             "--bind".into(),
-            ip.to_string(),
+            bind.to_string(),
             "--probe-timeout".into(),
             "200ms".into(),
             // The scripted game servers run on loopback addresses.
@@ -124,7 +138,8 @@ impl Daemon {
             args.extend(["--masters".to_string(), String::new()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let (child, log) = super::spawn_logged(&args);
+        let prefix: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
+        let (child, log) = super::spawn_logged_under(&prefix, &args);
         Launch {
             child,
             log,
