@@ -9,7 +9,9 @@ use std::time::Duration;
 use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 
-use crate::config::{self, DEFAULT_MASTERS, Game, QueryLimits, ServerConfig, SessionLimits};
+use crate::config::{
+    self, DEFAULT_MASTERS, Game, QueryLimits, ReflectionLimits, ServerConfig, SessionLimits,
+};
 use crate::control::listen::{self, ListenLimits};
 use crate::daemon::DaemonConfig;
 use crate::proof::MIN_KEY;
@@ -182,6 +184,28 @@ pub struct RunArgs {
     #[arg(long, default_value = config::CACHE_MAX_AGE_TEXT, value_parser = humantime::parse_duration)]
     pub cache_max_age: Duration,
 
+    /// getstatus/getinfo answered per source prefix (see --answer-prefix-v4/-v6) per
+    /// --answer-window at most, from the cache or not.
+    #[arg(long, default_value_t = config::ANSWERS_PER_PREFIX, value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    pub answers_per_prefix: u32,
+
+    /// getstatus/getinfo answered in all per --answer-window at most: bounds what any number
+    /// of spoofed sources can make the relay send.
+    #[arg(long, default_value_t = config::ANSWERS_GLOBAL, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub answers_global: u32,
+
+    /// The window of the answer budget.
+    #[arg(long, default_value = config::ANSWER_WINDOW_TEXT, value_parser = humantime::parse_duration)]
+    pub answer_window: Duration,
+
+    /// IPv4 sources share an answer budget per prefix of this length.
+    #[arg(long, default_value_t = config::ANSWER_PREFIX_V4, value_parser = clap::value_parser!(u8).range(8..=32))]
+    pub answer_prefix_v4: u8,
+
+    /// IPv6 sources share an answer budget per prefix of this length.
+    #[arg(long, default_value_t = config::ANSWER_PREFIX_V6, value_parser = clap::value_parser!(u8).range(16..=128))]
+    pub answer_prefix_v6: u8,
+
     /// Log every session and connectionless packet (overridden by `RUST_LOG`).
     #[arg(long)]
     pub debug: bool,
@@ -275,6 +299,14 @@ impl RunArgs {
                 forget: self.query_forget,
             },
             cache_max_age: self.cache_max_age,
+            reflection: ReflectionLimits {
+                per_prefix: self.answers_per_prefix,
+                global: self.answers_global,
+                window: self.answer_window,
+                v4_prefix: self.answer_prefix_v4,
+                v6_prefix: self.answer_prefix_v6,
+                max_prefixes: config::MAX_ANSWER_PREFIXES,
+            },
         })
     }
 }

@@ -30,6 +30,20 @@ pub const MAX_QUERY_SOURCES: usize = 65_536;
 pub const QUERY_FORGET: Duration = duration(QUERY_FORGET_TEXT);
 /// [`QUERY_FORGET`] as written.
 pub const QUERY_FORGET_TEXT: &str = "60s";
+/// `getinfo`/`getstatus` answered per source prefix at most per [`ANSWER_WINDOW`]…
+pub const ANSWERS_PER_PREFIX: u32 = 3;
+/// …and in all (ET: Legacy's `SV_CheckDRDoS`: 3 per /24 and 48 in all per 2 s).
+pub const ANSWERS_GLOBAL: u32 = 48;
+/// The window of the answer budget.
+pub const ANSWER_WINDOW: Duration = duration(ANSWER_WINDOW_TEXT);
+/// [`ANSWER_WINDOW`] as written.
+pub const ANSWER_WINDOW_TEXT: &str = "2s";
+/// IPv4 sources share their answer budget by this prefix length…
+pub const ANSWER_PREFIX_V4: u8 = 24;
+/// …and IPv6 sources by this one.
+pub const ANSWER_PREFIX_V6: u8 = 64;
+/// Source prefixes the answer budget remembers at most.
+pub const MAX_ANSWER_PREFIXES: usize = 65_536;
 /// Age of a cached `infoResponse`/`statusResponse` past which the relay asks the server again.
 pub const CACHE_MAX_AGE: Duration = duration(CACHE_MAX_AGE_TEXT);
 /// [`CACHE_MAX_AGE`] as written.
@@ -117,6 +131,38 @@ pub struct ServerConfig {
     pub query: QueryLimits,
     /// Age past which the cache asks the server again. Zero: no cache, queries go through.
     pub cache_max_age: Duration,
+    /// How many queries are answered, per source prefix and in all.
+    pub reflection: ReflectionLimits,
+}
+
+/// The answer budget of one server (`server::reflection`).
+#[derive(Debug, Clone, Copy)]
+pub struct ReflectionLimits {
+    /// Answers per source prefix per `window` at most.
+    pub per_prefix: u32,
+    /// Answers in all per `window` at most.
+    pub global: u32,
+    /// The window.
+    pub window: Duration,
+    /// IPv4 prefix length sources are counted by.
+    pub v4_prefix: u8,
+    /// IPv6 prefix length sources are counted by.
+    pub v6_prefix: u8,
+    /// Prefixes remembered at most.
+    pub max_prefixes: usize,
+}
+
+impl Default for ReflectionLimits {
+    fn default() -> Self {
+        ReflectionLimits {
+            per_prefix: ANSWERS_PER_PREFIX,
+            global: ANSWERS_GLOBAL,
+            window: ANSWER_WINDOW,
+            v4_prefix: ANSWER_PREFIX_V4,
+            v6_prefix: ANSWER_PREFIX_V6,
+            max_prefixes: MAX_ANSWER_PREFIXES,
+        }
+    }
 }
 
 /// Session limits of one server.
@@ -176,6 +222,7 @@ impl ServerConfig {
             session: SessionLimits::default(),
             query: QueryLimits::default(),
             cache_max_age: CACHE_MAX_AGE,
+            reflection: ReflectionLimits::default(),
         }
     }
 }
@@ -213,6 +260,7 @@ mod tests {
             (QUERY_INTERVAL_TEXT, QUERY_INTERVAL),
             (QUERY_FORGET_TEXT, QUERY_FORGET),
             (CACHE_MAX_AGE_TEXT, CACHE_MAX_AGE),
+            (ANSWER_WINDOW_TEXT, ANSWER_WINDOW),
             (HEARTBEAT_INTERVAL_TEXT, HEARTBEAT_INTERVAL),
             (PROBE_TIMEOUT_TEXT, PROBE_TIMEOUT),
         ] {

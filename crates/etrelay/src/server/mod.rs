@@ -13,6 +13,7 @@
 //! - `shared`: what the server's tasks share: settings, public socket, counters, the state
 //!   lock over sessions and bans.
 //! - `relay`: the relay loop: the packet path above, and the query cache's socket.
+//! - `reflection`: the answer budget: queries answered per source prefix and in all.
 //! - `session`: one client's session: its queue, counters and last activity (no I/O).
 //! - `forward`: a session's task and upstream socket: queue → game server, answers → client.
 //! - `cache`: the query cache, a state machine without I/O driven by the relay loop.
@@ -25,6 +26,7 @@ mod forward;
 mod heartbeat;
 mod heartbeat_task;
 mod metrics;
+mod reflection;
 mod relay;
 mod session;
 mod shared;

@@ -23,6 +23,7 @@ use tracing::{debug, trace, warn};
 use super::cache::{Outcome, QueryCache};
 use super::forward;
 use super::metrics::Drop;
+use super::reflection::AnswerBudget;
 use super::shared::Shared;
 use crate::clock::Instant;
 use crate::et::classify::{Packet, Query, Reject, classify};
@@ -57,6 +58,8 @@ struct Handler {
     cache: Option<Cache>,
     /// Where cached answers and refreshes are written.
     scratch: Vec<u8>,
+    /// How many queries are answered, per source prefix and in all.
+    budget: AnswerBudget,
     /// "Cannot open a session" at most once per [`WARN_PERIOD`] (it fires per packet).
     open_failed: Throttle,
 }
@@ -100,6 +103,7 @@ impl RelayLoop {
                 limiter,
                 cache,
                 scratch: Vec::with_capacity(64 * 1024),
+                budget: AnswerBudget::new(&cfg.reflection),
                 open_failed: Throttle::new(WARN_PERIOD),
                 shared,
             },
@@ -187,6 +191,11 @@ impl Handler {
                     }
                 }
                 m.query_sources.set(self.limiter.len() as u64);
+                if !self.budget.allow(src.ip(), now.into_std()) {
+                    m.drop(Drop::Limiter);
+                    debug!("{src} query over the answer budget");
+                    return;
+                }
                 let Some(cache) = self.cache.as_mut() else {
                     self.enqueue(src, data);
                     return;
@@ -312,6 +321,7 @@ impl Handler {
 
     fn tick(&mut self, now: Instant) {
         self.limiter.sweep(now.into_std());
+        self.budget.sweep(now.into_std());
         self.shared
             .metrics
             .query_sources
