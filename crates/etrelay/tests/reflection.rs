@@ -72,7 +72,7 @@ async fn flood(cache_max_age: Duration, label: &str) {
         m.client_packets.get(),
         answers as f64 / secs,
         out as f64 / inb.max(1) as f64,
-        if answers > 0 { out / answers } else { 0 }
+        out.checked_div(answers).unwrap_or(0)
     );
     assert!(answers >= 1, "honest traffic is still answered");
     assert!(answers <= budget, "{answers} answers over {budget}");
