@@ -5,7 +5,7 @@
 //!
 //! - [`RESERVE`] for standard streams, the control listener, state files and name lookups;
 //! - [`PER_SERVER`] per port of `--ports` (public socket, the query cache's socket, a probe's
-//!   socket, the ban store's database and journal);
+//!   socket, the ban store's two connections: database, journal and shared-memory files);
 //! - [`PER_CONTROL_CONN`] per control connection (the connection, and the socket of a
 //!   registration's proof);
 //! - what is left for sessions (one socket each). When `--max-sessions` does not fit, it is
@@ -16,7 +16,7 @@ use std::io;
 /// Descriptors kept for the process itself.
 pub const RESERVE: usize = 32;
 /// Descriptors one relayed server holds, sessions apart.
-pub const PER_SERVER: usize = 6;
+pub const PER_SERVER: usize = 8;
 /// Descriptors one control connection may hold.
 pub const PER_CONTROL_CONN: usize = 2;
 
@@ -105,7 +105,7 @@ mod tests {
         assert_eq!(parse_limits("nothing"), None);
         assert!(open_files_limit().is_ok());
         // The documented default: LimitNOFILE=4096, 10 ports, 64 control connections.
-        assert_eq!(sessions_room(4096, 10, 64), 4096 - 32 - 60 - 128);
+        assert_eq!(sessions_room(4096, 10, 64), 4096 - 32 - 80 - 128);
         assert_eq!(sessions_room(100, 10, 64), 0);
     }
 }

@@ -120,6 +120,7 @@ async fn slow_and_idle_control_connections_hold_nothing() {
     );
     let pid = d.child.id().unwrap();
     let fds = open_fds(pid);
+    println!("FIGURE control attack: the relay holds {fds} descriptors (limit {NOFILE})");
     assert!(fds as u64 <= NOFILE, "{fds} descriptors");
 
     // A legitimate admin on another address is answered within 1 s.
@@ -135,19 +136,27 @@ async fn slow_and_idle_control_connections_hold_nothing() {
         .send()
         .await
         .unwrap();
-    let api_ms = t.elapsed().as_millis();
+    let api = t.elapsed();
     assert_eq!(r.status(), 200);
-    println!("FIGURE control attack: a legitimate GET /server answered in {api_ms} ms");
-    assert!(api_ms < 1_000, "{api_ms} ms");
+    println!(
+        "FIGURE control attack: a legitimate GET /server answered in {:.1} ms",
+        api.as_secs_f64() * 1e3
+    );
+    assert!(api < S, "{api:?}");
 
     // New UDP sessions still open.
     let player = client().await;
     let t = Instant::now();
-    let r = ask(&player, d.public(27960), &udp::oob(b"getchallenge")).await;
-    assert_eq!(r.len(), 1, "{}", d.log_text());
+    player
+        .send_to(&udp::oob(b"getchallenge"), d.public(27960))
+        .await
+        .unwrap();
+    let mut buf = [0u8; 2048];
+    let got = tokio::time::timeout(2 * S, player.recv_from(&mut buf)).await;
+    assert!(got.is_ok_and(|r| r.is_ok()), "{}", d.log_text());
     println!(
-        "FIGURE control attack: a new session answered in {} ms",
-        t.elapsed().as_millis()
+        "FIGURE control attack: a new session answered in {:.1} ms",
+        t.elapsed().as_secs_f64() * 1e3
     );
     // The refusals are logged, rate-limited.
     let refusal_lines = d

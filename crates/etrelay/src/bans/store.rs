@@ -3,8 +3,8 @@
 //!
 //! A ban or an unban is one row written in one transaction: its cost does not grow with the
 //! number of bans (the JSON file was rewritten whole on every change). The journal is folded
-//! back into the database by SQLite's automatic checkpoints, off the request's critical path
-//! past the commit. A `bans-<port>.json` of an earlier version is imported once, in one
+//! back into the database in the background, every [`CHECKPOINT_EVERY`] changes, on a second
+//! connection ([`Store::checkpoint`]): no request waits for it. A `bans-<port>.json` of an earlier version is imported once, in one
 //! transaction, then removed.
 //!
 //! Blocking: every call runs off the reactor (the registry uses `spawn_blocking`). One
@@ -13,6 +13,7 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::SystemTime;
 
@@ -61,7 +62,15 @@ const SCHEMA: i64 = 1;
 pub struct Store {
     path: PathBuf,
     conn: Mutex<Connection>,
+    /// A second connection that folds the journal back into the database, in the background
+    /// (a passive checkpoint waits for no writer and no writer waits for it).
+    checkpointer: Mutex<Connection>,
+    /// Changes committed since the last checkpoint.
+    since_checkpoint: AtomicUsize,
 }
+
+/// Changes after which [`Store::needs_checkpoint`] says a checkpoint is due.
+pub const CHECKPOINT_EVERY: usize = 256;
 
 /// `bans-<port>.db` in `dir`.
 pub fn db_path(dir: &Path, port: u16) -> PathBuf {
@@ -147,7 +156,8 @@ impl Store {
                 what: format!("journal mode {mode}"),
             });
         }
-        conn.execute_batch("PRAGMA synchronous = FULL;")
+        // No checkpoint in the committing request: `Store::checkpoint` does it, off the path.
+        conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 0;")
             .map_err(db)?;
         let check: String = conn
             .query_row("PRAGMA quick_check", [], |r| r.get(0))
@@ -180,9 +190,15 @@ impl Store {
                 });
             }
         }
+        let checkpointer = Connection::open(&path).map_err(db)?;
+        checkpointer
+            .execute_batch("PRAGMA wal_autocheckpoint = 0;")
+            .map_err(db)?;
         Ok(Store {
             path,
             conn: Mutex::new(conn),
+            checkpointer: Mutex::new(checkpointer),
+            since_checkpoint: AtomicUsize::new(0),
         })
     }
 
@@ -272,7 +288,29 @@ impl Store {
     /// # Errors
     /// The database refused; nothing changed.
     pub fn put(&self, ban: &Ban) -> Result<(), StoreError> {
-        self.put_all(std::slice::from_ref(ban), false)
+        self.put_all(std::slice::from_ref(ban), false)?;
+        self.since_checkpoint.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// True when enough changes were committed since the last checkpoint.
+    pub fn needs_checkpoint(&self) -> bool {
+        self.since_checkpoint.load(Ordering::Relaxed) >= CHECKPOINT_EVERY
+    }
+
+    /// Folds the journal back into the database (a passive checkpoint, on the second
+    /// connection: bans go on meanwhile). Blocking; one at a time (a second call while one
+    /// runs returns at once).
+    ///
+    /// # Errors
+    /// The database refused.
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        let Ok(conn) = self.checkpointer.try_lock() else {
+            return Ok(());
+        };
+        self.since_checkpoint.store(0, Ordering::Relaxed);
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+            .map_err(self.db())
     }
 
     /// Deletes the ban of `ip`; false when there was none.
@@ -284,6 +322,7 @@ impl Store {
             .lock()
             .execute("DELETE FROM bans WHERE ip = ?1", params![ip.to_string()])
             .map_err(self.db())?;
+        self.since_checkpoint.fetch_add(1, Ordering::Relaxed);
         Ok(n > 0)
     }
 
@@ -329,6 +368,7 @@ mod tests {
         s.put(&again).unwrap();
         assert!(s.delete(ban(3, 0, None).ip).unwrap());
         assert!(!s.delete(ban(3, 0, None).ip).unwrap());
+        s.checkpoint().unwrap();
         drop(s);
         let (_, bans) = Store::open(dir.path(), 27960, now).unwrap();
         assert_eq!(bans, vec![again]);

@@ -278,17 +278,20 @@ impl Registry {
     /// [`RegistryError`]; nothing changed.
     pub async fn ban(&self, port: u16, ban: Ban) -> Result<(), RegistryError> {
         let (handle, store) = self.relayed(port)?;
-        blocking(move || {
+        let writer = Arc::clone(&store);
+        let r = blocking(move || {
             // The store's connection lock orders this server's changes: save, then apply.
-            store.put(&ban)?;
+            writer.put(&ban)?;
             if handle.ban(ban.clone()).is_err() {
                 // A new address and the table is full: undo the row just written.
-                store.delete(ban.ip)?;
+                writer.delete(ban.ip)?;
                 return Err(RegistryError::BansFull);
             }
             Ok(())
         })
-        .await
+        .await;
+        checkpoint_later(store);
+        r
     }
 
     /// Lifts a ban on the server of `port`.
@@ -298,15 +301,18 @@ impl Registry {
     pub async fn unban(&self, port: u16, ip: IpAddr) -> Result<(), RegistryError> {
         let (handle, store) = self.relayed(port)?;
         let ip = bans::normalize(ip);
-        blocking(move || {
-            store.delete(ip)?;
+        let writer = Arc::clone(&store);
+        let r = blocking(move || {
+            writer.delete(ip)?;
             if handle.unban(ip) {
                 Ok(())
             } else {
                 Err(RegistryError::NotBanned)
             }
         })
-        .await
+        .await;
+        checkpoint_later(store);
+        r
     }
 
     /// Stops every server side by side (each sends its flatline); no new server starts from
@@ -345,6 +351,17 @@ impl Registry {
             .await
             .map_err(|_| RegistryError::Closed)?;
         rx.await.map_err(|_| RegistryError::Closed)?
+    }
+}
+
+/// Folds the ban store's journal back in the background when it is due; nobody waits for it.
+fn checkpoint_later(store: Arc<Store>) {
+    if store.needs_checkpoint() {
+        tokio::task::spawn_blocking(move || {
+            if let Err(e) = store.checkpoint() {
+                tracing::warn!("ban store checkpoint: {e}");
+            }
+        });
     }
 }
 
