@@ -2,9 +2,10 @@
 //!
 //! Everything about them is here: the [`Ban`] and the checks on a new one ([`Ban::new`]), the
 //! table the packet path looks up ([`BanTable`], one per relayed server, each ban with its
-//! deadline on the monotonic clock), and the per-port state file `bans-<port>.json` ([`load`],
-//! [`save`]). The control API's routes build bans here; the registry writer saves them before
-//! the server applies them.
+//! deadline on the monotonic clock), and the per-port store on disk, `bans-<port>.db`
+//! ([`store`]; the `bans-<port>.json` of earlier versions, [`load`], is imported once). The
+//! control API's routes build bans here; the registry saves them before the server applies
+//! them.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -87,10 +88,7 @@ impl Ban {
 
 /// An IPv4-mapped IPv6 address is the IPv4 address (that is how it arrives on the socket).
 pub fn normalize(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-        v4 => v4,
-    }
+    crate::net::canonical_ip(ip)
 }
 
 /// The table holds [`MAX_BANS`] live bans already.
@@ -176,26 +174,6 @@ fn live(deadline: Option<Instant>, now: Instant) -> bool {
     deadline.is_none_or(|d| now < d)
 }
 
-/// The list of bans after `ban` goes in (replacing a ban of the same address).
-///
-/// # Errors
-/// [`TableFull`] when it would hold more than [`MAX_BANS`].
-pub fn with(list: Vec<Ban>, ban: Ban) -> Result<Vec<Ban>, TableFull> {
-    let mut list: Vec<Ban> = list.into_iter().filter(|b| b.ip != ban.ip).collect();
-    if list.len() >= MAX_BANS {
-        return Err(TableFull);
-    }
-    list.push(ban);
-    Ok(list)
-}
-
-/// The list of bans without the ban of `ip`; `None` when `ip` is not banned.
-pub fn without(list: &[Ban], ip: IpAddr) -> Option<Vec<Ban>> {
-    list.iter()
-        .any(|b| b.ip == ip)
-        .then(|| list.iter().filter(|b| b.ip != ip).cloned().collect())
-}
-
 /// A ban as the state file and the control API show it: dates as Unix seconds.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -235,7 +213,8 @@ struct BansFile {
     bans: Vec<BanRecord>,
 }
 
-/// The state file of the server on `port`, in `dir`.
+/// The JSON ban file of an earlier version for the server on `port`, in `dir` (imported into
+/// the [`store`] once).
 pub fn path(dir: &Path, port: u16) -> PathBuf {
     dir.join(format!("bans-{port}.json"))
 }
@@ -260,6 +239,8 @@ pub fn save(path: &Path, bans: &[Ban]) -> Result<(), StateFileError> {
     };
     statefile::save_json(path, &file)
 }
+
+pub mod store;
 
 #[cfg(test)]
 mod tests;

@@ -10,8 +10,10 @@ use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
-    self, DEFAULT_MASTERS, Game, JoinLimits, QueryLimits, ServerConfig, SessionCaps, SessionLimits,
+    self, DEFAULT_MASTERS, Game, JoinLimits, QueryLimits, ReflectionLimits, ServerConfig,
+    SessionCaps, SessionLimits,
 };
+use crate::control::listen::{self, ListenLimits};
 use crate::daemon::DaemonConfig;
 use crate::proof::MIN_KEY;
 use crate::registry::RegistryConfig;
@@ -116,6 +118,19 @@ pub struct RunArgs {
     /// Address the public ports of registered servers bind on.
     #[arg(long, env = "ETRELAY_BIND", default_value = "0.0.0.0")]
     pub bind: IpAddr,
+
+    /// Connections to the control API at once; more are closed at once.
+    #[arg(long, default_value_t = listen::MAX_CONNS, value_parser = clap::value_parser!(u32).range(1..=4096).map(|v| v as usize))]
+    pub control_max_conns: usize,
+
+    /// Connections to the control API from one address at once; more are closed at once.
+    #[arg(long, default_value_t = listen::MAX_CONNS_PER_IP, value_parser = clap::value_parser!(u32).range(1..=4096).map(|v| v as usize))]
+    pub control_conns_per_ip: usize,
+
+    /// Accept upstreams on loopback addresses (127.0.0.0/8, ::1). For tests and demos that run
+    /// everything on one host: a real game server is never the relay's own host.
+    #[arg(long)]
+    pub allow_loopback_upstream: bool,
 
     /// Masters to heartbeat, comma-separated `host:port`, resolved on every heartbeat.
     /// An empty value disables heartbeats.
@@ -232,6 +247,28 @@ pub struct RunArgs {
     #[arg(long, default_value = config::CACHE_MAX_AGE_TEXT, value_parser = humantime::parse_duration)]
     pub cache_max_age: Duration,
 
+    /// getstatus/getinfo answered per source prefix (see --answer-prefix-v4/-v6) per
+    /// --answer-window at most, from the cache or not.
+    #[arg(long, default_value_t = config::ANSWERS_PER_PREFIX, value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    pub answers_per_prefix: u32,
+
+    /// getstatus/getinfo answered in all per --answer-window at most: bounds what any number
+    /// of spoofed sources can make the relay send.
+    #[arg(long, default_value_t = config::ANSWERS_GLOBAL, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub answers_global: u32,
+
+    /// The window of the answer budget.
+    #[arg(long, default_value = config::ANSWER_WINDOW_TEXT, value_parser = humantime::parse_duration)]
+    pub answer_window: Duration,
+
+    /// IPv4 sources share an answer budget per prefix of this length.
+    #[arg(long, default_value_t = config::ANSWER_PREFIX_V4, value_parser = clap::value_parser!(u8).range(8..=32))]
+    pub answer_prefix_v4: u8,
+
+    /// IPv6 sources share an answer budget per prefix of this length.
+    #[arg(long, default_value_t = config::ANSWER_PREFIX_V6, value_parser = clap::value_parser!(u8).range(16..=128))]
+    pub answer_prefix_v6: u8,
+
     /// Log every session and connectionless packet (overridden by `RUST_LOG`).
     #[arg(long)]
     pub debug: bool,
@@ -263,8 +300,15 @@ impl RunArgs {
                         bind: self.bind,
                         state_dir: self.state_dir.clone(),
                         template,
+                        control: Some(control),
+                        allow_loopback: self.allow_loopback_upstream,
                     },
                     control,
+                    listen: ListenLimits::new(
+                        self.control_max_conns,
+                        self.control_conns_per_ip,
+                        self.probe_timeout * config::PROBE_ATTEMPTS,
+                    ),
                     token,
                     max_sessions: self.max_sessions,
                     max_queued_bytes: self.max_queued_bytes,
@@ -338,6 +382,14 @@ impl RunArgs {
                     upstream_burst: self.upstream_burst.unwrap_or(d.upstream_burst),
                     upstream_interval: self.upstream_interval.unwrap_or(d.upstream_interval),
                 }
+            },
+            reflection: ReflectionLimits {
+                per_prefix: self.answers_per_prefix,
+                global: self.answers_global,
+                window: self.answer_window,
+                v4_prefix: self.answer_prefix_v4,
+                v6_prefix: self.answer_prefix_v6,
+                max_prefixes: config::MAX_ANSWER_PREFIXES,
             },
         })
     }

@@ -30,6 +30,20 @@ pub const MAX_QUERY_SOURCES: usize = 65_536;
 pub const QUERY_FORGET: Duration = duration(QUERY_FORGET_TEXT);
 /// [`QUERY_FORGET`] as written.
 pub const QUERY_FORGET_TEXT: &str = "60s";
+/// `getinfo`/`getstatus` answered per source prefix at most per [`ANSWER_WINDOW`]…
+pub const ANSWERS_PER_PREFIX: u32 = 3;
+/// …and in all (ET: Legacy's `SV_CheckDRDoS`: 3 per /24 and 48 in all per 2 s).
+pub const ANSWERS_GLOBAL: u32 = 48;
+/// The window of the answer budget.
+pub const ANSWER_WINDOW: Duration = duration(ANSWER_WINDOW_TEXT);
+/// [`ANSWER_WINDOW`] as written.
+pub const ANSWER_WINDOW_TEXT: &str = "2s";
+/// IPv4 sources share their answer budget by this prefix length…
+pub const ANSWER_PREFIX_V4: u8 = 24;
+/// …and IPv6 sources by this one.
+pub const ANSWER_PREFIX_V6: u8 = 64;
+/// Source prefixes the answer budget remembers at most.
+pub const MAX_ANSWER_PREFIXES: usize = 65_536;
 /// Age of a cached `infoResponse`/`statusResponse` past which the relay asks the server again.
 pub const CACHE_MAX_AGE: Duration = duration(CACHE_MAX_AGE_TEXT);
 /// [`CACHE_MAX_AGE`] as written.
@@ -163,6 +177,8 @@ pub struct ServerConfig {
     pub caps: SessionCaps,
     /// `getchallenge` per source and the pace of requests the game server limits.
     pub joins: JoinLimits,
+    /// How many queries are answered, per source prefix and in all.
+    pub reflection: ReflectionLimits,
 }
 
 /// Caps on one server's sessions (the process-wide ones are in [`crate::server::Budget`]).
@@ -227,6 +243,36 @@ impl JoinLimits {
     }
 }
 
+/// The answer budget of one server (`server::reflection`).
+#[derive(Debug, Clone, Copy)]
+pub struct ReflectionLimits {
+    /// Answers per source prefix per `window` at most.
+    pub per_prefix: u32,
+    /// Answers in all per `window` at most.
+    pub global: u32,
+    /// The window.
+    pub window: Duration,
+    /// IPv4 prefix length sources are counted by.
+    pub v4_prefix: u8,
+    /// IPv6 prefix length sources are counted by.
+    pub v6_prefix: u8,
+    /// Prefixes remembered at most.
+    pub max_prefixes: usize,
+}
+
+impl Default for ReflectionLimits {
+    fn default() -> Self {
+        ReflectionLimits {
+            per_prefix: ANSWERS_PER_PREFIX,
+            global: ANSWERS_GLOBAL,
+            window: ANSWER_WINDOW,
+            v4_prefix: ANSWER_PREFIX_V4,
+            v6_prefix: ANSWER_PREFIX_V6,
+            max_prefixes: MAX_ANSWER_PREFIXES,
+        }
+    }
+}
+
 /// Session limits of one server.
 #[derive(Debug, Clone, Copy)]
 pub struct SessionLimits {
@@ -286,6 +332,7 @@ impl ServerConfig {
             cache_max_age: CACHE_MAX_AGE,
             caps: SessionCaps::default(),
             joins: JoinLimits::for_game(GAME),
+            reflection: ReflectionLimits::default(),
         }
     }
 }
@@ -323,6 +370,7 @@ mod tests {
             (QUERY_INTERVAL_TEXT, QUERY_INTERVAL),
             (QUERY_FORGET_TEXT, QUERY_FORGET),
             (CACHE_MAX_AGE_TEXT, CACHE_MAX_AGE),
+            (ANSWER_WINDOW_TEXT, ANSWER_WINDOW),
             (HEARTBEAT_INTERVAL_TEXT, HEARTBEAT_INTERVAL),
             (PROBE_TIMEOUT_TEXT, PROBE_TIMEOUT),
             (HALF_OPEN_TIMEOUT_TEXT, HALF_OPEN_TIMEOUT),

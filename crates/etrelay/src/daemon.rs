@@ -8,12 +8,20 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{info, warn};
 
-use crate::control::{self, ControlState};
+use crate::clock::Instant;
+use crate::control::{self, ControlState, ListenLimits};
+use crate::fdbudget;
 use crate::registry::{Registry, RegistryConfig};
 use crate::secret::Secret;
 use crate::server::Budget;
+
+/// Longest wait for the control API to stop (its own grace, then every connection dropped).
+const API_STOP: Duration = Duration::from_secs(2);
+/// Longest wait for the servers to stop; their flatlines leave first (a master name that does
+/// not resolve is given up on after 5 s).
+pub const SERVERS_STOP: Duration = Duration::from_secs(6);
 
 /// Most ports in one range of `--ports`.
 pub const MAX_RANGE: usize = 4096;
@@ -25,6 +33,8 @@ pub struct DaemonConfig {
     pub registry: RegistryConfig,
     /// Where the control API listens.
     pub control: SocketAddr,
+    /// The control API's connection cap and timeouts.
+    pub listen: ListenLimits,
     /// The relay token (at least [`crate::proof::MIN_KEY`] characters).
     pub token: Secret,
     /// Sessions open at once, all servers together.
@@ -41,9 +51,14 @@ pub struct DaemonConfig {
 /// The state dir or a state file cannot be read.
 pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> Result<(), String> {
     let root = CancellationToken::new();
+    let max_sessions = fdbudget::fit_sessions(
+        config.max_sessions,
+        config.registry.ports.len(),
+        config.listen.max_conns,
+    )?;
     let registry = Registry::open(
         config.registry.clone(),
-        Budget::new(config.max_sessions, config.max_queued_bytes),
+        Budget::new(max_sessions, config.max_queued_bytes),
         &root,
     )
     .await
@@ -60,12 +75,27 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> Re
         config.proof_timeout,
     );
     let api_cancel = root.child_token();
-    let api = tokio::spawn(control::serve(config.control, state, api_cancel.clone()));
+    let api = tokio::spawn(control::serve(
+        config.control,
+        state,
+        config.listen,
+        api_cancel.clone(),
+    ));
     shutdown.await;
+    let started = Instant::now();
+    // The API and the servers stop side by side: the flatlines leave at once, whatever the
+    // API's clients are doing.
     api_cancel.cancel();
-    let _ = api.await;
-    registry.shutdown().await;
+    let servers = registry.shutdown(SERVERS_STOP);
+    let (_, stopped) = tokio::join!(tokio::time::timeout(API_STOP, api), servers);
+    if !stopped {
+        warn!(
+            "servers still stopping after {}s: left behind",
+            SERVERS_STOP.as_secs()
+        );
+    }
     root.cancel();
+    info!("stopped in {} ms", started.elapsed().as_millis());
     Ok(())
 }
 

@@ -15,6 +15,8 @@
 //! - [`proof`]: server keys, their fingerprint, and the proof of console access.
 //! - [`registry`]: the registered servers by port, `servers.json`, one writer for changes.
 //! - [`control`]: the control API (axum): registration, sessions, bans, metrics.
+//! - [`fdbudget`]: the descriptor limit shared out between sessions, servers and the control
+//!   API.
 //! - [`metrics_http`]: `--metrics` in single-server mode: `GET /metrics`, with timeouts.
 //! - [`daemon`]: the several-servers mode: registry, control API, shutdown.
 //! - [`secret`]: values whose `Debug` never shows them (tokens, keys, passwords).
@@ -37,6 +39,7 @@ pub mod config;
 pub mod control;
 pub mod daemon;
 pub mod et;
+pub mod fdbudget;
 pub mod metrics_http;
 pub mod net;
 pub mod probe;

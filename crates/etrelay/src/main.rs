@@ -71,6 +71,7 @@ async fn run(mode: Mode) -> Result<(), String> {
             max_queued_bytes,
             metrics,
         } => {
+            let max_sessions = etrelay::fdbudget::fit_sessions(max_sessions, 1, 0)?;
             let public = UdpSocket::bind(listen)
                 .await
                 .map_err(|e| format!("cannot bind {listen}: {e}"))?;

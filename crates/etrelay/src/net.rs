@@ -93,3 +93,44 @@ pub fn upstream_socket(upstream: SocketAddr) -> io::Result<UdpSocket> {
     socket.set_nonblocking(true)?;
     UdpSocket::from_std(socket)
 }
+
+/// The one form of an address the relay keys on: an IPv4-mapped IPv6 address
+/// (`::ffff:192.0.2.5`, how a dual-stack socket shows an IPv4 peer) is the IPv4 address.
+/// Bans, sessions, the query limiter and registrations all use this form.
+#[inline]
+pub fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+/// [`canonical_ip`] of a socket address, port kept.
+#[inline]
+pub fn canonical(addr: SocketAddr) -> SocketAddr {
+    match addr {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::from((v4, v6.port())),
+            None => addr,
+        },
+        v4 => v4,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mapped_addresses_are_their_ipv4_address() {
+        let mapped: SocketAddr = "[::ffff:192.0.2.5]:27960".parse().unwrap();
+        assert_eq!(canonical(mapped), "192.0.2.5:27960".parse().unwrap());
+        let v6: SocketAddr = "[2001:db8::1]:27960".parse().unwrap();
+        assert_eq!(canonical(v6), v6);
+        let v4: SocketAddr = "192.0.2.5:1".parse().unwrap();
+        assert_eq!(canonical(v4), v4);
+        // IPv4-compatible (deprecated) addresses are not mapped ones.
+        let compat: IpAddr = "::192.0.2.5".parse().unwrap();
+        assert_eq!(canonical_ip(compat), compat);
+    }
+}

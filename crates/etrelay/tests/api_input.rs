@@ -18,11 +18,16 @@ async fn snapshot(d: &Daemon, keys: &[&str]) -> Vec<String> {
         .collect();
     files.sort();
     for f in files {
-        out.push(format!(
-            "{}: {}",
-            f.display(),
+        let name = f.display().to_string();
+        if name.ends_with("-wal") || name.ends_with("-shm") {
+            continue; // SQLite's journal: the database's rows below are what counts
+        }
+        let text = if name.ends_with(".db") {
+            ban_rows(&f)
+        } else {
             std::fs::read_to_string(&f).unwrap()
-        ));
+        };
+        out.push(format!("{name}: {text}"));
     }
     for k in keys {
         for path in ["/server", "/bans"] {
@@ -34,6 +39,28 @@ async fn snapshot(d: &Daemon, keys: &[&str]) -> Vec<String> {
         }
     }
     out
+}
+
+/// The rows of a ban store.
+fn ban_rows(path: &std::path::Path) -> String {
+    let db = rusqlite::Connection::open(path).unwrap();
+    let mut stmt = db
+        .prepare("SELECT ip, reason, since, expires_at FROM bans ORDER BY ip")
+        .unwrap();
+    let rows: Vec<String> = stmt
+        .query_map([], |r| {
+            Ok(format!(
+                "{} {} {} {:?}",
+                r.get::<_, String>(0)?,
+                r.get::<_, String>(1)?,
+                r.get::<_, i64>(2)?,
+                r.get::<_, Option<i64>>(3)?
+            ))
+        })
+        .unwrap()
+        .map(Result::unwrap)
+        .collect();
+    rows.join("; ")
 }
 
 struct Case {

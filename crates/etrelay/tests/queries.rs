@@ -12,6 +12,15 @@ use etrelay_testkit::{Dispatch, FakeEtConfig, FakeEtServer, udp, unique_ip};
 const S: Duration = Duration::from_secs(1);
 
 /// Sends `n` getinfo back to back from `c`; returns how many got an answer.
+/// The relay's config with an answer budget wide enough to stay out of the way: these tests
+/// are about the per-IP limiter and the cache (`tests/reflection.rs` is about the budget).
+fn wide_config(upstream: std::net::SocketAddr) -> etrelay::config::ServerConfig {
+    let mut c = config(upstream);
+    c.reflection.per_prefix = 1_000;
+    c.reflection.global = 100_000;
+    c
+}
+
 async fn burst(c: &tokio::net::UdpSocket, to: std::net::SocketAddr, n: usize) -> usize {
     for i in 0..n {
         c.send_to(&udp::oob(format!("getinfo b{i}").as_bytes()), to)
@@ -31,7 +40,7 @@ async fn burst(c: &tokio::net::UdpSocket, to: std::net::SocketAddr, n: usize) ->
 #[tokio::test(start_paused = true)]
 async fn per_ip_burst_then_rate() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
-    let mut cfg = config(et.addr());
+    let mut cfg = wide_config(et.addr());
     cfg.query.interval = S;
     let relay = start(cfg).await;
     let a = client().await;
@@ -58,7 +67,7 @@ async fn per_ip_burst_then_rate() {
 #[tokio::test(start_paused = true)]
 async fn a_flood_of_sources_keeps_memory_bounded_and_state_that_protects() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
-    let mut cfg = config(et.addr());
+    let mut cfg = wide_config(et.addr());
     // Slow refill: the flood's buckets stay drained for the whole test, the hardest case.
     cfg.query.interval = Duration::from_secs(60);
     let relay = start(cfg).await;
@@ -114,7 +123,7 @@ async fn a_flood_of_sources_keeps_memory_bounded_and_state_that_protects() {
 #[tokio::test(start_paused = true)]
 async fn each_asker_gets_its_own_challenge() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
-    let relay = start(config(et.addr())).await;
+    let relay = start(wide_config(et.addr())).await;
     let (a, b, c) = (client().await, client().await, client().await);
     let ra = ask(&a, relay.addr, &udp::oob(b"getinfo AAAA")).await;
     let rb = ask(&b, relay.addr, &udp::oob(b"getinfo ySpAIF`Vrh")).await;
@@ -144,7 +153,7 @@ async fn each_asker_gets_its_own_challenge() {
 #[tokio::test(start_paused = true)]
 async fn many_askers_cost_the_server_one_query_per_kind() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
-    let mut cfg = config(et.addr());
+    let mut cfg = wide_config(et.addr());
     cfg.cache_max_age = Duration::from_millis(500);
     let relay = start(cfg).await;
     let askers = futures_join(20).await;
@@ -187,7 +196,7 @@ async fn futures_join(n: usize) -> Vec<tokio::net::UdpSocket> {
 async fn a_silent_server_leaves_askers_unanswered() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     et.set_answering(false);
-    let relay = start(config(et.addr())).await;
+    let relay = start(wide_config(et.addr())).await;
     let c = client().await;
     assert!(
         ask(&c, relay.addr, &udp::oob(b"getinfo x"))
@@ -214,7 +223,7 @@ async fn a_silent_server_leaves_askers_unanswered() {
 #[tokio::test(start_paused = true)]
 async fn without_the_cache_queries_go_through_sessions() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
-    let mut cfg = config(et.addr());
+    let mut cfg = wide_config(et.addr());
     cfg.cache_max_age = Duration::ZERO;
     let relay = start(cfg).await;
     let c = client().await;

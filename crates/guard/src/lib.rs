@@ -10,6 +10,8 @@
 //! - [`admission`]: a non-blocking counting gate whose permits release themselves on drop.
 //! - [`statefile`]: JSON state files written atomically (temp file, fsync, rename, fsync dir),
 //!   and private files created once (keys).
+//! - [`throttle`]: at most one log line per period for a repeated warning, with the count
+//!   of those suppressed.
 //! - [`counters`]: atomic counters, counter sets declared once with their Prometheus families,
 //!   and the Prometheus text format.
 
@@ -20,4 +22,5 @@ pub mod counters;
 mod fixedmap;
 pub mod limiter;
 pub mod statefile;
+pub mod throttle;
 pub mod window;

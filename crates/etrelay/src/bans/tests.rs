@@ -94,19 +94,6 @@ fn new_bans_are_checked() {
 }
 
 #[test]
-fn lists_with_and_without_one_address() {
-    let now = clock::from_unix(1_000);
-    let a = ban(1, None, now);
-    let b = ban(2, None, now);
-    let mut a2 = a.clone();
-    a2.reason = "again".into();
-    let list = with(vec![a.clone(), b.clone()], a2.clone()).unwrap();
-    assert_eq!(list, vec![b.clone(), a2.clone()]);
-    assert_eq!(without(&list, a.ip), Some(vec![b.clone()]));
-    assert_eq!(without(&[b], a.ip), None);
-}
-
-#[test]
 fn the_file_keeps_dates_in_unix_seconds() {
     let dir = tempfile::tempdir().unwrap();
     let p = path(dir.path(), 27960);

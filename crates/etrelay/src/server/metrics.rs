@@ -43,11 +43,13 @@ pub enum Drop {
     Malformed,
     /// The process's queued-bytes budget is spent.
     QueuedBytes,
+    /// A query over the answer (reflection) budget of its source prefix or of the server.
+    Reflection,
 }
 
 impl Drop {
     /// Every reason, in counter order.
-    pub const ALL: [Drop; 19] = [
+    pub const ALL: [Drop; 20] = [
         Drop::Rcon,
         Drop::Filter,
         Drop::BadChallenge,
@@ -67,6 +69,7 @@ impl Drop {
         Drop::NoSession,
         Drop::Malformed,
         Drop::QueuedBytes,
+        Drop::Reflection,
     ];
 
     /// The reason's label.
@@ -91,6 +94,7 @@ impl Drop {
             Drop::NoSession => "no_session",
             Drop::Malformed => "malformed",
             Drop::QueuedBytes => "queued_bytes",
+            Drop::Reflection => "reflection",
         }
     }
 }

@@ -18,6 +18,7 @@
 //! - `joins`: fair `getchallenge`: per-source limit, the pace towards the game server, the
 //!   fair queue (no I/O).
 //! - `relay`: the relay loop: the packet path above, and the query cache's socket.
+//! - `reflection`: the answer budget: queries answered per source prefix and in all.
 //! - `session`: one client's session: its queue, counters and last activity (no I/O).
 //! - `forward`: a session's task and upstream socket: queue → game server, answers → client.
 //! - `cache`: the query cache, a state machine without I/O driven by the relay loop.
@@ -32,6 +33,7 @@ mod heartbeat;
 mod heartbeat_task;
 mod joins;
 mod metrics;
+mod reflection;
 mod relay;
 mod session;
 mod shared;

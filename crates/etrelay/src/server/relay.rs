@@ -25,12 +25,13 @@ use super::cache::{Outcome, QueryCache};
 use super::forward;
 use super::joins::{Joins, Offer, Pace};
 use super::metrics::Drop;
+use super::reflection::AnswerBudget;
 use super::session::{Phase, Refused};
 use super::shared::{Shared, State};
 use crate::clock::Instant;
 use crate::et::classify::{Command, Packet, Query, Reject, classify};
 use crate::et::{self, command_word};
-use crate::net::{BatchRecv, upstream_socket};
+use crate::net::{BatchRecv, canonical, upstream_socket};
 
 /// Batches read per wake-up before the loop yields, so the sessions can send what it queued
 /// (a batch is up to [`crate::net::BATCH`] datagrams: 64 per turn, one full session queue).
@@ -66,6 +67,8 @@ struct Handler {
     joins: Joins,
     /// Where a queued `getchallenge` is given back.
     join_buf: Vec<u8>,
+    /// How many queries are answered, per source prefix and in all.
+    budget: AnswerBudget,
 }
 
 /// The query cache and the socket its refreshes go out on and their answers come back on.
@@ -114,6 +117,7 @@ impl RelayLoop {
                 ),
                 joins: Joins::new(&cfg.joins),
                 join_buf: Vec::with_capacity(128),
+                budget: AnswerBudget::new(&cfg.reflection),
                 shared,
             },
         })
@@ -161,7 +165,7 @@ impl RelayLoop {
                 Ok(_) => {
                     let now = Instant::now();
                     for (src, data) in self.batch.datagrams() {
-                        self.handler.client_packet(src, data, now);
+                        self.handler.client_packet(canonical(src), data, now);
                     }
                     self.handler.release_joins(now);
                 }
@@ -208,6 +212,11 @@ impl Handler {
                     }
                 }
                 m.query_sources.set(self.limiter.len() as u64);
+                if !self.budget.allow(src.ip(), now.into_std()) {
+                    m.drop(Drop::Reflection);
+                    debug!("{src} query over the answer budget");
+                    return;
+                }
                 let Some(cache) = self.cache.as_mut() else {
                     let mut st = self.shared.lock();
                     open_or_push(&self.shared, &mut st, src, data, None);
@@ -387,6 +396,7 @@ impl Handler {
         self.limiter.sweep(now.into_std());
         self.joins.sweep(now);
         self.release_joins(now);
+        self.budget.sweep(now.into_std());
         self.shared
             .metrics
             .query_sources
@@ -451,7 +461,9 @@ fn open_or_push(
         }
         Err(e) => {
             shared.metrics.drop(Drop::Upstream);
-            warn!("cannot open a session for {src}: {e}");
+            shared.throttled(|n| {
+                warn!("cannot open a session for {src}: {e} ({n} more warnings not logged)");
+            });
         }
     }
 }

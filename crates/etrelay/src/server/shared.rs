@@ -17,6 +17,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{trace, warn};
 
+use guard::throttle::Throttle;
+
 use super::budget::Budget;
 use super::heartbeat::ProbeStatus;
 use super::metrics::{Drop, ServerMetrics};
@@ -61,7 +63,7 @@ pub(super) struct Shared {
     /// waits while holding it).
     recv_buf: Mutex<Vec<u8>>,
     /// Refusals since the last warning, and when it was written.
-    warned: Mutex<(u64, Option<Instant>)>,
+    warned: Mutex<Throttle>,
     /// The next session's id.
     next_session: AtomicU64,
     /// Stops the server: the relay loop, the heartbeat task, and every session (child tokens).
@@ -85,7 +87,7 @@ impl Shared {
         };
         Shared {
             recv_buf: Mutex::new(vec![0; config.session.max_packet.max(1)]),
-            warned: Mutex::new((0, None)),
+            warned: Mutex::new(Throttle::new(WARN_EVERY)),
             config,
             public,
             public_addr,
@@ -153,19 +155,27 @@ impl Shared {
     pub(super) fn refused(&self, reason: Drop, who: SocketAddr) {
         self.metrics.drop(reason);
         self.metrics.sessions_refused.inc();
-        let now = Instant::now();
-        let mut w = self.warned.lock().unwrap_or_else(|p| p.into_inner());
-        w.0 += 1;
-        if w.1
-            .is_none_or(|t| now.saturating_duration_since(t) >= WARN_EVERY)
-        {
+        self.throttled(|n| {
             warn!(
-                "{}: session refused for {who} ({}); {} refused since the last warning",
+                "{}: session refused for {who} ({}); {n} more not logged since the last warning",
                 self.public_addr,
                 reason.name(),
-                w.0
             );
-            *w = (0, Some(now));
+        });
+    }
+
+    /// Runs `log` with the number of warnings suppressed since the last one written, at most
+    /// once per [`WARN_EVERY`] for the whole server: a condition that fires per packet never
+    /// floods the log.
+    pub(super) fn throttled(&self, log: impl FnOnce(u64)) {
+        let now = Instant::now().into_std();
+        let written = self
+            .warned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .event(now);
+        if let Some(suppressed) = written {
+            log(suppressed);
         }
     }
 

@@ -15,7 +15,12 @@ pub const TOKEN: &str = "relay-token-0123456789abcdef-0123456789";
 
 /// The address in `control API on <addr>`.
 fn control_address(line: &str) -> Option<SocketAddr> {
-    line.split("control API on ").nth(1)?.trim().parse().ok()
+    line.split("control API on ")
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// An `etrelay --ports …` process started, its control API maybe not up yet.
@@ -95,6 +100,20 @@ impl Daemon {
         control: &str,
         extra: &[&str],
     ) -> Launch {
+        Self::launch_under(&[], &ip.to_string(), ip, state_dir, ports, control, extra)
+    }
+
+    /// As [`Daemon::launch`], binding the public ports on `bind` (`ip` is where tests reach
+    /// them), the binary run under `prefix` (see [`super::spawn_logged_under`]).
+    pub fn launch_under(
+        prefix: &[&str],
+        bind: &str,
+        ip: Ipv4Addr,
+        state_dir: &Path,
+        ports: &[u16],
+        control: &str,
+        extra: &[&str],
+    ) -> Launch {
         std::fs::create_dir_all(state_dir).unwrap();
         let token_file = state_dir.with_extension("token");
         std::fs::write(&token_file, TOKEN).unwrap();
@@ -109,15 +128,18 @@ impl Daemon {
             "--state-dir".into(),
             state_dir.display().to_string(),
             "--bind".into(),
-            ip.to_string(),
+            bind.to_string(),
             "--probe-timeout".into(),
             "200ms".into(),
+            // The scripted game servers run on loopback addresses.
+            "--allow-loopback-upstream".into(),
         ];
         if !extra.contains(&"--masters") {
             args.extend(["--masters".to_string(), String::new()]);
         }
         args.extend(extra.iter().map(|s| s.to_string()));
-        let (child, log) = super::spawn_logged(&args);
+        let prefix: Vec<String> = prefix.iter().map(|s| s.to_string()).collect();
+        let (child, log) = super::spawn_logged_under(&prefix, &args);
         Launch {
             child,
             log,

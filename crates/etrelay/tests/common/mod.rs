@@ -20,8 +20,23 @@ pub type Log = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
 /// Spawns the `etrelay` binary with `args`; its stderr lines are collected into the returned
 /// log as they come.
 pub fn spawn_logged(args: &[String]) -> (tokio::process::Child, Log) {
+    spawn_logged_under(&[], args)
+}
+
+/// As [`spawn_logged`], the binary run under `prefix` (e.g. `prlimit --nofile=600:600 --`,
+/// which execs it: the child's PID is the relay's).
+pub fn spawn_logged_under(prefix: &[String], args: &[String]) -> (tokio::process::Child, Log) {
     use tokio::io::{AsyncBufReadExt, BufReader};
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_etrelay"))
+    let bin = env!("CARGO_BIN_EXE_etrelay").to_string();
+    let mut cmd = match prefix.split_first() {
+        Some((program, rest)) => {
+            let mut c = tokio::process::Command::new(program);
+            c.args(rest).arg(bin);
+            c
+        }
+        None => tokio::process::Command::new(bin),
+    };
+    let mut child = cmd
         .args(args)
         .env_remove("RUST_LOG")
         .env_remove("ETRELAY_TOKEN")

@@ -24,6 +24,11 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+pub mod listen;
+
+use guard::throttle::Throttle;
+pub use listen::ListenLimits;
+
 use crate::bans::{self, Ban, BanError, BanRecord};
 use crate::clock::unix;
 use crate::proof::{self, MIN_KEY, ProofError};
@@ -35,6 +40,8 @@ use crate::server::{ProbeState, ServerMetrics};
 pub const MAX_BODY: usize = 64 * 1024;
 /// Time between two attempts to bind the control address.
 pub const BIND_RETRY: Duration = Duration::from_secs(10);
+/// At most one warning per this period about a control address that cannot be bound.
+const BIND_WARN_PERIOD: Duration = Duration::from_secs(300);
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
@@ -96,7 +103,10 @@ impl From<RegistryError> for ApiError {
                 ApiError::new(S::UNPROCESSABLE_ENTITY, "port_not_allowed", msg)
             }
             RegistryError::Bind { .. } => ApiError::new(S::SERVICE_UNAVAILABLE, "bind_failed", msg),
-            RegistryError::State(_) => {
+            RegistryError::BadUpstream(_) => {
+                ApiError::new(S::UNPROCESSABLE_ENTITY, "bad_upstream", msg)
+            }
+            RegistryError::State(_) | RegistryError::Store(_) => {
                 warn!("control: {msg}");
                 ApiError::new(
                     S::INTERNAL_SERVER_ERROR,
@@ -105,7 +115,7 @@ impl From<RegistryError> for ApiError {
                 )
             }
             RegistryError::NoServer => unauthorized(),
-            RegistryError::NotRelaying => {
+            RegistryError::NotRelaying(_) => {
                 ApiError::new(S::SERVICE_UNAVAILABLE, "not_relaying", msg)
             }
             RegistryError::NotBanned => {
@@ -237,16 +247,31 @@ pub fn router(state: ControlState) -> Router {
         .with_state(state)
 }
 
-/// Serves the API on `addr`, binding again every [`BIND_RETRY`] until it works (the tunnel may
-/// come up after the relay), until `cancel`.
-pub async fn serve(addr: SocketAddr, state: ControlState, cancel: CancellationToken) {
+/// Serves the API on `addr` within `limits`, binding again every [`BIND_RETRY`] until it works
+/// (the tunnel may come up after the relay), until `cancel`.
+pub async fn serve(
+    addr: SocketAddr,
+    state: ControlState,
+    limits: ListenLimits,
+    cancel: CancellationToken,
+) {
+    let mut failed = Throttle::new(BIND_WARN_PERIOD);
     loop {
         match TcpListener::bind(addr).await {
-            Ok(listener) => return serve_on(listener, state, cancel).await,
-            Err(e) => warn!(
-                "control API: cannot bind {addr}: {e}; trying again in {}s",
-                BIND_RETRY.as_secs()
-            ),
+            Ok(listener) => return serve_on(listener, state, limits, cancel).await,
+            Err(e) => {
+                if let Some(n) = failed.event(crate::clock::Instant::now().into_std()) {
+                    let more = if n > 0 {
+                        format!(" ({n} failures not logged)")
+                    } else {
+                        String::new()
+                    };
+                    warn!(
+                        "control API: cannot bind {addr}: {e}; trying again in {}s{more}",
+                        BIND_RETRY.as_secs()
+                    );
+                }
+            }
         }
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -255,19 +280,22 @@ pub async fn serve(addr: SocketAddr, state: ControlState, cancel: CancellationTo
     }
 }
 
-/// Serves the API on a bound listener until `cancel`.
-pub async fn serve_on(listener: TcpListener, state: ControlState, cancel: CancellationToken) {
+/// Serves the API on a bound listener within `limits` until `cancel`; returns within
+/// [`listen::SHUTDOWN_GRACE`] of it.
+pub async fn serve_on(
+    listener: TcpListener,
+    state: ControlState,
+    limits: ListenLimits,
+    cancel: CancellationToken,
+) {
     match listener.local_addr() {
-        Ok(a) => info!("control API on {a}"),
+        Ok(a) => info!(
+            "control API on {a} (at most {} connections, {} per address)",
+            limits.max_conns, limits.per_ip
+        ),
         Err(e) => warn!("control API: {e}"),
     }
-    let app = router(state);
-    if let Err(e) = axum::serve(listener, app)
-        .with_graceful_shutdown(cancel.cancelled_owned())
-        .await
-    {
-        warn!("control API stopped: {e}");
-    }
+    listen::serve(listener, router(state), limits, cancel).await;
 }
 
 #[derive(Debug, Deserialize)]
@@ -293,6 +321,8 @@ struct ServerJson {
     upstream: SocketAddr,
     registered_at: u64,
     relaying: bool,
+    /// Why it is not relayed, when it is not.
+    error: Option<String>,
     probe: ProbeJson,
     sessions: usize,
 }
@@ -305,6 +335,7 @@ fn server_json(r: &Registered) -> ServerJson {
         upstream: r.upstream,
         registered_at: unix(r.registered_at),
         relaying: r.handle.is_some(),
+        error: r.error.clone(),
         probe: ProbeJson {
             state: match probe.map(|p| p.state) {
                 Some(ProbeState::Up) => "up",
@@ -343,7 +374,7 @@ async fn put_server(
         .upstream
         .parse()
         .ok()
-        .filter(|a: &SocketAddr| a.port() != 0 && !a.ip().is_unspecified())
+        .map(crate::net::canonical)
         .ok_or_else(|| {
             ApiError::new(
                 StatusCode::UNPROCESSABLE_ENTITY,
@@ -351,6 +382,8 @@ async fn put_server(
                 "upstream must be a literal ip:port",
             )
         })?;
+    // Before the proof: a loop's proof would be answered by the relay itself.
+    st.registry.check_upstream(upstream)?;
     if let Some(p) = body.port
         && !st.registry.ports().contains(&p)
     {
@@ -398,9 +431,9 @@ async fn delete_server(
 }
 
 fn running(r: &Registered) -> Result<&Arc<crate::server::ServerHandle>, ApiError> {
-    r.handle
-        .as_ref()
-        .ok_or_else(|| RegistryError::NotRelaying.into())
+    r.handle.as_ref().ok_or_else(|| {
+        RegistryError::NotRelaying(r.error.clone().unwrap_or_else(|| "not started".into())).into()
+    })
 }
 
 async fn get_sessions(

@@ -1,0 +1,404 @@
+//! A server's bans on disk: `bans-<port>.db`, an SQLite database (WAL journal, `synchronous =
+//! FULL`: a ban answered is on disk, as the JSON file's fsync made it before).
+//!
+//! A ban or an unban is one row written in one transaction: its cost does not grow with the
+//! number of bans (the JSON file was rewritten whole on every change). The journal is folded
+//! back into the database in the background, every [`CHECKPOINT_EVERY`] changes, on a second
+//! connection ([`Store::checkpoint`]): no request waits for it. A `bans-<port>.json` of an earlier version is imported once, in one
+//! transaction, then removed.
+//!
+//! Blocking: every call runs off the reactor (the registry uses `spawn_blocking`). One
+//! connection per server, behind a mutex: the changes of one server are applied one at a time,
+//! those of different servers side by side.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard};
+use std::time::SystemTime;
+
+use rusqlite::{Connection, params};
+
+use super::{Ban, MAX_BANS};
+use crate::clock::{from_unix, unix};
+
+/// Why the ban store could not be opened or written.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database refused.
+    #[error("{path}: {source}")]
+    Db {
+        /// The file concerned.
+        path: PathBuf,
+        /// SQLite's complaint.
+        source: rusqlite::Error,
+    },
+    /// The database holds something that is not a ban.
+    #[error("{path}: not a ban store: {what}")]
+    Damaged {
+        /// The file concerned.
+        path: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
+    /// The JSON file of an earlier version could not be imported.
+    #[error(transparent)]
+    Legacy(#[from] guard::statefile::StateFileError),
+    /// The file system refused.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file concerned.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+}
+
+/// Schema version kept in `PRAGMA user_version`.
+const SCHEMA: i64 = 1;
+
+/// The ban store of one server.
+#[derive(Debug)]
+pub struct Store {
+    path: PathBuf,
+    conn: Mutex<Connection>,
+    /// A second connection that folds the journal back into the database, in the background
+    /// (a passive checkpoint waits for no writer and no writer waits for it).
+    checkpointer: Mutex<Connection>,
+    /// Changes committed since the last checkpoint.
+    since_checkpoint: AtomicUsize,
+}
+
+/// Changes after which [`Store::needs_checkpoint`] says a checkpoint is due.
+pub const CHECKPOINT_EVERY: usize = 256;
+
+/// `bans-<port>.db` in `dir`.
+pub fn db_path(dir: &Path, port: u16) -> PathBuf {
+    dir.join(format!("bans-{port}.db"))
+}
+
+/// Removes the store of `port` in `dir` (database and journal files); missing files are fine.
+pub fn remove(dir: &Path, port: u16) -> std::io::Result<()> {
+    let db = db_path(dir, port);
+    for p in [
+        db.clone(),
+        with_suffix(&db, "-wal"),
+        with_suffix(&db, "-shm"),
+    ] {
+        match std::fs::remove_file(&p) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
+    let mut s = p.as_os_str().to_owned();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+impl Store {
+    /// Opens (or creates) the store of `port` in `dir`, imports a JSON file of an earlier
+    /// version, drops the bans expired at `now`, and returns the bans in force.
+    ///
+    /// # Errors
+    /// The database cannot be opened, is damaged, or holds something else.
+    pub fn open(dir: &Path, port: u16, now: SystemTime) -> Result<(Store, Vec<Ban>), StoreError> {
+        let store = Store::connect(db_path(dir, port))?;
+        let legacy = super::path(dir, port);
+        if legacy.exists() {
+            let bans = super::load(&legacy)?;
+            store.put_all(&bans, false)?;
+            std::fs::remove_file(&legacy).map_err(|source| StoreError::Io {
+                path: legacy.clone(),
+                source,
+            })?;
+            tracing::info!(
+                "port {port}: {} bans imported from {} into {}",
+                bans.len(),
+                legacy.display(),
+                store.path.display()
+            );
+        }
+        let bans = store.load(now)?;
+        Ok((store, bans))
+    }
+
+    /// Creates the store of `port` in `dir` holding exactly `bans` (a server moving to `port`
+    /// takes its bans along; whatever was there before is dropped).
+    ///
+    /// # Errors
+    /// As [`Store::open`].
+    pub fn create_with(dir: &Path, port: u16, bans: &[Ban]) -> Result<Store, StoreError> {
+        let store = Store::connect(db_path(dir, port))?;
+        store.put_all(bans, true)?;
+        Ok(store)
+    }
+
+    fn connect(path: PathBuf) -> Result<Store, StoreError> {
+        let db = |source| StoreError::Db {
+            path: path.clone(),
+            source,
+        };
+        let conn = Connection::open(&path).map_err(db)?;
+        conn.busy_timeout(std::time::Duration::from_secs(5))
+            .map_err(db)?;
+        // The first statement reads the file: a file that is not a database fails here.
+        let mode: String = conn
+            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
+            .map_err(db)?;
+        if !mode.eq_ignore_ascii_case("wal") {
+            return Err(StoreError::Damaged {
+                path,
+                what: format!("journal mode {mode}"),
+            });
+        }
+        // No checkpoint in the committing request: `Store::checkpoint` does it, off the path.
+        conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 0;")
+            .map_err(db)?;
+        let check: String = conn
+            .query_row("PRAGMA quick_check", [], |r| r.get(0))
+            .map_err(db)?;
+        if check != "ok" {
+            return Err(StoreError::Damaged { path, what: check });
+        }
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(db)?;
+        match version {
+            0 => conn
+                .execute_batch(
+                    "BEGIN;
+                     CREATE TABLE IF NOT EXISTS bans (
+                         ip TEXT PRIMARY KEY NOT NULL,
+                         reason TEXT NOT NULL,
+                         since INTEGER NOT NULL,
+                         expires_at INTEGER
+                     ) WITHOUT ROWID;
+                     PRAGMA user_version = 1;
+                     COMMIT;",
+                )
+                .map_err(db)?,
+            SCHEMA => {}
+            v => {
+                return Err(StoreError::Damaged {
+                    path,
+                    what: format!("schema version {v}, this etrelay knows {SCHEMA}"),
+                });
+            }
+        }
+        let checkpointer = Connection::open(&path).map_err(db)?;
+        checkpointer
+            .execute_batch("PRAGMA wal_autocheckpoint = 0;")
+            .map_err(db)?;
+        Ok(Store {
+            path,
+            conn: Mutex::new(conn),
+            checkpointer: Mutex::new(checkpointer),
+            since_checkpoint: AtomicUsize::new(0),
+        })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn db(&self) -> impl FnOnce(rusqlite::Error) -> StoreError + '_ {
+        move |source| StoreError::Db {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// Puts `bans` in, in one transaction; `replace`: drops every other ban first.
+    fn put_all(&self, bans: &[Ban], replace: bool) -> Result<(), StoreError> {
+        let mut conn = self.lock();
+        let tx = conn.transaction().map_err(self.db())?;
+        if replace {
+            tx.execute("DELETE FROM bans", []).map_err(self.db())?;
+        }
+        {
+            let mut stmt = tx
+                .prepare_cached(
+                    "INSERT OR REPLACE INTO bans (ip, reason, since, expires_at) \
+                     VALUES (?1, ?2, ?3, ?4)",
+                )
+                .map_err(self.db())?;
+            for b in bans {
+                stmt.execute(params![
+                    b.ip.to_string(),
+                    b.reason,
+                    unix(b.since) as i64,
+                    b.expires.map(|e| unix(e) as i64)
+                ])
+                .map_err(self.db())?;
+            }
+        }
+        tx.commit().map_err(self.db())
+    }
+
+    /// Drops the bans expired at `now`; returns the rest (at most [`MAX_BANS`], oldest first).
+    fn load(&self, now: SystemTime) -> Result<Vec<Ban>, StoreError> {
+        let conn = self.lock();
+        conn.execute(
+            "DELETE FROM bans WHERE expires_at IS NOT NULL AND expires_at <= ?1",
+            params![unix(now) as i64],
+        )
+        .map_err(self.db())?;
+        let mut stmt = conn
+            .prepare("SELECT ip, reason, since, expires_at FROM bans ORDER BY since, ip LIMIT ?1")
+            .map_err(self.db())?;
+        let rows = stmt
+            .query_map(params![MAX_BANS as i64], |r| {
+                Ok((
+                    r.get::<_, String>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, i64>(2)?,
+                    r.get::<_, Option<i64>>(3)?,
+                ))
+            })
+            .map_err(self.db())?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (ip, reason, since, expires) = row.map_err(self.db())?;
+            let ip: IpAddr = ip.parse().map_err(|_| StoreError::Damaged {
+                path: self.path.clone(),
+                what: format!("{ip:?} is not an address"),
+            })?;
+            out.push(Ban {
+                ip: crate::net::canonical_ip(ip),
+                reason,
+                since: from_unix(since.max(0) as u64),
+                expires: expires.map(|e| from_unix(e.max(0) as u64)),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Saves `ban` (replacing a ban of the same address): durable when this returns.
+    ///
+    /// # Errors
+    /// The database refused; nothing changed.
+    pub fn put(&self, ban: &Ban) -> Result<(), StoreError> {
+        self.put_all(std::slice::from_ref(ban), false)?;
+        self.since_checkpoint.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// True when enough changes were committed since the last checkpoint.
+    pub fn needs_checkpoint(&self) -> bool {
+        self.since_checkpoint.load(Ordering::Relaxed) >= CHECKPOINT_EVERY
+    }
+
+    /// Folds the journal back into the database (a passive checkpoint, on the second
+    /// connection: bans go on meanwhile). Blocking; one at a time (a second call while one
+    /// runs returns at once).
+    ///
+    /// # Errors
+    /// The database refused.
+    pub fn checkpoint(&self) -> Result<(), StoreError> {
+        let Ok(conn) = self.checkpointer.try_lock() else {
+            return Ok(());
+        };
+        self.since_checkpoint.store(0, Ordering::Relaxed);
+        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+            .map_err(self.db())
+    }
+
+    /// Deletes the ban of `ip`; false when there was none.
+    ///
+    /// # Errors
+    /// The database refused; nothing changed.
+    pub fn delete(&self, ip: IpAddr) -> Result<bool, StoreError> {
+        let n = self
+            .lock()
+            .execute("DELETE FROM bans WHERE ip = ?1", params![ip.to_string()])
+            .map_err(self.db())?;
+        self.since_checkpoint.fetch_add(1, Ordering::Relaxed);
+        Ok(n > 0)
+    }
+
+    /// Deletes the bans expired at `now` (to make room when the table is full).
+    ///
+    /// # Errors
+    /// The database refused.
+    pub fn purge(&self, now: SystemTime) -> Result<usize, StoreError> {
+        self.lock()
+            .execute(
+                "DELETE FROM bans WHERE expires_at IS NOT NULL AND expires_at <= ?1",
+                params![unix(now) as i64],
+            )
+            .map_err(self.db())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock;
+
+    fn ban(i: u32, since: u64, expires: Option<u64>) -> Ban {
+        Ban {
+            ip: IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i)),
+            reason: format!("r{i}"),
+            since: clock::from_unix(since),
+            expires: expires.map(clock::from_unix),
+        }
+    }
+
+    #[test]
+    fn bans_survive_a_reopen_and_expired_ones_are_dropped() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = clock::from_unix(10_000);
+        let (s, none) = Store::open(dir.path(), 27960, now).unwrap();
+        assert!(none.is_empty());
+        s.put(&ban(1, 100, None)).unwrap();
+        s.put(&ban(2, 200, Some(5_000))).unwrap();
+        s.put(&ban(3, 300, Some(20_000))).unwrap();
+        let mut again = ban(1, 400, None);
+        again.reason = "again".into();
+        s.put(&again).unwrap();
+        assert!(s.delete(ban(3, 0, None).ip).unwrap());
+        assert!(!s.delete(ban(3, 0, None).ip).unwrap());
+        s.checkpoint().unwrap();
+        drop(s);
+        let (_, bans) = Store::open(dir.path(), 27960, now).unwrap();
+        assert_eq!(bans, vec![again]);
+    }
+
+    #[test]
+    fn a_json_file_is_imported_once_and_a_move_replaces_everything() {
+        let dir = tempfile::tempdir().unwrap();
+        let now = clock::from_unix(10_000);
+        let old = vec![ban(1, 100, None), ban(2, 200, None)];
+        super::super::save(&super::super::path(dir.path(), 27960), &old).unwrap();
+        let (_, bans) = Store::open(dir.path(), 27960, now).unwrap();
+        assert_eq!(bans, old);
+        assert!(!super::super::path(dir.path(), 27960).exists());
+        let moved = Store::create_with(dir.path(), 27960, &old[1..]).unwrap();
+        drop(moved);
+        let (_, bans) = Store::open(dir.path(), 27960, now).unwrap();
+        assert_eq!(bans, old[1..]);
+        remove(dir.path(), 27960).unwrap();
+        assert!(!db_path(dir.path(), 27960).exists());
+    }
+
+    #[test]
+    fn a_damaged_file_is_a_clear_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(db_path(dir.path(), 27960), b"not a database, just text").unwrap();
+        let e = Store::open(dir.path(), 27960, SystemTime::now()).unwrap_err();
+        assert!(e.to_string().contains("bans-27960.db"), "{e}");
+        std::fs::write(super::super::path(dir.path(), 27961), b"{\"bans\": [").unwrap();
+        let e = Store::open(dir.path(), 27961, SystemTime::now()).unwrap_err();
+        assert!(e.to_string().contains("bans-27961.json"), "{e}");
+    }
+}

@@ -1,0 +1,158 @@
+//! Start-up: the state directory as it was left, server by server.
+//!
+//! 1. Stray temp files (an interrupted atomic write: `.servers.json.tmp.<pid>`) are removed.
+//! 2. `servers.json` is read; a file that does not parse stops the relay (nothing can be
+//!    relayed without it). A record whose port or upstream repeats an earlier record's is
+//!    refused (logged with its contents; the file as it was is kept as
+//!    `servers.json.refused`), so no server silently shadows another.
+//! 3. Each server is restored on its own: its upstream is checked (no loop), its ban store
+//!    opened (a JSON ban file of an earlier version imported), its port bound. Whatever fails
+//!    keeps that server registered but not relayed, with the reason in its status and an ERROR
+//!    line; the other servers are relayed.
+//! 4. Ban stores of ports no server holds (left by an interrupted leave) are removed.
+
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use guard::statefile;
+use tokio::net::UdpSocket;
+use tracing::{error, info, warn};
+
+use super::{Inner, Registered, RegistryError, ServersFile, blocking, upstream};
+use crate::bans::store::{self, Store};
+use crate::clock::from_unix;
+use crate::net::canonical;
+use crate::proof::parse_key_hash;
+
+pub(super) async fn restore(inner: &Arc<Inner>) -> Result<(), RegistryError> {
+    let dir = inner.config.state_dir.clone();
+    remove_temp_files(&dir);
+    let path = inner.servers_path();
+    let file: ServersFile = statefile::load_json(&path)?.unwrap_or(ServersFile { servers: vec![] });
+    let (mut ports, mut upstreams) = (HashSet::new(), HashSet::new());
+    let mut refused = 0;
+    for rec in file.servers {
+        let upstream = canonical(rec.upstream);
+        if !ports.insert(rec.port) || !upstreams.insert(upstream) {
+            error!(
+                "servers.json: port {} or upstream {upstream} is given twice: the record {{port \
+                 {}, upstream {}, key_sha256 {}}} is refused (register it again)",
+                rec.port, rec.port, rec.upstream, rec.key_sha256
+            );
+            refused += 1;
+            continue;
+        }
+        if !inner.config.ports.contains(&rec.port) {
+            warn!(
+                "servers.json: port {} is not in --ports any more; still relayed until it leaves",
+                rec.port
+            );
+        }
+        let Some(key_hash) = parse_key_hash(&rec.key_sha256) else {
+            error!(
+                "servers.json: port {}: bad key_sha256, entry skipped",
+                rec.port
+            );
+            refused += 1;
+            continue;
+        };
+        let mut entry = Registered {
+            port: rec.port,
+            upstream,
+            key_hash,
+            registered_at: from_unix(rec.registered_at),
+            handle: None,
+            store: None,
+            error: None,
+        };
+        if let Err(why) = start(inner, &mut entry).await {
+            error!(
+                "server {upstream} on port {}: {why}; registration kept, not relayed",
+                rec.port
+            );
+            entry.error = Some(why);
+        }
+        inner.lock().insert(rec.port, entry);
+    }
+    if refused > 0 {
+        let keep = dir.join("servers.json.refused");
+        match std::fs::copy(&path, &keep) {
+            Ok(_) => warn!("servers.json as it was is kept as {}", keep.display()),
+            Err(e) => warn!("cannot keep a copy of servers.json: {e}"),
+        }
+    }
+    remove_stray_stores(inner, &dir);
+    let n = inner.lock().len();
+    if n > 0 {
+        info!("{n} registered server(s) restored");
+    }
+    Ok(())
+}
+
+/// Checks the upstream, opens the ban store, binds the port and starts the server.
+async fn start(inner: &Arc<Inner>, entry: &mut Registered) -> Result<(), String> {
+    if let Some(why) = upstream::refusal(entry.upstream, &inner.config) {
+        return Err(why);
+    }
+    let (dir, port) = (inner.config.state_dir.clone(), entry.port);
+    let (store, bans) = blocking(move || Ok(Store::open(&dir, port, SystemTime::now())?))
+        .await
+        .map_err(|e| format!("ban store: {e}"))?;
+    entry.store = Some(Arc::new(store));
+    let public = UdpSocket::bind((inner.config.bind, port))
+        .await
+        .map_err(|source| RegistryError::Bind { port, source }.to_string())?;
+    let handle = inner
+        .start_on(public, entry.upstream, bans)
+        .map_err(|e| e.to_string())?;
+    entry.handle = Some(handle);
+    Ok(())
+}
+
+/// Removes what an interrupted atomic write leaves: `.<name>.tmp.<pid>`.
+fn remove_temp_files(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with('.') && name.contains(".tmp.") {
+            match std::fs::remove_file(e.path()) {
+                Ok(()) => info!("stray temp file {} removed", e.path().display()),
+                Err(err) => warn!("cannot remove {}: {err}", e.path().display()),
+            }
+        }
+    }
+}
+
+/// Removes the ban stores (and JSON ban files) of ports no server holds.
+fn remove_stray_stores(inner: &Inner, dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    let held: HashSet<u16> = inner.lock().keys().copied().collect();
+    let mut stray = HashSet::new();
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let port = name
+            .strip_prefix("bans-")
+            .and_then(|r| r.split_once('.'))
+            .and_then(|(p, _)| p.parse::<u16>().ok());
+        if let Some(p) = port.filter(|p| !held.contains(p)) {
+            stray.insert(p);
+        }
+    }
+    for p in stray {
+        let json = crate::bans::path(dir, p);
+        let r = store::remove(dir, p).and_then(|()| match std::fs::remove_file(&json) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        });
+        match r {
+            Ok(()) => info!("bans of port {p}, which no server holds, removed"),
+            Err(e) => warn!("cannot remove the bans of port {p}: {e}"),
+        }
+    }
+}
