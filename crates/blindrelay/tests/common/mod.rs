@@ -587,3 +587,9 @@ impl Net {
         }
     }
 }
+
+/// The peer health rows of a `GET /v1/status` answer.
+pub fn peer_rows(status: &Value) -> &Vec<Value> {
+    static EMPTY: Vec<Value> = Vec::new();
+    status["peer_health"]["rows"].as_array().unwrap_or(&EMPTY)
+}
