@@ -10,6 +10,7 @@ use crate::api::serve;
 use crate::clock::Clock;
 use crate::context;
 use crate::daemon::{self, RelayConfig, RunConfig};
+use crate::peers::PeerSpec;
 use crate::pipeline::gate;
 use crate::replay::{self, ReplayStore};
 use crate::sources::{self, CountLimits, Grouping};
@@ -104,9 +105,10 @@ pub struct RunArgs {
     /// The operator API listener (send, inbox, status). Keep it on loopback.
     #[arg(long, default_value_t = DEFAULT_OPERATOR)]
     pub operator: SocketAddr,
-    /// A peer's URL to fetch its descriptor from (repeat for each peer).
-    #[arg(long = "peer")]
-    pub peers: Vec<String>,
+    /// A peer: `ID@URL` pins the node id (64 hex) its URL must answer with; a bare `URL` trusts
+    /// the first identity it answers with and refuses any other after (repeat for each peer).
+    #[arg(long = "peer", value_parser = PeerSpec::parse)]
+    pub peers: Vec<PeerSpec>,
     /// Accept next hops whose endpoint is a private or loopback address (test networks).
     #[arg(long)]
     pub allow_private_endpoints: bool,

@@ -224,6 +224,13 @@ fn render_status(s: &Status) {
     }
     let h = &s.peer_health;
     say!("");
+    if s.peers.identity_changes > 0 {
+        say!(
+            "WARNING  {} descriptors refused: a --peer URL answered with another identity than \
+             the one pinned to it (see the log)",
+            s.peers.identity_changes
+        );
+    }
     say!(
         "PEERS  {} known: {} healthy, {} degraded, {} failing, {} quarantined, {} unknown",
         h.total_peers,

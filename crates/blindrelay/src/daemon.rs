@@ -102,7 +102,7 @@ pub struct RunConfig {
     /// The state dir (`blindrelay init`).
     pub state_dir: PathBuf,
     /// Peer URLs to fetch descriptors from.
-    pub peers: Vec<String>,
+    pub peers: Vec<crate::peers::PeerSpec>,
     /// Replay store.
     pub replay_store: ReplayStore,
     /// Relay settings.

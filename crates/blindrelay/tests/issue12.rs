@@ -3,6 +3,9 @@
 
 mod common;
 
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use blindrelay::proto::descriptor::Descriptor;
@@ -11,6 +14,7 @@ use blindrelay::proto::onion::{self, Hop, Route};
 use common::{Net, counter, http};
 use ed25519_dalek::SigningKey;
 use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// The descriptor of node `i`.
 async fn descriptor(net: &Net, i: usize) -> Descriptor {
@@ -123,4 +127,152 @@ async fn sealed_loops_and_ttl_cannot_get_an_honest_relay_quarantined() {
     assert!(ok, "{err}");
     let (ok, _, err) = net.send(0, 3, 2, b"from A through B or C").await;
     assert!(ok, "{err}");
+}
+
+/// A `--peer` URL that is not an honest peer (no real peer behaves like this, so the test
+/// serves it): `/sybil` answers each fetch with a new identity, `/huge` with an endless body,
+/// `/forever` with a descriptor valid until 2⁶³−1.
+#[derive(Debug, Clone, Default)]
+struct Liar {
+    sybil_fetches: Arc<AtomicU64>,
+    /// Bytes written to each `/huge` connection before the reader went away.
+    huge: Arc<Mutex<Vec<u64>>>,
+}
+
+/// Most bytes `/huge` writes to one connection.
+const HUGE: u64 = 256 << 20;
+
+impl Liar {
+    async fn start() -> (Liar, SocketAddr) {
+        let listener = tokio::net::TcpListener::bind((common::fresh_ip(), 0))
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let liar = Liar::default();
+        let me = liar.clone();
+        tokio::spawn(async move {
+            // Bounded: a test's nodes fetch a few times a second.
+            for _ in 0..2000 {
+                let Ok((conn, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(me.clone().answer(conn));
+            }
+        });
+        (liar, addr)
+    }
+
+    async fn answer(self, mut conn: tokio::net::TcpStream) {
+        let mut head = Vec::with_capacity(1024);
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+            match tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => head.extend_from_slice(&buf[..n]),
+                _ => return,
+            }
+        }
+        let head = String::from_utf8_lossy(&head).into_owned();
+        let key = SigningKey::from_bytes(&rand::random());
+        let onion: [u8; 32] =
+            x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(rand::random::<
+                [u8; 32],
+            >()))
+            .to_bytes();
+        let now = unix();
+        let body = if head.starts_with("GET /sybil/") {
+            self.sybil_fetches.fetch_add(1, Ordering::Relaxed);
+            // Short-lived: refetched every round once within the refresh margin.
+            Descriptor::sign(&key, onion, "not routable", now, 602)
+        } else if head.starts_with("GET /forever/") {
+            Descriptor::sign(&key, onion, "not routable either", now, (1 << 63) - 1 - now)
+        } else if head.starts_with("GET /huge/") {
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n")
+                .await;
+            let chunk = vec![b' '; 64 * 1024];
+            let mut written = 0u64;
+            while written < HUGE {
+                let w = tokio::time::timeout(Duration::from_secs(10), conn.write_all(&chunk)).await;
+                if !matches!(w, Ok(Ok(()))) {
+                    break;
+                }
+                written += chunk.len() as u64;
+            }
+            self.huge.lock().unwrap().push(written);
+            return;
+        } else {
+            return;
+        };
+        let body = serde_json::to_vec(&body).expect("json");
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = conn.write_all(head.as_bytes()).await;
+        let _ = conn.write_all(&body).await;
+    }
+}
+
+/// Item 3: one `--peer` URL is one identity (trusted on first use here, pinned `ID@URL` for
+/// the honest peers), a descriptor body is dropped at 4 096 bytes while it is read, and a
+/// descriptor cannot claim to live forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_url_cannot_hand_out_identities_or_memory() {
+    let (liar, addr) = Liar::start().await;
+    let (sybil, huge, forever) = (
+        format!("http://{addr}/sybil"),
+        format!("http://{addr}/huge"),
+        format!("http://{addr}/forever"),
+    );
+    let net = Net::start(
+        2,
+        &[
+            "--probe-interval",
+            "0s",
+            "--peer",
+            &sybil,
+            "--peer",
+            &huge,
+            "--peer",
+            &forever,
+        ],
+    )
+    .await;
+    // Wait (bounded) until the liar has answered several rounds and the huge body was cut.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while (liar.sybil_fetches.load(Ordering::Relaxed) < 6 || liar.huge.lock().unwrap().len() < 2)
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(common::POLL).await;
+    }
+    assert!(
+        liar.sybil_fetches.load(Ordering::Relaxed) >= 6,
+        "the nodes kept fetching"
+    );
+    let status = net.status(0).await;
+    // B, and the sybil URL's first identity: nothing else, and nothing from /forever.
+    assert_eq!(status["peers"]["known"], 2, "{}", status["peers"]);
+    assert!(
+        status["peers"]["identity_changes"].as_u64().unwrap_or(0) >= 2,
+        "{}",
+        status["peers"]
+    );
+    let node = net.node(0);
+    assert_eq!(node.count("trusted on first use"), 1, "{:?}", node.lines());
+    assert!(node.count("another identity") >= 2);
+    let cut = liar.huge.lock().unwrap().clone();
+    assert!(cut.len() >= 2);
+    for written in cut {
+        // What the kernel buffers, not what the node kept.
+        assert!(
+            written < 16 << 20,
+            "the node read {written} bytes of a huge body"
+        );
+    }
+    let rss = net.peak_rss_kib(0);
+    assert!(rss < 64 * 1024, "peak RSS {rss} KiB");
+    let out = net
+        .cli(&["status", "--operator", &net.node(0).operator])
+        .await;
+    assert!(out.out().contains("another identity"), "{}", out.out());
 }

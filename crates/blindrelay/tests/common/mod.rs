@@ -367,7 +367,7 @@ impl Net {
         for (j, other) in self.nodes.iter().enumerate() {
             if j != i {
                 args.push("--peer".into());
-                args.push(other.endpoint.clone());
+                args.push(format!("{}@{}", other.id, other.endpoint));
             }
         }
         args.extend(self.extra.iter().cloned());
