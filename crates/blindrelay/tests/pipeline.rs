@@ -699,8 +699,9 @@ async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
     assert_eq!(s["quality"]["status"], "attention");
     assert_eq!(s["counters"]["replay_capacity"], 1);
     assert_eq!(s["counters"]["replay_share_exceeded"], 1);
-    // Routes end 600 s after their reservation: room again, and status no longer full.
-    m.advance(Duration::from_secs(600));
+    // Routes end once their envelopes can no longer pass the age check (600 s, inclusive):
+    // room again, and status no longer full.
+    m.advance(Duration::from_secs(601));
     let r = submit_from(&n, &src(9), probe()).await;
     assert_eq!(reason(&r), "delivered");
     assert_eq!(status_of(&n)["replay"]["full"], false);
@@ -1381,4 +1382,51 @@ async fn status_and_metrics_name_no_peer_route_endpoint_or_payload() {
         );
     }
     assert!(metrics.contains("blindrelay_verified_client_onion_deliveries_total 1"));
+}
+
+/// Issue 12, item 4: a reservation lasts as long as its envelope can pass the freshness checks,
+/// future skew and the inclusive age limit included (hand-driven clock).
+#[tokio::test]
+async fn a_reservation_outlives_its_envelope_freshness() {
+    use blindrelay::pipeline::metadata::{MAX_AGE_SECS, MAX_SKEW_SECS};
+    let (m, clock) = manual();
+    let n = node(&clock, |_| {}).await;
+    let p = key();
+    let t0 = clock.unix();
+    // Dated as far ahead as the skew allows, and dated now.
+    let ahead = frame(
+        &p,
+        &n,
+        rand::random(),
+        0,
+        t0 + MAX_SKEW_SECS,
+        terminal_blob(&n, b"ahead"),
+    );
+    let today = frame(&p, &n, rand::random(), 0, t0, terminal_blob(&n, b"today"));
+    assert_eq!(reason(&submit(&n, ahead.encode()).await), "delivered");
+    assert_eq!(reason(&submit(&n, today.encode()).await), "delivered");
+    // The last second `today` passes the age check: still reserved.
+    m.advance(Duration::from_secs(MAX_AGE_SECS));
+    assert_eq!(
+        reason(&submit(&n, today.encode()).await),
+        "replay_response_expired"
+    );
+    // Past the local window of `ahead`'s reservation, but its envelope is still fresh.
+    m.advance(Duration::from_secs(MAX_SKEW_SECS));
+    assert_eq!(clock.unix(), ahead.timestamp + MAX_AGE_SECS);
+    assert_eq!(
+        reason(&submit(&n, ahead.encode()).await),
+        "replay_response_expired"
+    );
+    // One second later neither envelope is fresh: refused by its age, never delivered again.
+    m.advance(Duration::from_secs(1));
+    assert_eq!(
+        reason(&submit(&n, ahead.encode()).await),
+        "timestamp_expired"
+    );
+    assert_eq!(
+        reason(&submit(&n, today.encode()).await),
+        "timestamp_expired"
+    );
+    assert_eq!(n.pipeline.terminal().inbox().len(), 2);
 }

@@ -125,6 +125,8 @@ struct Checked {
     digest: Digest,
     /// The time the request was checked at.
     now: u64,
+    /// The envelope's signed timestamp.
+    timestamp: u64,
     /// What step 8 does, already signed.
     next: Next,
 }
@@ -301,7 +303,15 @@ impl Pipeline {
             Next::Terminal { .. } => None,
         };
         // The end of step 7: the reservation, on disk, with no slot held.
-        match reserve::reserve(&self.replay, c.route_id, c.digest, c.now, source.key()).await {
+        let reserved = reserve::reserve(
+            &self.replay,
+            c.route_id,
+            c.digest,
+            c.now,
+            c.timestamp,
+            source.key(),
+        );
+        match reserved.await {
             Ok(Reserved::New) => {}
             Ok(Reserved::Duplicate(stored)) => {
                 self.ctx
@@ -410,6 +420,7 @@ impl Pipeline {
             route_id: env.route_id,
             digest: env.request_digest(),
             now,
+            timestamp: env.timestamp,
             next,
         })
     }
