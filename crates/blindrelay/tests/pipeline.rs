@@ -469,7 +469,17 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
 async fn every_error_of_both_listeners_is_json() {
     let (_m, clock) = manual();
     let n = node(&clock, |_| {}).await;
-    let http = reqwest::Client::new();
+    let cookie = std::fs::read_to_string(n.dir.join("operator.cookie")).unwrap();
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {cookie}").parse().unwrap(),
+    );
+    let http = reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap();
+    let stranger = reqwest::Client::new();
     let (op, public) = (n.operator, n.addr);
     let to = hex::encode([1u8; 32]);
     let big = vec![0u8; blindrelay::proto::envelope::MAX_ENVELOPE + 1];
@@ -534,6 +544,20 @@ async fn every_error_of_both_listeners_is_json() {
             http.get(format!("http://{public}/v1/relay")),
             405,
             "method_not_allowed",
+        ),
+        (
+            "operator without the cookie",
+            stranger.get(format!("http://{op}/v1/inbox")),
+            401,
+            "unauthorized",
+        ),
+        (
+            "operator with a wrong cookie",
+            stranger
+                .get(format!("http://{op}/v1/status"))
+                .bearer_auth("ab".repeat(32)),
+            401,
+            "unauthorized",
         ),
     ];
     for (what, req, status, code) in cases {
