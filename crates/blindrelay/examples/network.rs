@@ -54,8 +54,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let peers = endpoints
             .iter()
             .filter(|e| *e != endpoint)
-            .cloned()
-            .collect();
+            .map(|e| blindrelay::peers::PeerSpec::parse(e))
+            .collect::<Result<Vec<_>, _>>()?;
         let node = daemon::build(RunConfig {
             state_dir: dir,
             peers,

@@ -10,6 +10,7 @@ use crate::api::serve;
 use crate::clock::Clock;
 use crate::context;
 use crate::daemon::{self, RelayConfig, RunConfig};
+use crate::peers::PeerSpec;
 use crate::pipeline::gate;
 use crate::replay::{self, ReplayStore};
 use crate::sources::{self, CountLimits, Grouping};
@@ -49,9 +50,9 @@ pub enum Command {
     /// Send a message through an onion route of known peers to a node; exit 0 only on a
     /// verified delivery.
     Send {
-        /// The local node's operator API, `http://127.0.0.1:PORT`.
-        #[arg(long)]
-        operator: String,
+        /// The local node's operator API and its cookie.
+        #[command(flatten)]
+        op: OperatorArgs,
         /// The terminal's node id (64 hex).
         #[arg(long)]
         to: String,
@@ -65,9 +66,9 @@ pub enum Command {
     /// List the messages delivered to the local node, print one, delete one, or take the
     /// oldest (print it, then delete it).
     Inbox {
-        /// The local node's operator API.
-        #[arg(long)]
-        operator: String,
+        /// The local node's operator API and its cookie.
+        #[command(flatten)]
+        op: OperatorArgs,
         /// Print the message with this id (raw bytes to standard output).
         #[arg(long, conflicts_with_all = ["delete", "take"])]
         read: Option<u64>,
@@ -83,13 +84,39 @@ pub enum Command {
     },
     /// Print the node's counters.
     Status {
-        /// The local node's operator API.
-        #[arg(long)]
-        operator: String,
+        /// The local node's operator API and its cookie.
+        #[command(flatten)]
+        op: OperatorArgs,
         /// JSON output.
         #[arg(long)]
         json: bool,
     },
+}
+
+/// How the operator's commands reach the local node: its operator API and the cookie that
+/// authenticates them (`api::cookie`).
+#[derive(Debug, Clone, clap::Args)]
+pub struct OperatorArgs {
+    /// The local node's operator API, `http://127.0.0.1:PORT`.
+    #[arg(long, default_value_t = format!("http://{DEFAULT_OPERATOR}"))]
+    pub operator: String,
+    /// The node's state dir: the cookie is read from its `operator.cookie`.
+    #[arg(long, required_unless_present = "cookie_file")]
+    pub state_dir: Option<PathBuf>,
+    /// The cookie file, if not in the state dir.
+    #[arg(long)]
+    pub cookie_file: Option<PathBuf>,
+}
+
+impl OperatorArgs {
+    /// The cookie file to read.
+    pub fn cookie_path(&self) -> PathBuf {
+        match (&self.cookie_file, &self.state_dir) {
+            (Some(f), _) => f.clone(),
+            (None, Some(d)) => d.join(crate::api::cookie::COOKIE_FILE),
+            (None, None) => PathBuf::from(crate::api::cookie::COOKIE_FILE),
+        }
+    }
 }
 
 /// `blindrelay run` flags.
@@ -104,9 +131,10 @@ pub struct RunArgs {
     /// The operator API listener (send, inbox, status). Keep it on loopback.
     #[arg(long, default_value_t = DEFAULT_OPERATOR)]
     pub operator: SocketAddr,
-    /// A peer's URL to fetch its descriptor from (repeat for each peer).
-    #[arg(long = "peer")]
-    pub peers: Vec<String>,
+    /// A peer: `ID@URL` pins the node id (64 hex) its URL must answer with; a bare `URL` trusts
+    /// the first identity it answers with and refuses any other after (repeat for each peer).
+    #[arg(long = "peer", value_parser = PeerSpec::parse)]
+    pub peers: Vec<PeerSpec>,
     /// Accept next hops whose endpoint is a private or loopback address (test networks).
     #[arg(long)]
     pub allow_private_endpoints: bool,
@@ -289,7 +317,7 @@ mod tests {
         let c = run_args(&["--probe-interval", "0s", "--crypto-slots", "1"]).run_config();
         assert_eq!(c.relay.probe_interval, std::time::Duration::ZERO);
         assert_eq!(c.relay.crypto_slots, MIN_CRYPTO_SLOTS);
-        match Cli::try_parse_from(["blindrelay", "send", "--operator", "u", "--to", "t"])
+        match Cli::try_parse_from(["blindrelay", "send", "--state-dir", "d", "--to", "t"])
             .unwrap()
             .command
         {

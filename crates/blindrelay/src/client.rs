@@ -5,6 +5,7 @@
 //! Errors never carry reqwest's text: it holds the URL (the operator endpoint, and for `send`
 //! the terminal's full id), which must not be printed.
 
+use crate::api::cookie::Cookie;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 
@@ -224,6 +225,13 @@ fn render_status(s: &Status) {
     }
     let h = &s.peer_health;
     say!("");
+    if s.peers.identity_changes > 0 {
+        say!(
+            "WARNING  {} descriptors refused: a --peer URL answered with another identity than \
+             the one pinned to it (see the log)",
+            s.peers.identity_changes
+        );
+    }
     say!(
         "PEERS  {} known: {} healthy, {} degraded, {} failing, {} quarantined, {} unknown",
         h.total_peers,
@@ -289,9 +297,30 @@ fn operator_error(e: reqwest::Error) -> String {
     format!("operator API: {what}")
 }
 
+/// The operator cookie every request of this process carries.
+static COOKIE: std::sync::OnceLock<Cookie> = std::sync::OnceLock::new();
+
+/// Reads the operator cookie at `path` for every request that follows.
+///
+/// # Errors
+/// The file cannot be read or holds no cookie.
+pub fn use_cookie(path: &std::path::Path) -> Result<(), String> {
+    let cookie = Cookie::read(path)?;
+    let _ = COOKIE.set(cookie);
+    Ok(())
+}
+
 fn http() -> reqwest::Client {
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Some(v) = COOKIE
+        .get()
+        .and_then(|c| reqwest::header::HeaderValue::from_str(&c.header()).ok())
+    {
+        headers.insert(reqwest::header::AUTHORIZATION, v);
+    }
     reqwest::Client::builder()
         .no_proxy()
+        .default_headers(headers)
         .timeout(std::time::Duration::from_secs(60))
         .build()
         .unwrap_or_default()

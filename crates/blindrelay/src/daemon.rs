@@ -102,7 +102,7 @@ pub struct RunConfig {
     /// The state dir (`blindrelay init`).
     pub state_dir: PathBuf,
     /// Peer URLs to fetch descriptors from.
-    pub peers: Vec<String>,
+    pub peers: Vec<crate::peers::PeerSpec>,
     /// Replay store.
     pub replay_store: ReplayStore,
     /// Relay settings.
@@ -123,6 +123,9 @@ pub enum RunError {
     /// The inbox.
     #[error(transparent)]
     Inbox(#[from] InboxError),
+    /// The operator cookie file.
+    #[error("cannot write the operator cookie: {0}")]
+    Cookie(std::io::ErrorKind),
 }
 
 /// A built node: its pipeline (whose context the outbound side uses) and how often it probes.
@@ -136,6 +139,8 @@ pub struct Built {
     pub listen: serve::ListenConfig,
     /// Inbox retention (zero: none).
     pub inbox_retention: Duration,
+    /// The operator API's cookie, fresh in the state dir.
+    pub cookie: api::cookie::Cookie,
 }
 
 /// Builds the node from the state dir.
@@ -193,7 +198,10 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
         Arc::new(registry),
         Terminal::new(Arc::new(inbox), relay.inbox_share_percent),
     );
+    let cookie =
+        api::cookie::Cookie::create(&config.state_dir).map_err(|e| RunError::Cookie(e.kind()))?;
     Ok(Built {
+        cookie,
         pipeline: Arc::new(pipeline),
         probe_interval: relay.probe_interval,
         listen,
@@ -250,6 +258,7 @@ pub async fn serve(
         probe_interval,
         listen,
         inbox_retention,
+        cookie,
     } = node;
     let ctx = Arc::clone(pipeline.ctx());
     let cancel = CancellationToken::new();
@@ -270,7 +279,7 @@ pub async fn serve(
     ));
     let b = tokio::spawn(serve::serve(
         operator,
-        api::operator(Arc::clone(&pipeline)),
+        api::operator(Arc::clone(&pipeline), cookie),
         pipeline,
         listen,
         serve::connections(&listen),

@@ -58,24 +58,28 @@ async fn run(cmd: Command) -> Result<(), String> {
             Ok(())
         }
         Command::Run(args) => run_node(args).await,
-        Command::Send {
-            operator,
-            to,
-            hops,
-            file,
-        } => client::send(&operator, &to, hops, &file).await,
+        Command::Send { op, to, hops, file } => {
+            client::use_cookie(&op.cookie_path())?;
+            client::send(&op.operator, &to, hops, &file).await
+        }
         Command::Inbox {
-            operator,
+            op,
             read,
             delete,
             take,
             json,
-        } => match (delete, take) {
-            (Some(id), _) => client::inbox_delete(&operator, id).await,
-            (None, true) => client::inbox_take(&operator).await,
-            (None, false) => client::inbox(&operator, read, json).await,
-        },
-        Command::Status { operator, json } => client::status(&operator, json).await,
+        } => {
+            client::use_cookie(&op.cookie_path())?;
+            match (delete, take) {
+                (Some(id), _) => client::inbox_delete(&op.operator, id).await,
+                (None, true) => client::inbox_take(&op.operator).await,
+                (None, false) => client::inbox(&op.operator, read, json).await,
+            }
+        }
+        Command::Status { op, json } => {
+            client::use_cookie(&op.cookie_path())?;
+            client::status(&op.operator, json).await
+        }
     }
 }
 

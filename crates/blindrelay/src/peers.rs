@@ -1,6 +1,14 @@
 //! Known peers: their signed descriptors, fetched from `--peer` URLs, verified, refreshed
 //! before they expire.
 //!
+//! Each `--peer` is one identity at one URL: `ID@URL` pins the node id the URL must answer
+//! with; a bare `URL` is trusted on first use (the first verified descriptor's id is pinned
+//! for the life of the process). A descriptor naming another id is refused, logged at `warn`
+//! (8-hex prefixes only) and counted (`identity_changes` in the status document), so a URL can
+//! never hand out identities. The body is read in chunks and dropped at [`MAX_DESCRIPTOR_BODY`]
+//! bytes, whatever it declares; the descriptor's lifetime is bounded by
+//! [`descriptor::MAX_DESCRIPTOR_LIFETIME`] (checked by `Descriptor::verify`).
+//!
 //! A descriptor is kept only if it verifies (signature, window, onion key) when it is
 //! accepted; lookups then only check its validity window, never the signature again. It is
 //! used only while unexpired, and its endpoint only if it is a public IP (unless
@@ -10,11 +18,12 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info};
+use tracing::{debug, info, warn};
 
 use crate::clock::Clock;
 use crate::proto::descriptor::{self, Descriptor};
@@ -28,6 +37,55 @@ pub const REFRESH_MARGIN: u64 = 600;
 pub const RETRY: Duration = Duration::from_secs(1);
 /// Wait between fetch rounds once every peer has one.
 pub const ROUND: Duration = Duration::from_secs(60);
+
+/// Largest descriptor body read; a longer one is dropped while it is read.
+pub const MAX_DESCRIPTOR_BODY: usize = 4096;
+/// A descriptor fetch must end within this.
+pub const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One `--peer`: a URL, and the node id it must answer with (`ID@URL`), if pinned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PeerSpec {
+    /// The node id pinned on the command line.
+    pub pinned: Option<NodeId>,
+    /// The base URL its descriptor is fetched from.
+    pub url: String,
+}
+
+impl PeerSpec {
+    /// Parses `ID@URL` (64 hex, then the URL) or a bare `URL` (trust on first use).
+    ///
+    /// # Errors
+    /// A message for clap when the id is not 64 hex or the URL is empty.
+    pub fn parse(s: &str) -> Result<PeerSpec, String> {
+        let (pinned, url) = match s.split_once('@') {
+            Some((id, url)) if !id.contains('/') => {
+                let id = crate::proto::from_hex::<32>(id)
+                    .ok_or_else(|| "the id before @ must be a node id (64 hex)".to_string())?;
+                (Some(id), url)
+            }
+            _ => (None, s),
+        };
+        if url.is_empty() {
+            return Err("empty peer URL".into());
+        }
+        Ok(PeerSpec {
+            pinned,
+            url: url.trim_end_matches('/').to_string(),
+        })
+    }
+}
+
+/// What a URL's pinned identity says about a descriptor fetched from it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pin {
+    /// The identity it is pinned to.
+    Matches,
+    /// First use: pin it now.
+    First,
+    /// Another identity: refused.
+    Changed,
+}
 
 /// Why a peer cannot be routed to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +104,10 @@ pub struct Peers {
     map: Mutex<HashMap<NodeId, Descriptor>>,
     /// The addresses of the descriptors' endpoints: known sources (`crate::sources`).
     endpoint_ips: Mutex<HashSet<IpAddr>>,
-    urls: Vec<String>,
+    /// Each `--peer` and the id it is pinned to (on the command line, or on first use).
+    urls: Mutex<Vec<PeerSpec>>,
+    /// Descriptors refused because a URL answered with another identity than its pinned one.
+    identity_changes: AtomicU64,
     allow_private: bool,
     clock: Clock,
     self_id: NodeId,
@@ -57,7 +118,7 @@ impl fmt::Debug for Peers {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Peers")
             .field("known", &self.lock().len())
-            .field("urls", &self.urls.len())
+            .field("urls", &self.urls().len())
             .field("allow_private", &self.allow_private)
             .finish_non_exhaustive()
     }
@@ -65,14 +126,41 @@ impl fmt::Debug for Peers {
 
 impl Peers {
     /// A table fed from `urls`.
-    pub fn new(urls: Vec<String>, allow_private: bool, clock: Clock, self_id: NodeId) -> Self {
+    pub fn new(urls: Vec<PeerSpec>, allow_private: bool, clock: Clock, self_id: NodeId) -> Self {
         Peers {
             map: Mutex::new(HashMap::new()),
             endpoint_ips: Mutex::new(HashSet::new()),
-            urls,
+            urls: Mutex::new(urls),
+            identity_changes: AtomicU64::new(0),
             allow_private,
             clock,
             self_id,
+        }
+    }
+
+    fn urls(&self) -> Vec<PeerSpec> {
+        self.urls.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Descriptors refused so far because a URL answered with another identity than the one
+    /// pinned to it.
+    pub fn identity_changes(&self) -> u64 {
+        self.identity_changes.load(Ordering::Relaxed)
+    }
+
+    /// Checks `id` against the identity pinned to `--peer` number `i`; pins it on first use.
+    fn pin(&self, i: usize, id: &NodeId) -> Pin {
+        let mut urls = self.urls.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(spec) = urls.get_mut(i) else {
+            return Pin::Changed;
+        };
+        match spec.pinned {
+            Some(p) if p == *id => Pin::Matches,
+            Some(_) => Pin::Changed,
+            None => {
+                spec.pinned = Some(*id);
+                Pin::First
+            }
         }
     }
 
@@ -157,28 +245,50 @@ impl Peers {
         self.lock().values().cloned().collect()
     }
 
-    /// Fetches every `--peer` URL whose descriptor is missing or about to expire.
+    /// Fetches every `--peer` URL whose pinned identity's descriptor is missing or about to
+    /// expire; refuses a descriptor of another identity than the one pinned to its URL.
     async fn refresh(&self, http: &reqwest::Client) -> bool {
         let mut complete = true;
-        for url in &self.urls {
+        for (i, spec) in self.urls().into_iter().enumerate() {
             let now = self.clock.unix();
-            let fresh = self.lock().values().any(|d| {
-                d.endpoint.trim_end_matches('/') == url.trim_end_matches('/')
-                    && d.expires_at > now + REFRESH_MARGIN
+            let fresh = spec.pinned.is_some_and(|id| {
+                self.lock()
+                    .get(&id)
+                    .is_some_and(|d| d.expires_at > now + REFRESH_MARGIN)
             });
             if fresh {
                 continue;
             }
-            match fetch(http, url).await {
-                Some(d) => {
-                    let id = d.node_id;
-                    if self.insert(d) {
-                        debug!(peer = %Prefix(&id), "peer descriptor stored");
-                    } else {
-                        complete = false;
-                    }
+            let Some(d) = fetch(http, &spec.url).await else {
+                complete = false;
+                continue;
+            };
+            let id = d.node_id;
+            if d.verify(self.clock.unix()).is_err() {
+                complete = false;
+                continue;
+            }
+            match self.pin(i, &id) {
+                Pin::Matches => {}
+                Pin::First => info!(
+                    peer = %Prefix(&id),
+                    "peer identity trusted on first use (pin it with --peer ID@URL)"
+                ),
+                Pin::Changed => {
+                    self.identity_changes.fetch_add(1, Ordering::Relaxed);
+                    warn!(
+                        expected = %spec.pinned.as_ref().map_or_else(String::new, |p| Prefix(p).to_string()),
+                        got = %Prefix(&id),
+                        "a peer URL answered with another identity than the one pinned to it; refused"
+                    );
+                    complete = false;
+                    continue;
                 }
-                None => complete = false,
+            }
+            if self.insert(d) {
+                debug!(peer = %Prefix(&id), "peer descriptor stored");
+            } else if !self.lock().contains_key(&id) {
+                complete = false;
             }
         }
         complete
@@ -189,8 +299,9 @@ impl Peers {
         let mut announced = false;
         loop {
             let complete = self.refresh(&http).await;
-            if complete && !announced && !self.urls.is_empty() {
-                info!("descriptors of all {} peers fetched", self.urls.len());
+            let n = self.urls().len();
+            if complete && !announced && n > 0 {
+                info!("descriptors of all {n} peers fetched");
                 announced = true;
             }
             let wait = if complete { ROUND } else { RETRY };
@@ -202,21 +313,28 @@ impl Peers {
     }
 }
 
+/// Fetches a descriptor: the body read chunk by chunk, dropped as soon as it passes
+/// [`MAX_DESCRIPTOR_BODY`] (declared or not), all within [`FETCH_TIMEOUT`].
 async fn fetch(http: &reqwest::Client, url: &str) -> Option<Descriptor> {
-    let resp = http
-        .get(format!("{}/v1/descriptor", url.trim_end_matches('/')))
-        .timeout(Duration::from_secs(5))
-        .send()
-        .await
-        .ok()?;
-    if !resp.status().is_success() {
-        return None;
-    }
-    let bytes = resp.bytes().await.ok()?;
-    if bytes.len() > 4096 {
-        return None;
-    }
-    serde_json::from_slice(&bytes).ok()
+    let read = async {
+        let mut resp = http.get(format!("{url}/v1/descriptor")).send().await.ok()?;
+        if !resp.status().is_success()
+            || resp
+                .content_length()
+                .is_some_and(|n| n > MAX_DESCRIPTOR_BODY as u64)
+        {
+            return None;
+        }
+        let mut body = Vec::with_capacity(MAX_DESCRIPTOR_BODY);
+        while let Some(chunk) = resp.chunk().await.ok()? {
+            if body.len() + chunk.len() > MAX_DESCRIPTOR_BODY {
+                return None;
+            }
+            body.extend_from_slice(&chunk);
+        }
+        serde_json::from_slice(&body).ok()
+    };
+    tokio::time::timeout(FETCH_TIMEOUT, read).await.ok()?
 }
 
 #[cfg(test)]

@@ -10,6 +10,22 @@ use guard::counters::Counter;
 
 use crate::counters::Counters;
 
+/// Whose fault a refusal is ([`Reason::blame`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blame {
+    /// The previous hop's own frame, on the design's scored list: scored and noted in its
+    /// health.
+    PreviousHop,
+    /// The previous hop's own frame, not scored: noted in its health only.
+    PreviousHopUnscored,
+    /// What the original sender sealed: neither scored nor noted against the previous hop.
+    Sender,
+    /// Nobody: a duplicate in flight or an expired replay.
+    Nobody,
+    /// This node's own state (or a later hop's): never the previous hop's.
+    ThisNode,
+}
+
 /// Why a request was refused: one stable reason, one status, one counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reason {
@@ -210,6 +226,41 @@ impl Reason {
         matches!(self, Reason::Backpressure | Reason::SourceLimited)
     }
 
+    /// Whose fault a refusal is, once the previous hop is authenticated (`docs/blindrelay.md`,
+    /// "Who is blamed"). A previous hop answers only for what it could have checked itself:
+    /// the frame it signed. What the original sender sealed in a layer (a loop, the hops left)
+    /// only the hop that opens the layer can see: that hop refuses before forwarding, and
+    /// nobody upstream is charged for it.
+    pub fn blame(self) -> Blame {
+        use Reason::*;
+        match self {
+            // The design's scored list, restricted to what the previous hop signed itself.
+            InvalidPreviousHop | InvalidSignature | SelfLoop => Blame::PreviousHop,
+            // Its own frame, not scored (the design's list does not name them): its clock, a
+            // conflicting reuse of a route id, its rate.
+            TimestampExpired | TimestampInFuture | ReplayConflict | RateLimited | Quarantined => {
+                Blame::PreviousHopUnscored
+            }
+            // Sealed by the original sender inside a layer no previous hop can read.
+            RouteLoop | TtlExhausted | OnionPeelFailed | NoRoute | InvalidEndpoint | WrongHop => {
+                Blame::Sender
+            }
+            // Replays in flight and expired responses have no effect on the previous hop.
+            RouteInFlight | ReplayResponseExpired => Blame::Nobody,
+            // This node's own state, or a later hop's.
+            Backpressure | MalformedEnvelope | EnvelopeTooLarge | ReplayCapacity
+            | ForwardFailed | SourceLimited | RequestTimeout | NextHopBusy | InboxFull
+            | InboxShareExceeded | ReplayShareExceeded => Blame::ThisNode,
+        }
+    }
+
+    /// Charged to the authenticated previous hop's failure score: on the design's list
+    /// ([`Reason::is_scored`]) and something the previous hop could have checked itself
+    /// ([`Reason::blame`]).
+    pub fn is_charged(self) -> bool {
+        self.is_scored() && self.blame() == Blame::PreviousHop
+    }
+
     /// Looks a reason up by its wire string.
     pub fn from_wire(s: &str) -> Option<Reason> {
         Reason::ALL.into_iter().find(|r| r.as_str() == s)
@@ -265,6 +316,10 @@ mod tests {
             ("inbox_share_exceeded", 429, "inbox_share_exceeded", false),
             ("replay_share_exceeded", 429, "replay_share_exceeded", false),
         ];
+        let charged = ["invalid_previous_hop", "invalid_signature", "self_loop"];
+        for r in Reason::ALL {
+            assert_eq!(r.is_charged(), charged.contains(&r.as_str()), "{r:?}");
+        }
         for (r, (name, status, counter, scored)) in Reason::ALL.into_iter().zip(table) {
             assert_eq!(
                 (r.as_str(), r.status(), r.is_scored()),

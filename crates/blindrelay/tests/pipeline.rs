@@ -469,7 +469,17 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
 async fn every_error_of_both_listeners_is_json() {
     let (_m, clock) = manual();
     let n = node(&clock, |_| {}).await;
-    let http = reqwest::Client::new();
+    let cookie = std::fs::read_to_string(n.dir.join("operator.cookie")).unwrap();
+    let mut headers = reqwest::header::HeaderMap::new();
+    headers.insert(
+        reqwest::header::AUTHORIZATION,
+        format!("Bearer {cookie}").parse().unwrap(),
+    );
+    let http = reqwest::Client::builder()
+        .default_headers(headers)
+        .build()
+        .unwrap();
+    let stranger = reqwest::Client::new();
     let (op, public) = (n.operator, n.addr);
     let to = hex::encode([1u8; 32]);
     let big = vec![0u8; blindrelay::proto::envelope::MAX_ENVELOPE + 1];
@@ -534,6 +544,20 @@ async fn every_error_of_both_listeners_is_json() {
             http.get(format!("http://{public}/v1/relay")),
             405,
             "method_not_allowed",
+        ),
+        (
+            "operator without the cookie",
+            stranger.get(format!("http://{op}/v1/inbox")),
+            401,
+            "unauthorized",
+        ),
+        (
+            "operator with a wrong cookie",
+            stranger
+                .get(format!("http://{op}/v1/status"))
+                .bearer_auth("ab".repeat(32)),
+            401,
+            "unauthorized",
         ),
     ];
     for (what, req, status, code) in cases {
@@ -699,8 +723,9 @@ async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
     assert_eq!(s["quality"]["status"], "attention");
     assert_eq!(s["counters"]["replay_capacity"], 1);
     assert_eq!(s["counters"]["replay_share_exceeded"], 1);
-    // Routes end 600 s after their reservation: room again, and status no longer full.
-    m.advance(Duration::from_secs(600));
+    // Routes end once their envelopes can no longer pass the age check (600 s, inclusive):
+    // room again, and status no longer full.
+    m.advance(Duration::from_secs(601));
     let r = submit_from(&n, &src(9), probe()).await;
     assert_eq!(reason(&r), "delivered");
     assert_eq!(status_of(&n)["replay"]["full"], false);
@@ -832,7 +857,8 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
     }
     assert_eq!(reason(&submit(&n, f(clock.unix())).await), "rate_limited");
 
-    // Twelve scored failures (route loops) quarantine too; replay conflicts never score.
+    // Route loops are on the design's scored list, but sealed by the sender: they never score
+    // against the previous hop (the failure score itself is tested in `hop_guard`).
     let l = key();
     let now = clock.unix();
     for i in 0..12 {
@@ -856,8 +882,10 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
         "quarantined",
         "w is still quarantined"
     );
+    // A route loop is sealed by the original sender, which `l` (as a previous hop) cannot
+    // read: twelve of them are refused but never charged to `l` (issue 12).
     let r = deliver(&n, &l, now, b"x").await;
-    assert_eq!(reason(&r), "quarantined");
+    assert_eq!(reason(&r), "delivered");
 }
 
 #[tokio::test]
@@ -1378,4 +1406,51 @@ async fn status_and_metrics_name_no_peer_route_endpoint_or_payload() {
         );
     }
     assert!(metrics.contains("blindrelay_verified_client_onion_deliveries_total 1"));
+}
+
+/// Issue 12, item 4: a reservation lasts as long as its envelope can pass the freshness checks,
+/// future skew and the inclusive age limit included (hand-driven clock).
+#[tokio::test]
+async fn a_reservation_outlives_its_envelope_freshness() {
+    use blindrelay::pipeline::metadata::{MAX_AGE_SECS, MAX_SKEW_SECS};
+    let (m, clock) = manual();
+    let n = node(&clock, |_| {}).await;
+    let p = key();
+    let t0 = clock.unix();
+    // Dated as far ahead as the skew allows, and dated now.
+    let ahead = frame(
+        &p,
+        &n,
+        rand::random(),
+        0,
+        t0 + MAX_SKEW_SECS,
+        terminal_blob(&n, b"ahead"),
+    );
+    let today = frame(&p, &n, rand::random(), 0, t0, terminal_blob(&n, b"today"));
+    assert_eq!(reason(&submit(&n, ahead.encode()).await), "delivered");
+    assert_eq!(reason(&submit(&n, today.encode()).await), "delivered");
+    // The last second `today` passes the age check: still reserved.
+    m.advance(Duration::from_secs(MAX_AGE_SECS));
+    assert_eq!(
+        reason(&submit(&n, today.encode()).await),
+        "replay_response_expired"
+    );
+    // Past the local window of `ahead`'s reservation, but its envelope is still fresh.
+    m.advance(Duration::from_secs(MAX_SKEW_SECS));
+    assert_eq!(clock.unix(), ahead.timestamp + MAX_AGE_SECS);
+    assert_eq!(
+        reason(&submit(&n, ahead.encode()).await),
+        "replay_response_expired"
+    );
+    // One second later neither envelope is fresh: refused by its age, never delivered again.
+    m.advance(Duration::from_secs(1));
+    assert_eq!(
+        reason(&submit(&n, ahead.encode()).await),
+        "timestamp_expired"
+    );
+    assert_eq!(
+        reason(&submit(&n, today.encode()).await),
+        "timestamp_expired"
+    );
+    assert_eq!(n.pipeline.terminal().inbox().len(), 2);
 }

@@ -139,19 +139,29 @@ async fn nothing_printed_or_served_links_sender_terminal_or_payload() {
     for (what, req) in [
         (
             "operator send unknown",
-            client
+            net.op_http(0)
                 .post(format!("{op0}/v1/send?to={stranger}&hops=2"))
                 .body(payload.clone()),
         ),
         (
             "operator send too many hops",
-            client
+            net.op_http(0)
                 .post(format!("{op0}/v1/send?to={to2}&hops=3"))
                 .body(payload.clone()),
         ),
         ("public 404", client.get(format!("{relay1}/v1/nothing"))),
-        ("operator 404", client.get(format!("{op1}/v1/nothing"))),
-        ("inbox item 404", client.get(format!("{op2}/v1/inbox/999"))),
+        (
+            "operator 404",
+            net.op_http(1).get(format!("{op1}/v1/nothing")),
+        ),
+        (
+            "inbox item 404",
+            net.op_http(2).get(format!("{op2}/v1/inbox/999")),
+        ),
+        (
+            "operator without cookie",
+            client.get(format!("{op1}/v1/status")),
+        ),
     ] {
         let (status, text) = body(req.send().await.expect(what)).await;
         assert!(status >= 400, "{what}: {status} {text}");
@@ -165,7 +175,7 @@ async fn nothing_printed_or_served_links_sender_terminal_or_payload() {
     for i in 0..3 {
         let op = &net.node(i).operator;
         let (_, text) = body(
-            client
+            net.op_http(i)
                 .get(format!("{op}/metrics"))
                 .send()
                 .await
@@ -285,12 +295,17 @@ async fn cli_errors_do_not_echo_the_operator_url_or_the_terminal_id() {
     let file = dir.path().join("msg");
     std::fs::write(&file, b"x").unwrap();
     let file = file.display().to_string();
+    let cookie = dir.path().join("operator.cookie");
+    std::fs::write(&cookie, "ab".repeat(32)).unwrap();
+    let cookie = cookie.display().to_string();
     let runs = [
         run_cli(
             &[
                 "send",
                 "--operator",
                 &operator,
+                "--cookie-file",
+                &cookie,
                 "--to",
                 &to,
                 "--hops",
@@ -300,9 +315,29 @@ async fn cli_errors_do_not_echo_the_operator_url_or_the_terminal_id() {
             None,
         )
         .await,
-        run_cli(&["status", "--operator", &operator], None).await,
-        run_cli(&["inbox", "--operator", &operator], None).await,
-        run_cli(&["inbox", "--operator", &operator, "--read", "1"], None).await,
+        run_cli(
+            &["status", "--operator", &operator, "--cookie-file", &cookie],
+            None,
+        )
+        .await,
+        run_cli(
+            &["inbox", "--operator", &operator, "--cookie-file", &cookie],
+            None,
+        )
+        .await,
+        run_cli(
+            &[
+                "inbox",
+                "--operator",
+                &operator,
+                "--cookie-file",
+                &cookie,
+                "--read",
+                "1",
+            ],
+            None,
+        )
+        .await,
     ];
     let mut leaks = Vec::new();
     for out in &runs {

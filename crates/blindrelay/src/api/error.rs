@@ -32,6 +32,8 @@ pub enum ApiError {
     InboxUnavailable,
     /// A blocking task of the handler died.
     Internal,
+    /// An operator request without the operator cookie.
+    Unauthorized,
     /// The query string does not deserialize.
     Query(QueryRejection),
     /// A path parameter does not deserialize.
@@ -78,6 +80,11 @@ impl ApiError {
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "inbox_unavailable",
                 words("the inbox cannot be read"),
+            ),
+            ApiError::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                words("the operator API needs the cookie from the node's state dir"),
             ),
             ApiError::Internal => (
                 StatusCode::INTERNAL_SERVER_ERROR,

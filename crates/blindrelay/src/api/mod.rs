@@ -12,6 +12,7 @@
 //! that does not arrive in time is refused (`request_timeout`, 408) and its connection closed.
 //! The in-flight slot is taken only once the body is read and framed (`Pipeline::admit`).
 
+pub mod cookie;
 mod error;
 pub mod serve;
 
@@ -47,8 +48,8 @@ pub fn public(pipeline: Arc<Pipeline>) -> Router {
         .with_state(pipeline)
 }
 
-/// The operator listener.
-pub fn operator(pipeline: Arc<Pipeline>) -> Router {
+/// The operator listener: every path needs the operator `cookie` ([`cookie::require`]).
+pub fn operator(pipeline: Arc<Pipeline>, cookie: cookie::Cookie) -> Router {
     Router::new()
         .route("/v1/send", post(send_message))
         .route("/v1/inbox", get(inbox_list))
@@ -60,6 +61,10 @@ pub fn operator(pipeline: Arc<Pipeline>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(MAX_ENVELOPE))
+        .layer(axum::middleware::from_fn_with_state(
+            cookie,
+            cookie::require,
+        ))
         .with_state(pipeline)
 }
 

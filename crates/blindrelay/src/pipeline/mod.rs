@@ -21,8 +21,9 @@
 //! (the reservation, the inbox, the replay record, each a SQLite commit on a blocking thread)
 //! and before any network work (the forward).
 //!
-//! Every step returns a decision: go on, or a [`Reason`]. A scored reason is charged to the
-//! authenticated previous hop, and every refusal after authentication is noted in its health.
+//! Every step returns a decision: go on, or a [`Reason`]. A refusal after authentication is
+//! blamed as [`Reason::blame`] says: only what the previous hop signed itself is charged to it
+//! (the design's scored list, less what the sender sealed) or noted in its health.
 //! [`Pipeline::process`] ends with an [`Answer`] or a [`Reason`]; the HTTP edge
 //! (`api`) turns them into responses. Each request bumps `received` and exactly one
 //! outcome counter.
@@ -52,7 +53,7 @@ use crate::health::Bucket;
 use crate::proto::answer::{Accepted, ErrorBody, Outcome};
 use crate::proto::envelope::Envelope;
 use crate::proto::{NodeId, Prefix, RouteId, probe};
-use crate::reason::Reason;
+use crate::reason::{Blame, Reason};
 use crate::replay::{Digest, ReplayRegistry, StoredResponse};
 use crate::sources::{Classifier, Grouping, Source};
 use crate::terminal::{self, Terminal, Undelivered};
@@ -124,6 +125,8 @@ struct Checked {
     digest: Digest,
     /// The time the request was checked at.
     now: u64,
+    /// The envelope's signed timestamp.
+    timestamp: u64,
     /// What step 8 does, already signed.
     next: Next,
 }
@@ -300,7 +303,15 @@ impl Pipeline {
             Next::Terminal { .. } => None,
         };
         // The end of step 7: the reservation, on disk, with no slot held.
-        match reserve::reserve(&self.replay, c.route_id, c.digest, c.now, source.key()).await {
+        let reserved = reserve::reserve(
+            &self.replay,
+            c.route_id,
+            c.digest,
+            c.now,
+            c.timestamp,
+            source.key(),
+        );
+        match reserved.await {
             Ok(Reserved::New) => {}
             Ok(Reserved::Duplicate(stored)) => {
                 self.ctx
@@ -409,20 +420,29 @@ impl Pipeline {
             route_id: env.route_id,
             digest: env.request_digest(),
             now,
+            timestamp: env.timestamp,
             next,
         })
     }
 
-    /// A refusal of an authenticated previous hop's frame: a scored reason is charged to it,
-    /// and its health notes the refusal.
+    /// A refusal of an authenticated previous hop's frame, blamed as [`Reason::blame`] says:
+    /// a reason the previous hop could have checked itself and on the design's list is charged
+    /// to it; its health notes only refusals of what it signed itself. What the sender sealed,
+    /// duplicates and this node's own state leave it untouched (its contact is still noted).
     fn refused(&self, prev: Option<NodeId>, r: Reason, instant: Instant) {
         let Some(prev) = prev else { return };
-        if r.is_scored() {
+        let now = self.ctx.clock.unix();
+        if r.is_charged() {
             self.hops.charge(&prev, instant, &self.ctx.counters);
         }
-        self.ctx
-            .health
-            .record_refusal(&prev, r, self.ctx.clock.unix());
+        match r.blame() {
+            Blame::PreviousHop | Blame::PreviousHopUnscored => {
+                self.ctx.health.record_refusal(&prev, r, now);
+            }
+            Blame::Sender | Blame::Nobody | Blame::ThisNode => {
+                self.ctx.health.record_contact(&prev, now);
+            }
+        }
     }
 
     /// Step 8 for a forward: the next hop with retries; its health.

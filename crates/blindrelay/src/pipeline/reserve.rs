@@ -19,7 +19,8 @@ pub(super) enum Reserved {
     Duplicate(StoredResponse),
 }
 
-/// Reserves `route_id` for the request `digest` at `now`.
+/// Reserves `route_id` for the request `digest` at `now`, through the last second its envelope
+/// (dated `timestamp`) passes the age check.
 ///
 /// # Errors
 /// The registry's refusal (`route_in_flight`, `replay_conflict`, `replay_response_expired`,
@@ -29,11 +30,13 @@ pub(super) async fn reserve(
     route_id: RouteId,
     digest: Digest,
     now: u64,
+    timestamp: u64,
     source: SourceKey,
 ) -> Result<Reserved, Reason> {
     let registry = Arc::clone(replay);
+    let last_fresh = timestamp.saturating_add(super::metadata::MAX_AGE_SECS);
     let reserved = tokio::task::spawn_blocking(move || {
-        registry.reserve_from(route_id, digest, now, Some(source))
+        registry.reserve_through(route_id, digest, now, last_fresh, Some(source))
     })
     .await;
     match reserved {

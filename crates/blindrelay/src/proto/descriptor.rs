@@ -26,6 +26,9 @@ use super::{NodeId, Prefix};
 pub const DESCRIPTOR_TTL: u64 = 3600;
 /// How far a descriptor's `issued_at` may be ahead of the verifier's clock, in seconds.
 pub const DESCRIPTOR_MAX_SKEW: u64 = 120;
+/// Longest validity a descriptor may claim (`expires_at − issued_at`): twice what a node signs,
+/// so a descriptor is refetched and its node's key rotation seen within hours, not never.
+pub const MAX_DESCRIPTOR_LIFETIME: u64 = 2 * DESCRIPTOR_TTL;
 /// Longest endpoint, in bytes.
 pub const MAX_ENDPOINT_LEN: usize = 255;
 
@@ -65,6 +68,9 @@ pub enum DescriptorError {
     /// `now` is at or past `expires_at`.
     #[error("descriptor expired")]
     Expired,
+    /// `expires_at − issued_at` is over [`MAX_DESCRIPTOR_LIFETIME`].
+    #[error("descriptor lifetime too long")]
+    LifetimeTooLong,
     /// `node_id` is not a usable Ed25519 key, or the signature does not verify under it.
     #[error("descriptor signature invalid")]
     BadSignature,
@@ -147,6 +153,9 @@ impl Descriptor {
     }
 
     fn window(&self, now: u64) -> Result<(), DescriptorError> {
+        if self.expires_at.saturating_sub(self.issued_at) > MAX_DESCRIPTOR_LIFETIME {
+            return Err(DescriptorError::LifetimeTooLong);
+        }
         if self.issued_at.saturating_sub(DESCRIPTOR_MAX_SKEW) > now {
             return Err(DescriptorError::NotYetValid);
         }

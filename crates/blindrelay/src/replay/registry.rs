@@ -272,7 +272,30 @@ impl ReplayRegistry {
         now: u64,
         source: Option<SourceKey>,
     ) -> Result<Outcome, ReplayError> {
-        let now_sql = sql_time(now)?;
+        let through = now.saturating_add(self.window_secs).saturating_sub(1);
+        self.reserve_through(route_id, digest, now, through, source)
+    }
+
+    /// [`ReplayRegistry::reserve_from`] for a request that stays acceptable through the second
+    /// `last_fresh` (its envelope's timestamp plus the age limit): a new route stays reserved
+    /// through the later of `last_fresh` and the end of its window from `now`, so a frame dated
+    /// ahead cannot run again once the window from its receipt has ended.
+    pub fn reserve_through(
+        &self,
+        route_id: RouteId,
+        digest: Digest,
+        now: u64,
+        last_fresh: u64,
+        source: Option<SourceKey>,
+    ) -> Result<Outcome, ReplayError> {
+        // Live while t < reserved_at + window: through `last_fresh` when
+        // reserved_at = last_fresh + 1 − window.
+        let reserved_at = now.max(
+            last_fresh
+                .saturating_add(1)
+                .saturating_sub(self.window_secs),
+        );
+        let now_sql = sql_time(reserved_at)?;
         let mut inner = self.lock();
         inner.purge(now);
         if let Some(entry) = inner.entries.get(&route_id) {
@@ -320,7 +343,7 @@ impl ReplayRegistry {
             route_id,
             Entry {
                 digest,
-                reserved_at: now,
+                reserved_at,
                 state: State::InFlight,
                 source,
             },

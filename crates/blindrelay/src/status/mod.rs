@@ -52,6 +52,9 @@ pub struct PeersInfo {
     pub known: usize,
     /// Peers with a current descriptor and an allowed endpoint.
     pub routable: usize,
+    /// Descriptors refused because a `--peer` URL answered with another identity than the one
+    /// pinned to it (on the command line or on first use). Not zero: look at the log.
+    pub identity_changes: u64,
 }
 
 /// The inbox, as the document shows it.
@@ -140,6 +143,7 @@ pub fn document(pipeline: &Pipeline) -> Document {
         peers: PeersInfo {
             known: descriptors.len(),
             routable: ctx.peers.routable(now).len(),
+            identity_changes: ctx.peers.identity_changes(),
         },
         inbox: InboxInfo {
             items: inbox.len(),

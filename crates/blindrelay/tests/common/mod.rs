@@ -367,7 +367,7 @@ impl Net {
         for (j, other) in self.nodes.iter().enumerate() {
             if j != i {
                 args.push("--peer".into());
-                args.push(other.endpoint.clone());
+                args.push(format!("{}@{}", other.id, other.endpoint));
             }
         }
         args.extend(self.extra.iter().cloned());
@@ -433,8 +433,9 @@ impl Net {
         let deadline = Instant::now() + WAIT;
         let url = format!("{}/v1/status", self.nodes[i].operator);
         let mut last = Value::Null;
+        let http = self.op_http(i);
         while Instant::now() < deadline {
-            if let Ok(resp) = self.http.get(&url).send().await
+            if let Ok(resp) = http.get(&url).send().await
                 && let Ok(v) = resp.json::<Value>().await
             {
                 if v["peers"]["routable"].as_u64() == Some(want as u64) {
@@ -450,9 +451,46 @@ impl Net {
         );
     }
 
-    /// Runs the CLI with `args` (the network's `RUST_LOG`, if any).
+    /// Runs the CLI with `args` (the network's `RUST_LOG`, if any). A command naming a node's
+    /// `--operator` reads that node's cookie from its state dir (`--state-dir` added) unless
+    /// the args say where the cookie is.
     pub async fn cli(&self, args: &[&str]) -> CliOutput {
-        run_cli(args, self.rust_log.as_deref()).await
+        let mut args: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+        let named = args
+            .windows(2)
+            .find(|w| w[0] == "--operator")
+            .and_then(|w| self.nodes.iter().find(|n| n.operator == w[1]));
+        let told = args
+            .iter()
+            .any(|a| a == "--state-dir" || a == "--cookie-file");
+        if let (Some(node), false) = (named, told) {
+            args.insert(1, node.state_dir.display().to_string());
+            args.insert(1, "--state-dir".into());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_cli(&args, self.rust_log.as_deref()).await
+    }
+
+    /// Node `i`'s operator cookie, as an `Authorization` header value.
+    pub fn bearer(&self, i: usize) -> String {
+        let cookie = std::fs::read_to_string(self.nodes[i].state_dir.join("operator.cookie"))
+            .expect("operator cookie");
+        format!("Bearer {}", cookie.trim())
+    }
+
+    /// An HTTP client for node `i`'s operator API: its cookie on every request.
+    pub fn op_http(&self, i: usize) -> reqwest::Client {
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(
+            reqwest::header::AUTHORIZATION,
+            self.bearer(i).parse().expect("header"),
+        );
+        reqwest::Client::builder()
+            .no_proxy()
+            .default_headers(headers)
+            .timeout(Duration::from_secs(20))
+            .build()
+            .expect("http client")
     }
 
     /// `blindrelay send` from node `from` to node `to`: (exit 0, stdout, stderr).
@@ -534,7 +572,12 @@ impl Net {
     /// A GET on node `i`'s operator API, as JSON.
     pub async fn get_json(&self, i: usize, path: &str) -> Value {
         let url = format!("{}{path}", self.nodes[i].operator);
-        let resp = self.http.get(&url).send().await.expect("operator API");
+        let resp = self
+            .op_http(i)
+            .get(&url)
+            .send()
+            .await
+            .expect("operator API");
         resp.json().await.expect("JSON")
     }
 
@@ -586,4 +629,10 @@ impl Net {
             self.kill9(i).await;
         }
     }
+}
+
+/// The peer health rows of a `GET /v1/status` answer.
+pub fn peer_rows(status: &Value) -> &Vec<Value> {
+    static EMPTY: Vec<Value> = Vec::new();
+    status["peer_health"]["rows"].as_array().unwrap_or(&EMPTY)
 }

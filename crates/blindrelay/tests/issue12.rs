@@ -1,0 +1,330 @@
+//! The guard blames the right peer and the design's promises hold (issue 12), on real
+//! processes on loopback. Every loop is bounded in count and time.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use blindrelay::proto::descriptor::Descriptor;
+use blindrelay::proto::envelope::Envelope;
+use blindrelay::proto::onion::{self, Hop, Route};
+use common::{Net, counter, http};
+use ed25519_dalek::SigningKey;
+use serde_json::Value;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// The descriptor of node `i`.
+async fn descriptor(net: &Net, i: usize) -> Descriptor {
+    let url = format!("{}/v1/descriptor", net.node(i).endpoint);
+    http()
+        .get(url)
+        .send()
+        .await
+        .expect("descriptor")
+        .json()
+        .await
+        .expect("descriptor JSON")
+}
+
+fn unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_secs()
+}
+
+/// A frame along `path` (this process as the sender, signed by `key`) with `ttl`, its route.
+fn craft(key: &SigningKey, path: &[&Descriptor], ttl: u8, payload: &[u8]) -> (Vec<u8>, Route) {
+    let hops: Vec<_> = path
+        .iter()
+        .map(|d| Hop {
+            node_id: d.node_id,
+            onion_key: d.onion_key,
+        })
+        .collect();
+    let route = onion::build(&hops, payload).expect("route");
+    let env = Envelope::sign(
+        route.first_route_id,
+        path[0].node_id,
+        ttl,
+        unix(),
+        route.blob.clone(),
+        key,
+    );
+    (env.encode(), route)
+}
+
+/// Posts `body` to `endpoint`: the status and the reason or outcome.
+async fn post(client: &reqwest::Client, endpoint: &str, body: Vec<u8>) -> (u16, String) {
+    match client
+        .post(format!("{endpoint}/v1/relay"))
+        .body(body)
+        .send()
+        .await
+    {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            let v: Value = r.json().await.unwrap_or(Value::Null);
+            let what = v["error"].as_str().or(v["outcome"].as_str()).unwrap_or("?");
+            (status, what.to_string())
+        }
+        Err(_) => (0, "no answer".into()),
+    }
+}
+
+/// The row of the peer whose id starts with `prefix` in `status`'s peer health.
+fn row<'a>(status: &'a Value, prefix: &str) -> Option<&'a Value> {
+    common::peer_rows(status)
+        .iter()
+        .find(|r| prefix.starts_with(r["node"].as_str().unwrap_or("-")))
+}
+
+/// Item 1: frames a stranger seals so that the hop after an honest relay finds a route loop or
+/// no TTL left do not get the honest relay quarantined; the stranger gets nothing but refusals.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sealed_loops_and_ttl_cannot_get_an_honest_relay_quarantined() {
+    let net = Net::start(4, &["--probe-interval", "0s"]).await;
+    let (b, c, d) = (
+        descriptor(&net, 1).await,
+        descriptor(&net, 2).await,
+        descriptor(&net, 3).await,
+    );
+    let stranger = SigningKey::from_bytes(&rand::random());
+    let client = http();
+    let mut refused = Vec::new();
+    for i in 0..30 {
+        // Even: D's layer sends it back to B (route loop at D). Odd: B's frame to D carries
+        // ttl 0 while D's layer says forward (ttl exhausted at D).
+        let (body, _) = if i % 2 == 0 {
+            craft(&stranger, &[&b, &d, &b], 2, format!("loop {i}").as_bytes())
+        } else {
+            craft(&stranger, &[&b, &d, &c], 1, format!("ttl {i}").as_bytes())
+        };
+        refused.push(post(&client, &b.endpoint, body).await);
+    }
+    for (status, reason) in &refused {
+        assert!(
+            matches!(
+                reason.as_str(),
+                "route_loop" | "ttl_exhausted" | "forward_failed"
+            ),
+            "{status} {reason}"
+        );
+    }
+    let status = net.status(3).await;
+    assert!(
+        counter(&status, "loop_detected") + counter(&status, "ttl_exhausted") > 0,
+        "D saw the crafted frames: {status}"
+    );
+    assert_eq!(counter(&status, "quarantine_started"), 0, "{status}");
+    let b_row = row(&status, net.node(1).prefix()).expect("B's row at D");
+    assert_eq!(b_row["quarantined"], false, "{b_row}");
+    // B's own traffic to D still flows.
+    let (ok, _, err) = net.send(1, 3, 1, b"from B after the attack").await;
+    assert!(ok, "{err}");
+    let (ok, _, err) = net.send(0, 3, 2, b"from A through B or C").await;
+    assert!(ok, "{err}");
+}
+
+/// A `--peer` URL that is not an honest peer (no real peer behaves like this, so the test
+/// serves it): `/sybil` answers each fetch with a new identity, `/huge` with an endless body,
+/// `/forever` with a descriptor valid until 2⁶³−1.
+#[derive(Debug, Clone, Default)]
+struct Liar {
+    sybil_fetches: Arc<AtomicU64>,
+    /// Bytes written to each `/huge` connection before the reader went away.
+    huge: Arc<Mutex<Vec<u64>>>,
+}
+
+/// Most bytes `/huge` writes to one connection.
+const HUGE: u64 = 256 << 20;
+
+impl Liar {
+    async fn start() -> (Liar, SocketAddr) {
+        let listener = tokio::net::TcpListener::bind((common::fresh_ip(), 0))
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let liar = Liar::default();
+        let me = liar.clone();
+        tokio::spawn(async move {
+            // Bounded: a test's nodes fetch a few times a second.
+            for _ in 0..2000 {
+                let Ok((conn, _)) = listener.accept().await else {
+                    return;
+                };
+                tokio::spawn(me.clone().answer(conn));
+            }
+        });
+        (liar, addr)
+    }
+
+    async fn answer(self, mut conn: tokio::net::TcpStream) {
+        let mut head = Vec::with_capacity(1024);
+        let mut buf = [0u8; 1024];
+        while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
+            match tokio::time::timeout(Duration::from_secs(5), conn.read(&mut buf)).await {
+                Ok(Ok(n)) if n > 0 => head.extend_from_slice(&buf[..n]),
+                _ => return,
+            }
+        }
+        let head = String::from_utf8_lossy(&head).into_owned();
+        let key = SigningKey::from_bytes(&rand::random());
+        let onion: [u8; 32] =
+            x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(rand::random::<
+                [u8; 32],
+            >()))
+            .to_bytes();
+        let now = unix();
+        let body = if head.starts_with("GET /sybil/") {
+            self.sybil_fetches.fetch_add(1, Ordering::Relaxed);
+            // Short-lived: refetched every round once within the refresh margin.
+            Descriptor::sign(&key, onion, "not routable", now, 602)
+        } else if head.starts_with("GET /forever/") {
+            Descriptor::sign(&key, onion, "not routable either", now, (1 << 63) - 1 - now)
+        } else if head.starts_with("GET /huge/") {
+            let _ = conn
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\n\r\n")
+                .await;
+            let chunk = vec![b' '; 64 * 1024];
+            let mut written = 0u64;
+            while written < HUGE {
+                let w = tokio::time::timeout(Duration::from_secs(10), conn.write_all(&chunk)).await;
+                if !matches!(w, Ok(Ok(()))) {
+                    break;
+                }
+                written += chunk.len() as u64;
+            }
+            self.huge.lock().unwrap().push(written);
+            return;
+        } else {
+            return;
+        };
+        let body = serde_json::to_vec(&body).expect("json");
+        let head = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        );
+        let _ = conn.write_all(head.as_bytes()).await;
+        let _ = conn.write_all(&body).await;
+    }
+}
+
+/// Item 3: one `--peer` URL is one identity (trusted on first use here, pinned `ID@URL` for
+/// the honest peers), a descriptor body is dropped at 4 096 bytes while it is read, and a
+/// descriptor cannot claim to live forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_url_cannot_hand_out_identities_or_memory() {
+    let (liar, addr) = Liar::start().await;
+    let (sybil, huge, forever) = (
+        format!("http://{addr}/sybil"),
+        format!("http://{addr}/huge"),
+        format!("http://{addr}/forever"),
+    );
+    let net = Net::start(
+        2,
+        &[
+            "--probe-interval",
+            "0s",
+            "--peer",
+            &sybil,
+            "--peer",
+            &huge,
+            "--peer",
+            &forever,
+        ],
+    )
+    .await;
+    // Wait (bounded) until the liar has answered several rounds and the huge body was cut.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while (liar.sybil_fetches.load(Ordering::Relaxed) < 6 || liar.huge.lock().unwrap().len() < 2)
+        && Instant::now() < deadline
+    {
+        tokio::time::sleep(common::POLL).await;
+    }
+    assert!(
+        liar.sybil_fetches.load(Ordering::Relaxed) >= 6,
+        "the nodes kept fetching"
+    );
+    let status = net.status(0).await;
+    // B, and the sybil URL's first identity: nothing else, and nothing from /forever.
+    assert_eq!(status["peers"]["known"], 2, "{}", status["peers"]);
+    assert!(
+        status["peers"]["identity_changes"].as_u64().unwrap_or(0) >= 2,
+        "{}",
+        status["peers"]
+    );
+    let node = net.node(0);
+    assert_eq!(node.count("trusted on first use"), 1, "{:?}", node.lines());
+    assert!(node.count("another identity") >= 2);
+    let cut = liar.huge.lock().unwrap().clone();
+    assert!(cut.len() >= 2);
+    for written in cut {
+        // What the kernel buffers, not what the node kept.
+        assert!(
+            written < 16 << 20,
+            "the node read {written} bytes of a huge body"
+        );
+    }
+    let rss = net.peak_rss_kib(0);
+    assert!(rss < 64 * 1024, "peak RSS {rss} KiB");
+    let out = net
+        .cli(&["status", "--operator", &net.node(0).operator])
+        .await;
+    assert!(out.out().contains("another identity"), "{}", out.out());
+}
+
+/// Item 9: the operator API serves nothing, the inbox's plaintext least of all, to a local
+/// process without the cookie; the cookie file is the owner's only and the CLI reads it from
+/// the state dir.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_operator_api_needs_the_cookie_from_the_state_dir() {
+    use std::os::unix::fs::PermissionsExt;
+    let net = Net::start(2, &["--probe-interval", "0s"]).await;
+    let secret = format!("SECRET-{}", common::hex(&common::random_bytes(8)));
+    let (ok, _, err) = net.send(0, 1, 1, secret.as_bytes()).await;
+    assert!(ok, "{err}");
+    let cookie = net.node(1).state_dir.join("operator.cookie");
+    let mode = std::fs::metadata(&cookie)
+        .expect("cookie")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let op = net.node(1).operator.clone();
+    for path in ["/v1/inbox", "/v1/inbox/1", "/v1/status", "/metrics"] {
+        let r = http().get(format!("{op}{path}")).send().await.expect(path);
+        assert_eq!(r.status().as_u16(), 401, "{path}");
+        let text = r.text().await.unwrap_or_default();
+        assert!(
+            text.contains("unauthorized") && !text.contains(&secret),
+            "{text}"
+        );
+    }
+    let r = http()
+        .post(format!("{op}/v1/send?to={}&hops=1", net.node(0).id))
+        .bearer_auth("00".repeat(32))
+        .body("x")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 401);
+    // The CLI reads the cookie from the state dir.
+    let ids = net.inbox_ids(1).await;
+    assert_eq!(net.inbox_read(1, ids[0]).await, secret.as_bytes());
+    // A wrong cookie file: refused.
+    let wrong = net.dir().join("wrong.cookie");
+    std::fs::write(&wrong, "00".repeat(32)).unwrap();
+    let out = net
+        .cli(&[
+            "inbox",
+            "--operator",
+            &op,
+            "--cookie-file",
+            &wrong.display().to_string(),
+        ])
+        .await;
+    assert!(!out.ok && !out.out().contains(&secret), "{}", out.out());
+}
