@@ -387,24 +387,6 @@ fn craft(key: &SigningKey, path: &[&Descriptor], payload: &[u8]) -> (Vec<u8>, Ro
     (env.encode(), route)
 }
 
-/// Posts `body` to `endpoint` from `client`: the status and the reason or outcome.
-async fn post(client: &reqwest::Client, endpoint: &str, body: Vec<u8>) -> (u16, String) {
-    match client
-        .post(format!("{endpoint}/v1/relay"))
-        .body(body)
-        .send()
-        .await
-    {
-        Ok(r) => {
-            let status = r.status().as_u16();
-            let v: Value = r.json().await.unwrap_or(Value::Null);
-            let what = v["error"].as_str().or(v["outcome"].as_str()).unwrap_or("?");
-            (status, what.to_string())
-        }
-        Err(_) => (0, "no answer".into()),
-    }
-}
-
 /// Sends `payload` along `path` and checks the terminal's receipt.
 async fn deliver_verified(
     client: &reqwest::Client,
@@ -460,7 +442,7 @@ async fn a_hung_next_hop_costs_a_small_bounded_share() {
         let (hung, endpoint) = (hung.clone(), b.endpoint.clone());
         stuck.push(tokio::spawn(async move {
             let t = Instant::now();
-            let r = post(&hung, &endpoint, body).await;
+            let r = common::post(&hung, &endpoint, body).await;
             (r, t.elapsed())
         }));
     }
@@ -541,7 +523,7 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
     for i in 0..5 {
         assert!(deliver_verified(&p0, &key, &[&d], format!("p0 {i}").as_bytes()).await);
     }
-    let (status, reason) = post(&p0, &d.endpoint, craft(&key, &[&d], b"p0 more").0).await;
+    let (status, reason) = common::post(&p0, &d.endpoint, craft(&key, &[&d], b"p0 more").0).await;
     assert_eq!((status, reason.as_str()), (429, "inbox_share_exceeded"));
     assert_eq!(net.status(3).await["inbox"]["full"], false);
     // Three more parties fill it; a fifth is refused: the inbox is full, and says so.
@@ -551,7 +533,7 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
             assert!(deliver_verified(&p, &key, &[&d], format!("p{k} {i}").as_bytes()).await);
         }
     }
-    let (status, reason) = post(&party(4), &d.endpoint, craft(&key, &[&d], b"p4").0).await;
+    let (status, reason) = common::post(&party(4), &d.endpoint, craft(&key, &[&d], b"p4").0).await;
     assert_eq!((status, reason.as_str()), (507, "inbox_full"));
     let (ok, _, _) = net.send(0, 3, 2, b"honest while full").await;
     assert!(!ok, "a full inbox refuses honest deliveries too");
@@ -589,7 +571,7 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
     let p5 = party(5);
     let mut reserved = 0;
     for _ in 0..20 {
-        let (_, reason) = post(&p5, &c.endpoint, craft(&key, &[&c], &probe()).0).await;
+        let (_, reason) = common::post(&p5, &c.endpoint, craft(&key, &[&c], &probe()).0).await;
         match reason.as_str() {
             "delivered" => reserved += 1,
             "replay_share_exceeded" => break,
@@ -602,7 +584,8 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
     'fill: for k in 6..12 {
         let p = party(k);
         for _ in 0..11 {
-            let (status, reason) = post(&p, &c.endpoint, craft(&key, &[&c], &probe()).0).await;
+            let (status, reason) =
+                common::post(&p, &c.endpoint, craft(&key, &[&c], &probe()).0).await;
             if reason == "replay_capacity" {
                 assert_eq!(status, 503);
                 full = true;

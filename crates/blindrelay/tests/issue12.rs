@@ -57,24 +57,6 @@ fn craft(key: &SigningKey, path: &[&Descriptor], ttl: u8, payload: &[u8]) -> (Ve
     (env.encode(), route)
 }
 
-/// Posts `body` to `endpoint`: the status and the reason or outcome.
-async fn post(client: &reqwest::Client, endpoint: &str, body: Vec<u8>) -> (u16, String) {
-    match client
-        .post(format!("{endpoint}/v1/relay"))
-        .body(body)
-        .send()
-        .await
-    {
-        Ok(r) => {
-            let status = r.status().as_u16();
-            let v: Value = r.json().await.unwrap_or(Value::Null);
-            let what = v["error"].as_str().or(v["outcome"].as_str()).unwrap_or("?");
-            (status, what.to_string())
-        }
-        Err(_) => (0, "no answer".into()),
-    }
-}
-
 /// The row of the peer whose id starts with `prefix` in `status`'s peer health.
 fn row<'a>(status: &'a Value, prefix: &str) -> Option<&'a Value> {
     common::peer_rows(status)
@@ -103,7 +85,7 @@ async fn sealed_loops_and_ttl_cannot_get_an_honest_relay_quarantined() {
         } else {
             craft(&stranger, &[&b, &d, &c], 1, format!("ttl {i}").as_bytes())
         };
-        refused.push(post(&client, &b.endpoint, body).await);
+        refused.push(common::post(&client, &b.endpoint, body).await);
     }
     for (status, reason) in &refused {
         assert!(

@@ -636,3 +636,21 @@ pub fn peer_rows(status: &Value) -> &Vec<Value> {
     static EMPTY: Vec<Value> = Vec::new();
     status["peer_health"]["rows"].as_array().unwrap_or(&EMPTY)
 }
+
+/// Posts a relay request `body` to `endpoint` from `client`: the status and the reason or outcome.
+pub async fn post(client: &reqwest::Client, endpoint: &str, body: Vec<u8>) -> (u16, String) {
+    match client
+        .post(format!("{endpoint}/v1/relay"))
+        .body(body)
+        .send()
+        .await
+    {
+        Ok(r) => {
+            let status = r.status().as_u16();
+            let v: Value = r.json().await.unwrap_or(Value::Null);
+            let what = v["error"].as_str().or(v["outcome"].as_str()).unwrap_or("?");
+            (status, what.to_string())
+        }
+        Err(_) => (0, "no answer".into()),
+    }
+}
