@@ -48,7 +48,7 @@ pub const MAX_ANSWER_PREFIXES: usize = 65_536;
 pub const CACHE_MAX_AGE: Duration = duration(CACHE_MAX_AGE_TEXT);
 /// [`CACHE_MAX_AGE`] as written.
 pub const CACHE_MAX_AGE_TEXT: &str = "1s";
-/// Time between two heartbeats.
+/// Time between the starts of two heartbeat rounds (a fixed period).
 pub const HEARTBEAT_INTERVAL: Duration = duration(HEARTBEAT_INTERVAL_TEXT);
 /// [`HEARTBEAT_INTERVAL`] as written.
 pub const HEARTBEAT_INTERVAL_TEXT: &str = "5m";
