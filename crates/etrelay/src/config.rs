@@ -100,6 +100,13 @@ pub const UPSTREAM_INTERVAL_ET: Duration = duration(UPSTREAM_INTERVAL_ET_TEXT);
 /// [`UPSTREAM_INTERVAL_ET`] as written.
 pub const UPSTREAM_INTERVAL_ET_TEXT: &str = "10ms";
 
+/// Time between two attempts to bind an address that could not be bound: the control API's
+/// (the tunnel may come up after the relay) and a registered server's public port (another
+/// process may hold it for a while).
+pub const BIND_RETRY: Duration = Duration::from_secs(10);
+/// At most one warning per this period about an address that still cannot be bound.
+pub const BIND_WARN_PERIOD: Duration = Duration::from_secs(300);
+
 /// The master protocol spoken by default.
 pub const GAME: Game = Game::Et;
 /// The masters ET 2.60b and ET: Legacy clients browse.

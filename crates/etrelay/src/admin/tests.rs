@@ -6,6 +6,7 @@ use clap::Parser;
 use tokio::net::UdpSocket;
 
 use super::client::tests::{one_shot, one_shot_with, response};
+use super::register::register;
 use super::*;
 
 const KEY: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -227,6 +228,7 @@ fn server_args(control: ControlUrl, f: &Files, json: bool) -> ServerArgs {
         control,
         key_file: f.key.clone(),
         json,
+        again: Again::default(),
     }
 }
 
@@ -409,11 +411,16 @@ async fn unknown_key_message() {
         r#"{"error":"unauthorized","message":"unknown key"}"#,
     ))
     .await;
-    let err = bans(&server_args(url, &f, false)).await.unwrap_err();
+    let err = bans(&server_args(url.clone(), &f, false))
+        .await
+        .unwrap_err();
     http.await.unwrap();
     assert_eq!(
         err.to_string(),
-        "the relay does not know this key (not registered, left, taken over by another key, or the relay lost its state): run `etrelay admin register` again"
+        format!(
+            "the relay does not know this key (not registered, left, taken over by another key, or the relay lost its state): run `etrelay admin register --control {url} --key-file {} --token-file <RELAY_TOKEN_FILE> --upstream <IP:PORT> --rcon <ADDR> --rcon-password-file <RCON_PASSWORD_FILE>` (or give this command --token-file, --upstream, --rcon and --rcon-password-file: it then registers again by itself)",
+            f.key.display()
+        )
     );
 }
 
