@@ -142,7 +142,7 @@ pub struct RunArgs {
     #[arg(long, value_enum, env = "ETRELAY_GAME", default_value_t = config::GAME)]
     pub game: Game,
 
-    /// Time between two heartbeats (humantime: `5m`, `30s`, `2s`).
+    /// Time between two heartbeat rounds, start to start (humantime: `5m`, `30s`, `2s`).
     #[arg(long, env = "ETRELAY_HEARTBEAT_INTERVAL", default_value = config::HEARTBEAT_INTERVAL_TEXT, value_parser = humantime::parse_duration)]
     pub heartbeat_interval: Duration,
 

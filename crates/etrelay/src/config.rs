@@ -48,7 +48,7 @@ pub const MAX_ANSWER_PREFIXES: usize = 65_536;
 pub const CACHE_MAX_AGE: Duration = duration(CACHE_MAX_AGE_TEXT);
 /// [`CACHE_MAX_AGE`] as written.
 pub const CACHE_MAX_AGE_TEXT: &str = "1s";
-/// Time between two heartbeats.
+/// Time between the starts of two heartbeat rounds (a fixed period).
 pub const HEARTBEAT_INTERVAL: Duration = duration(HEARTBEAT_INTERVAL_TEXT);
 /// [`HEARTBEAT_INTERVAL`] as written.
 pub const HEARTBEAT_INTERVAL_TEXT: &str = "5m";
@@ -99,6 +99,13 @@ pub const UPSTREAM_BURST_ET: u32 = 64;
 pub const UPSTREAM_INTERVAL_ET: Duration = duration(UPSTREAM_INTERVAL_ET_TEXT);
 /// [`UPSTREAM_INTERVAL_ET`] as written.
 pub const UPSTREAM_INTERVAL_ET_TEXT: &str = "10ms";
+
+/// Time between two attempts to bind an address that could not be bound: the control API's
+/// (the tunnel may come up after the relay) and a registered server's public port (another
+/// process may hold it for a while).
+pub const BIND_RETRY: Duration = Duration::from_secs(10);
+/// At most one warning per this period about an address that still cannot be bound.
+pub const BIND_WARN_PERIOD: Duration = Duration::from_secs(300);
 
 /// The master protocol spoken by default.
 pub const GAME: Game = Game::Et;

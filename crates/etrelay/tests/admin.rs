@@ -204,3 +204,86 @@ async fn a_wrong_rcon_password_registers_nothing() {
     );
     d.stop().await;
 }
+
+#[tokio::test]
+async fn after_the_relay_lost_its_state_admin_registers_again_by_itself() {
+    assert!(
+        OpenArena::available(),
+        "openarena-server is needed: run scripts/test"
+    );
+    let oa = OpenArena::start(unique_ip(), "secret").expect("start OpenArena");
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let ip = unique_ip();
+    let d = Daemon::start_on(ip, &state, &ports(2), &["--game", "q3"]).await;
+    let token_file = s(&state.with_extension("token"));
+    let pw_file = dir.path().join("rcon.pw");
+    std::fs::write(&pw_file, "secret\n").unwrap();
+    let (pw, kf, oa_addr) = (
+        s(&pw_file),
+        s(&dir.path().join("server.key")),
+        oa.addr().to_string(),
+    );
+    let means = [
+        "--token-file",
+        token_file.as_str(),
+        "--upstream",
+        oa_addr.as_str(),
+        "--rcon",
+        oa_addr.as_str(),
+        "--rcon-password-file",
+        pw.as_str(),
+        "--port",
+        "27961",
+    ];
+    let ctl = format!("http://{}", d.control);
+    let mut register = vec!["register", "--control", &ctl, "--key-file", &kf];
+    register.extend_from_slice(&means);
+    let (ok, out, err) = admin(&register).await;
+    assert!(ok && out.contains("on port 27961 (new)"), "{out}{err}");
+
+    // The relay loses its state (a new front host, a wiped state directory).
+    d.kill9().await;
+    std::fs::remove_dir_all(&state).unwrap();
+    let d = Daemon::start_on(ip, &state, &ports(2), &["--game", "q3"]).await;
+    let ctl = format!("http://{}", d.control);
+
+    // Without the means: the exact command to run.
+    let (ok, _, err) = admin(&["status", "--control", &ctl, "--key-file", &kf]).await;
+    assert!(!ok);
+    let want = format!(
+        "run `etrelay admin register --control {ctl} --key-file {kf} --token-file <RELAY_TOKEN_FILE>"
+    );
+    assert!(err.contains(&want), "{err}");
+
+    // With them: registers again (a new registration, fresh proof), then the command runs.
+    let mut status = vec!["status", "--control", &ctl, "--key-file", &kf];
+    status.extend_from_slice(&means);
+    let started = std::time::Instant::now();
+    let (ok, out, err) = admin(&status).await;
+    let took = started.elapsed();
+    assert!(ok, "{out}{err}\n{}", d.log_text());
+    println!(
+        "FIGURE admin status on a relay that lost its state: {} ms, registering again included",
+        took.as_millis()
+    );
+    assert!(err.contains("registering again"), "{err}");
+    assert!(
+        err.contains("on port 27961 (new); trying the command again"),
+        "{err}"
+    );
+    assert!(out.contains("27961 (public"), "{out}");
+    // Relayed again: a real browser through the public port, and the proof cleared.
+    let v = qstat::query_json("q3s", d.public(27961)).await.unwrap();
+    assert_eq!(v["status"], "online", "{v}");
+    let checker = client().await;
+    let r = ask(&checker, oa.addr(), &udp::oob(b"getstatus c")).await;
+    assert_eq!(info_value(&r[0].1, "etrelay_proof"), None);
+    // Known again: the next command does not register.
+    let mut bans = vec!["bans", "--control", &ctl, "--key-file", &kf];
+    bans.extend_from_slice(&means);
+    let (ok, out, err) = admin(&bans).await;
+    assert!(ok && out.contains("no bans"), "{out}{err}");
+    assert!(!err.contains("registering again"), "{err}");
+    d.stop().await;
+}

@@ -164,3 +164,25 @@ async fn no_heartbeat_while_the_server_is_down() {
     );
     relay.handle.stop().await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn rounds_start_one_interval_apart_even_when_probes_time_out() {
+    // The server never answers: every round spends PROBE_ATTEMPTS × 3 s probing. Rounds still
+    // start every 60 s (at 0, 60, …, 300 s), not 60 s after the previous one ended (0, 69,
+    // 138, … would give 5 rounds by 330 s instead of 6).
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    et.set_answering(false);
+    let mut cfg = config(et.addr());
+    cfg.heartbeat_interval = 60 * S;
+    cfg.probe_timeout = 3 * S;
+    let relay = start(cfg).await;
+    tokio::time::sleep(330 * S).await;
+    let want = 6 * PROBE_ATTEMPTS as usize;
+    assert!(
+        eventually(5 * S, || probes(&et) >= want).await,
+        "{} probes",
+        probes(&et)
+    );
+    assert_eq!(probes(&et), want);
+    relay.handle.stop().await;
+}

@@ -10,8 +10,23 @@ pub(crate) struct Server {
     pub(crate) public: Option<String>,
     pub(crate) upstream: String,
     pub(crate) registered_at: i64,
+    /// Why it is not relayed, when it is not.
+    #[serde(default)]
+    pub(crate) error: Option<String>,
+    /// The public port's bind state (relays before it: absent).
+    #[serde(default)]
+    pub(crate) bind: Option<Bind>,
     pub(crate) probe: Probe,
     pub(crate) sessions: u64,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct Bind {
+    /// `bound`, `retrying` or `not_bound`.
+    pub(crate) state: String,
+    pub(crate) attempts: u32,
+    pub(crate) last_error: Option<String>,
+    pub(crate) next_attempt_at: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]

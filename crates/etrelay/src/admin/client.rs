@@ -237,6 +237,9 @@ fn describe(
             "port {port} is held by another server on the relay: pick another --port, or leave --port out to get a free one"
         ),
         ("port_taken", _) => format!("the port is held by another server on the relay{relay_said}"),
+        ("key_in_use", _) => format!(
+            "this key already owns another server on the relay (one key per server): give this server its own --key-file{relay_said}"
+        ),
         ("no_free_port", _) => "every port of the relay's --ports is taken: ask the relay's admin for more ports".into(),
         ("port_not_allowed", Route::Register { port: Some(port) }) => format!(
             "port {port} is not one of the relay's --ports: pick one of them, or leave --port out to get a free one"

@@ -120,6 +120,14 @@ pub enum AdminError {
         /// What it means for the user.
         text: String,
     },
+    /// A key route answered 401 and the command cannot register again by itself.
+    #[error(
+        "the relay does not know this key (not registered, left, taken over by another key, or the relay lost its state): run `{run}` (or give this command --token-file, --upstream, --rcon and --rcon-password-file: it then registers again by itself)"
+    )]
+    KeyUnknown {
+        /// The registration to run, as far as this command knows it.
+        run: String,
+    },
     /// A success answer this tool cannot read.
     #[error("unexpected answer from the control API at {url}: {reason}")]
     BadResponse {

@@ -4,11 +4,16 @@
 //! - `register` makes the relay relay this game server: it proves it holds the server's
 //!   console (rcon `sets etrelay_proof <fingerprint>`), hands the relay its key with the relay
 //!   token, then clears the proof.
-//! - `status`, `sessions`, `bans`, `ban`, `unban`, `leave` then use the key alone.
+//! - `status`, `sessions`, `bans`, `ban`, `unban`, `leave` then use the key alone. When the
+//!   relay does not know the key (401: it lost its state, say), the first five register again
+//!   by themselves and retry once, if given the means; otherwise they say exactly what to run.
 //!
 //! Layout:
 //! - `key`: the key file and its fingerprint, and the other secrets read from files.
 //! - `rcon`: rcon to the game server over UDP.
+//! - `register`: registering (with proof), and registering again by itself when a key route
+//!   answers 401 and the command was given the means (`--token-file`, `--upstream`, `--rcon`,
+//!   `--rcon-password-file`).
 //! - `client`: the HTTP client of the control API.
 //! - `api`: the API's answers, as this tool shows them.
 //! - `table`: human output.
@@ -19,6 +24,7 @@ mod client;
 mod error;
 mod key;
 mod rcon;
+mod register;
 mod table;
 
 use std::io::{self, Write as _};
@@ -26,13 +32,14 @@ use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use reqwest::{Method, StatusCode};
+use reqwest::Method;
 use serde_json::{Value, json};
 
 pub use self::client::ControlUrl;
 use self::client::{Client, Route};
 pub use self::error::AdminError;
-use self::rcon::{Rcon, Timing};
+use self::rcon::Timing;
+pub use self::register::Again;
 
 /// `etrelay admin …` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -108,6 +115,12 @@ pub struct ServerArgs {
     /// Print the API's JSON answer instead of a table.
     #[arg(long)]
     pub json: bool,
+
+    #[command(
+        flatten,
+        next_help_heading = "Registering again when the relay does not know the key"
+    )]
+    pub again: Again,
 }
 
 /// Flags of `etrelay admin ban`.
@@ -158,7 +171,7 @@ pub async fn run(cmd: AdminCommand) -> Result<(), AdminError> {
 /// Runs one command, and returns what to print.
 async fn execute(cmd: AdminCommand, timing: Timing) -> Result<String, AdminError> {
     match cmd {
-        AdminCommand::Register(args) => register(&args, timing).await,
+        AdminCommand::Register(args) => register::register(&args, timing).await,
         AdminCommand::Status(args) => status(&args).await,
         AdminCommand::Sessions(args) => sessions(&args).await,
         AdminCommand::Bans(args) => bans(&args).await,
@@ -176,81 +189,8 @@ fn note(text: &str) {
     let _ = writeln!(io::stderr(), "{text}");
 }
 
-async fn register(args: &RegisterArgs, timing: Timing) -> Result<String, AdminError> {
-    let (key, created) = key::load_or_create(&args.key_file)?;
-    if created {
-        note(&format!(
-            "created a new key in {} (keep it: it is this server's identity on the relay)",
-            args.key_file.display()
-        ));
-    }
-    let token = key::read_token(&args.token_file)?;
-    let password = key::read_rcon_password(&args.rcon_password_file)?;
-    let fingerprint = key::fingerprint(&key);
-    let client = Client::new(&args.control)?;
-    let rcon_addr = resolve(&args.rcon).await?;
-
-    let mut rcon = Rcon::connect(rcon_addr, password, timing).await?;
-    rcon.run(&format!("sets etrelay_proof {fingerprint}"))
-        .await?;
-
-    let mut body = json!({"key": key, "upstream": args.upstream.to_string()});
-    if let Some(port) = args.port {
-        body["port"] = json!(port);
-    }
-    let result = client
-        .call(
-            Method::PUT,
-            "/server",
-            &token,
-            Some(&body),
-            Route::Register { port: args.port },
-        )
-        .await;
-
-    // Whatever the relay said: an empty cvar leaves serverinfo.
-    if let Err(e) = rcon.run("sets etrelay_proof \"\"").await {
-        warn(&format!(
-            "could not clear etrelay_proof on the game server ({e}): clear it with `sets etrelay_proof \"\"` on its console"
-        ));
-    }
-
-    let reply = result?;
-    if args.json {
-        return Ok(pretty(reply.body.as_ref()));
-    }
-    let body = reply.body.unwrap_or(Value::Null);
-    let upstream = body
-        .get("upstream")
-        .and_then(Value::as_str)
-        .map_or_else(|| args.upstream.to_string(), table::clean);
-    let how = match reply.status {
-        StatusCode::CREATED => " (new)",
-        StatusCode::OK => " (taken over)",
-        _ => "",
-    };
-    Ok(match body.get("port").and_then(Value::as_u64) {
-        Some(port) => format!("registered {upstream} on port {port}{how}\n"),
-        None => format!("registered {upstream}{how}\n"),
-    })
-}
-
-/// `--rcon`: a literal address, or a host name resolved once.
-async fn resolve(addr: &str) -> Result<SocketAddr, AdminError> {
-    if let Ok(addr) = addr.parse() {
-        return Ok(addr);
-    }
-    let error = |reason: String| AdminError::RconResolve {
-        addr: addr.to_owned(),
-        reason,
-    };
-    let mut found = tokio::net::lookup_host(addr)
-        .await
-        .map_err(|e| error(e.to_string()))?;
-    found.next().ok_or_else(|| error("no address found".into()))
-}
-
-/// A request with the server's key.
+/// A request with the server's key. A 401 (the relay does not know the key) registers again
+/// and retries once when `args` has the means ([`register::Again`]); `leave` does not.
 async fn key_call(
     args: &ServerArgs,
     method: Method,
@@ -260,8 +200,15 @@ async fn key_call(
 ) -> Result<Option<Value>, AdminError> {
     let key = key::load(&args.key_file)?;
     let client = Client::new(&args.control)?;
-    let reply = client.call(method, path, &key, body, route).await?;
-    Ok(reply.body)
+    let leaving = method == Method::DELETE && path == "/server";
+    match client.call(method.clone(), path, &key, body, route).await {
+        Err(e) if register::unknown_key(&e) && !leaving => {
+            register::again(args, &key, Timing::default()).await?;
+            let reply = client.call(method, path, &key, body, route).await?;
+            Ok(reply.body)
+        }
+        r => Ok(r?.body),
+    }
 }
 
 /// The JSON answer, pretty; nothing for an empty answer.
@@ -300,15 +247,32 @@ async fn status(args: &ServerArgs) -> Result<String, AdminError> {
     let probe = &server.probe;
     let utc =
         |t: Option<i64>| t.map_or_else(|| "never".into(), |t| format!("{} UTC", table::utc(t)));
-    Ok(table::fields(&[
+    let mut fields = vec![
         ("upstream", table::clean(&server.upstream)),
         (
             "port",
             match &server.public {
                 Some(public) => format!("{} (public {})", server.port, table::clean(public)),
-                None => format!("{} (not relayed: its port could not be bound)", server.port),
+                None => format!(
+                    "{} (not relayed: {})",
+                    server.port,
+                    table::clean(server.error.as_deref().unwrap_or("unknown reason"))
+                ),
             },
         ),
+    ];
+    if let Some(bind) = server.bind.as_ref().filter(|b| b.state == "retrying") {
+        fields.push((
+            "bind",
+            format!(
+                "retrying: {} failed attempt(s), last: {}; next attempt {}",
+                bind.attempts,
+                table::clean(bind.last_error.as_deref().unwrap_or("?")),
+                utc(bind.next_attempt_at)
+            ),
+        ));
+    }
+    fields.extend([
         ("registered", utc(Some(server.registered_at))),
         (
             "probe",
@@ -320,7 +284,8 @@ async fn status(args: &ServerArgs) -> Result<String, AdminError> {
             ),
         ),
         ("sessions", server.sessions.to_string()),
-    ]))
+    ]);
+    Ok(table::fields(&fields))
 }
 
 async fn sessions(args: &ServerArgs) -> Result<String, AdminError> {

@@ -6,6 +6,7 @@ use clap::Parser;
 use tokio::net::UdpSocket;
 
 use super::client::tests::{one_shot, one_shot_with, response};
+use super::register::register;
 use super::*;
 
 const KEY: &str = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
@@ -227,6 +228,7 @@ fn server_args(control: ControlUrl, f: &Files, json: bool) -> ServerArgs {
         control,
         key_file: f.key.clone(),
         json,
+        again: Again::default(),
     }
 }
 
@@ -409,11 +411,16 @@ async fn unknown_key_message() {
         r#"{"error":"unauthorized","message":"unknown key"}"#,
     ))
     .await;
-    let err = bans(&server_args(url, &f, false)).await.unwrap_err();
+    let err = bans(&server_args(url.clone(), &f, false))
+        .await
+        .unwrap_err();
     http.await.unwrap();
     assert_eq!(
         err.to_string(),
-        "the relay does not know this key (not registered, left, taken over by another key, or the relay lost its state): run `etrelay admin register` again"
+        format!(
+            "the relay does not know this key (not registered, left, taken over by another key, or the relay lost its state): run `etrelay admin register --control {url} --key-file {} --token-file <RELAY_TOKEN_FILE> --upstream <IP:PORT> --rcon <ADDR> --rcon-password-file <RCON_PASSWORD_FILE>` (or give this command --token-file, --upstream, --rcon and --rcon-password-file: it then registers again by itself)",
+            f.key.display()
+        )
     );
 }
 
@@ -532,4 +539,80 @@ fn command_line() {
     ] {
         assert!(Cli::try_parse_from(&bad).is_err(), "{bad:?} accepted");
     }
+}
+
+#[tokio::test]
+async fn unknown_key_without_all_the_means_names_the_command_with_what_it_has() {
+    let f = files(Some(KEY));
+    let (url, http) = one_shot(response(
+        "401 Unauthorized",
+        r#"{"error":"unauthorized","message":"unknown key"}"#,
+    ))
+    .await;
+    let mut args = server_args(url.clone(), &f, false);
+    args.again.token_file = Some("/etc/etrelay/token".into());
+    args.again.upstream = Some("10.0.0.2:27960".parse().unwrap());
+    args.again.port = Some(27961);
+    // No --rcon, no --rcon-password-file: nothing is sent to a game server, one request only.
+    let err = status(&args).await.unwrap_err();
+    http.await.unwrap();
+    let text = err.to_string();
+    let want = format!(
+        "run `etrelay admin register --control {url} --key-file {} --token-file /etc/etrelay/token --upstream 10.0.0.2:27960 --rcon <ADDR> --rcon-password-file <RCON_PASSWORD_FILE> --port 27961`",
+        f.key.display()
+    );
+    assert!(text.contains(&want), "{text}");
+}
+
+#[tokio::test]
+async fn leave_never_registers_again() {
+    let f = files(Some(KEY));
+    let (url, http) = one_shot(response(
+        "401 Unauthorized",
+        r#"{"error":"unauthorized","message":"unknown key"}"#,
+    ))
+    .await;
+    let mut args = server_args(url, &f, false);
+    args.again.token_file = Some(f.token.clone());
+    args.again.upstream = Some("10.0.0.2:27960".parse().unwrap());
+    args.again.rcon = Some("127.0.0.1:9".into());
+    args.again.rcon_password_file = Some(f.password.clone());
+    let err = leave(&args).await.unwrap_err();
+    http.await.unwrap();
+    assert!(
+        err.to_string()
+            .starts_with("the relay does not know this key"),
+        "{err}"
+    );
+}
+
+#[test]
+fn key_commands_take_the_means_to_register_again() {
+    let cli = Cli::try_parse_from([
+        "admin",
+        "unban",
+        "203.0.113.7",
+        "--control",
+        "10.8.0.1:8080",
+        "--key-file",
+        "k",
+        "--token-file",
+        "t",
+        "--upstream",
+        "10.8.0.2:27960",
+        "--rcon",
+        "127.0.0.1:27960",
+        "--rcon-password-file",
+        "p",
+        "--port",
+        "27961",
+    ])
+    .unwrap();
+    let AdminCommand::Unban(args) = cli.cmd else {
+        panic!("not unban: {cli:?}");
+    };
+    let again = &args.server.again;
+    assert_eq!(again.port, Some(27961));
+    assert_eq!(again.rcon.as_deref(), Some("127.0.0.1:27960"));
+    assert!(again.token_file.is_some() && again.rcon_password_file.is_some());
 }

@@ -246,7 +246,10 @@ impl Store {
     }
 
     /// Drops the bans expired at `now`; returns the rest (at most [`MAX_BANS`], oldest first).
-    fn load(&self, now: SystemTime) -> Result<Vec<Ban>, StoreError> {
+    ///
+    /// # Errors
+    /// The database refused, or holds a row that is not a ban.
+    pub fn load(&self, now: SystemTime) -> Result<Vec<Ban>, StoreError> {
         let conn = self.lock();
         conn.execute(
             "DELETE FROM bans WHERE expires_at IS NOT NULL AND expires_at <= ?1",

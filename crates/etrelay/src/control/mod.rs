@@ -15,8 +15,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, put};
 use axum::{Json, Router};
 use guard::counters::{Kind, PromText};
+use serde::Deserialize;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -25,23 +25,23 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 pub mod listen;
+mod server_json;
 
 use guard::throttle::Throttle;
 pub use listen::ListenLimits;
 
 use crate::bans::{self, Ban, BanError, BanRecord};
 use crate::clock::unix;
+pub use crate::config::BIND_RETRY;
+use crate::config::BIND_WARN_PERIOD;
 use crate::proof::{self, MIN_KEY, ProofError};
 use crate::registry::{Registered, Registry, RegistryError};
 use crate::secret::Secret;
-use crate::server::{ProbeState, ServerMetrics};
+use crate::server::ServerMetrics;
+use server_json::{ServerJson, server_json};
 
 /// Largest request body accepted.
 pub const MAX_BODY: usize = 64 * 1024;
-/// Time between two attempts to bind the control address.
-pub const BIND_RETRY: Duration = Duration::from_secs(10);
-/// At most one warning per this period about a control address that cannot be bound.
-const BIND_WARN_PERIOD: Duration = Duration::from_secs(300);
 
 /// What the handlers share.
 #[derive(Debug, Clone)]
@@ -98,6 +98,7 @@ impl From<RegistryError> for ApiError {
         let msg = e.to_string();
         match e {
             RegistryError::PortTaken(_) => ApiError::new(S::CONFLICT, "port_taken", msg),
+            RegistryError::KeyInUse(_) => ApiError::new(S::CONFLICT, "key_in_use", msg),
             RegistryError::NoFreePort => ApiError::new(S::SERVICE_UNAVAILABLE, "no_free_port", msg),
             RegistryError::PortNotAllowed(_) => {
                 ApiError::new(S::UNPROCESSABLE_ENTITY, "port_not_allowed", msg)
@@ -305,48 +306,6 @@ struct PutServer {
     upstream: String,
     #[serde(default)]
     port: Option<u16>,
-}
-
-#[derive(Debug, Serialize)]
-struct ProbeJson {
-    state: &'static str,
-    last_probe_at: Option<u64>,
-    last_answer_at: Option<u64>,
-}
-
-#[derive(Debug, Serialize)]
-struct ServerJson {
-    port: u16,
-    public: Option<SocketAddr>,
-    upstream: SocketAddr,
-    registered_at: u64,
-    relaying: bool,
-    /// Why it is not relayed, when it is not.
-    error: Option<String>,
-    probe: ProbeJson,
-    sessions: usize,
-}
-
-fn server_json(r: &Registered) -> ServerJson {
-    let probe = r.handle.as_ref().map(|h| h.probe());
-    ServerJson {
-        port: r.port,
-        public: r.handle.as_ref().map(|h| h.public_addr()),
-        upstream: r.upstream,
-        registered_at: unix(r.registered_at),
-        relaying: r.handle.is_some(),
-        error: r.error.clone(),
-        probe: ProbeJson {
-            state: match probe.map(|p| p.state) {
-                Some(ProbeState::Up) => "up",
-                Some(ProbeState::Down) => "down",
-                _ => "unknown",
-            },
-            last_probe_at: probe.and_then(|p| p.last_probe).map(unix),
-            last_answer_at: probe.and_then(|p| p.last_answer).map(unix),
-        },
-        sessions: r.handle.as_ref().map_or(0, |h| h.session_count()),
-    }
 }
 
 async fn put_server(

@@ -13,8 +13,14 @@
 //! and `bans-<port>.db` (that server's bans). At start (`restore`), stray temp files are
 //! removed, and each server is restored on its own: a server whose ban store is damaged, whose
 //! upstream is refused (a loop) or whose port cannot be bound stays registered but is not
-//! relayed, with the reason in its status and in the log; the others are relayed.
+//! relayed, with the reason in its status and in the log; the others are relayed. A port that
+//! could not be bound is tried again every [`crate::config::BIND_RETRY`] by the writer, and at
+//! once when the server registers again on it (`rebind`).
+//!
+//! One key owns one server: registering another upstream with a key that owns a server already
+//! is refused ([`RegistryError::KeyInUse`]), so every key route names exactly one server.
 
+mod rebind;
 mod restore;
 mod upstream;
 mod writer;
@@ -37,6 +43,8 @@ use crate::bans::{self, Ban};
 use crate::config::ServerConfig;
 use crate::proof::{KeyHash, key_hash};
 use crate::server::{Budget, ServerHandle};
+
+pub use self::rebind::BindRetry;
 
 /// What every registered server shares.
 #[derive(Debug, Clone)]
@@ -72,6 +80,8 @@ pub struct Registered {
     pub store: Option<Arc<Store>>,
     /// Why it is not relayed, when it is not.
     pub error: Option<String>,
+    /// Its public port could not be bound: tried again, when.
+    pub bind: Option<BindRetry>,
 }
 
 /// Why a change was refused. Nothing changed.
@@ -80,6 +90,11 @@ pub enum RegistryError {
     /// Another server holds the port.
     #[error("port {0} is held by another server")]
     PortTaken(u16),
+    /// The key owns another server already (on that port).
+    #[error(
+        "this key owns the server on port {0} already: one key per server (use another key file)"
+    )]
+    KeyInUse(u16),
     /// Every port is taken.
     #[error("no free port")]
     NoFreePort,

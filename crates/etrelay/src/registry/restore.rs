@@ -8,7 +8,9 @@
 //! 3. Each server is restored on its own: its upstream is checked (no loop), its ban store
 //!    opened (a JSON ban file of an earlier version imported), its port bound. Whatever fails
 //!    keeps that server registered but not relayed, with the reason in its status and an ERROR
-//!    line; the other servers are relayed.
+//!    line; the other servers are relayed. A port that could not be bound is tried again every
+//!    10 s ([`super::rebind`]). A key that owns an earlier record's server too is logged as an
+//!    error: its routes reach the lowest port only, until that server is registered again.
 //! 4. Ban stores of ports no server holds (left by an interrupted leave) are removed.
 
 use std::collections::HashSet;
@@ -17,10 +19,9 @@ use std::sync::Arc;
 use std::time::SystemTime;
 
 use guard::statefile;
-use tokio::net::UdpSocket;
 use tracing::{error, info, warn};
 
-use super::{Inner, Registered, RegistryError, ServersFile, blocking, upstream};
+use super::{Inner, Registered, RegistryError, ServersFile, blocking, rebind, upstream};
 use crate::bans::store::{self, Store};
 use crate::clock::from_unix;
 use crate::net::canonical;
@@ -66,13 +67,37 @@ pub(super) async fn restore(inner: &Arc<Inner>) -> Result<(), RegistryError> {
             handle: None,
             store: None,
             error: None,
+            bind: None,
         };
-        if let Err(why) = start(inner, &mut entry).await {
+        if let Some(other) = inner.lock().values().find(|r| r.key_hash == key_hash) {
             error!(
-                "server {upstream} on port {}: {why}; registration kept, not relayed",
-                rec.port
+                "servers.json: port {} has the key of port {}: its key routes reach port {} \
+                 only; register it again with a key of its own",
+                rec.port, other.port, other.port
             );
-            entry.error = Some(why);
+        }
+        match start(inner, &mut entry).await {
+            Ok(()) => {}
+            Err(e @ RegistryError::Bind { .. }) => {
+                error!(
+                    "server {upstream} on port {}: {e}; registration kept, the port is tried \
+                     again every {}s",
+                    rec.port,
+                    crate::config::BIND_RETRY.as_secs()
+                );
+                rebind::record_failure(&mut entry, &e);
+            }
+            Err(e) => {
+                let why = match e {
+                    RegistryError::NotRelaying(why) => why,
+                    e => e.to_string(),
+                };
+                error!(
+                    "server {upstream} on port {}: {why}; registration kept, not relayed",
+                    rec.port
+                );
+                entry.error = Some(why);
+            }
         }
         inner.lock().insert(rec.port, entry);
     }
@@ -92,23 +117,16 @@ pub(super) async fn restore(inner: &Arc<Inner>) -> Result<(), RegistryError> {
 }
 
 /// Checks the upstream, opens the ban store, binds the port and starts the server.
-async fn start(inner: &Arc<Inner>, entry: &mut Registered) -> Result<(), String> {
+async fn start(inner: &Arc<Inner>, entry: &mut Registered) -> Result<(), RegistryError> {
     if let Some(why) = upstream::refusal(entry.upstream, &inner.config) {
-        return Err(why);
+        return Err(RegistryError::BadUpstream(why));
     }
     let (dir, port) = (inner.config.state_dir.clone(), entry.port);
-    let (store, bans) = blocking(move || Ok(Store::open(&dir, port, SystemTime::now())?))
+    let (store, _) = blocking(move || Ok(Store::open(&dir, port, SystemTime::now())?))
         .await
-        .map_err(|e| format!("ban store: {e}"))?;
+        .map_err(|e| RegistryError::NotRelaying(format!("ban store: {e}")))?;
     entry.store = Some(Arc::new(store));
-    let public = UdpSocket::bind((inner.config.bind, port))
-        .await
-        .map_err(|source| RegistryError::Bind { port, source }.to_string())?;
-    let handle = inner
-        .start_on(public, entry.upstream, bans)
-        .map_err(|e| e.to_string())?;
-    entry.handle = Some(handle);
-    Ok(())
+    rebind::bind_and_start(inner, entry).await
 }
 
 /// Removes what an interrupted atomic write leaves: `.<name>.tmp.<pid>`.

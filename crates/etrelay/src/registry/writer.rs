@@ -11,7 +11,7 @@ use tokio::net::UdpSocket;
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use super::{Inner, Op, Registered, RegistryError, blocking};
+use super::{Inner, Op, Registered, RegistryError, blocking, rebind};
 use crate::bans::Ban;
 use crate::bans::store::{self, Store};
 use crate::proof::KeyHash;
@@ -19,7 +19,24 @@ use crate::proof::KeyHash;
 /// The writer: applies changes one at a time; a change that arrives once the relay is
 /// stopping is refused.
 pub(super) async fn run(inner: Arc<Inner>, mut rx: mpsc::Receiver<Op>) {
-    while let Some(op) = rx.recv().await {
+    loop {
+        let due = rebind::next_due(&inner);
+        let retry = async {
+            match due {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let op = tokio::select! {
+            op = rx.recv() => match op {
+                Some(op) => op,
+                None => break,
+            },
+            () = retry => {
+                rebind::retry_due(&inner).await;
+                continue;
+            }
+        };
         let stopping = inner.stopping.is_cancelled();
         match op {
             Op::Register {
@@ -67,6 +84,13 @@ async fn register(
     port: Option<u16>,
 ) -> Result<(Registered, bool), RegistryError> {
     let map = inner.lock().clone();
+    // One key, one server: its routes would otherwise reach only one of them.
+    if let Some(other) = map
+        .values()
+        .find(|r| r.upstream != upstream && r.key_hash == key_hash)
+    {
+        return Err(RegistryError::KeyInUse(other.port));
+    }
     let existing = map.values().find(|r| r.upstream == upstream).cloned();
     let target = pick_port(inner, &map, existing.as_ref(), upstream, port)?;
     let entry = Registered {
@@ -77,6 +101,7 @@ async fn register(
         handle: None,
         store: None,
         error: None,
+        bind: None,
     };
     match existing {
         Some(e) if e.port == target => take_over(inner, map, e, entry).await,
@@ -122,25 +147,35 @@ fn pick_port(
     }
 }
 
-/// Taken over on the same port: the relay goes on, with the new key.
+/// Taken over on the same port: the relay goes on, with the new key. A port that could not be
+/// bound is tried again at once.
 async fn take_over(
     inner: &Inner,
     mut map: BTreeMap<u16, Registered>,
     existing: Registered,
     new: Registered,
 ) -> Result<(Registered, bool), RegistryError> {
-    let entry = Registered {
+    let mut entry = Registered {
         key_hash: new.key_hash,
         registered_at: new.registered_at,
         ..existing
     };
     map.insert(entry.port, entry.clone());
     save_servers(inner, &map).await?;
-    inner.lock().insert(entry.port, entry.clone());
     info!(
         "server {} on port {} taken over by a new key",
         entry.upstream, entry.port
     );
+    if entry.bind.is_some() {
+        match rebind::bind_and_start(inner, &mut entry).await {
+            Ok(()) => info!(
+                "server {} on port {}: port bound at its registration, relayed",
+                entry.upstream, entry.port
+            ),
+            Err(e) => rebind::record_failure(&mut entry, &e),
+        }
+    }
+    inner.lock().insert(entry.port, entry.clone());
     Ok((entry, false))
 }
 
@@ -165,13 +200,24 @@ async fn start(
         Some(Registered {
             handle: Some(h), ..
         }) => h.bans(),
+        Some(Registered {
+            store: Some(s),
+            port,
+            ..
+        }) => {
+            let (store, port) = (Arc::clone(s), *port);
+            blocking(move || Ok(store.load(SystemTime::now())?))
+                .await
+                .map_err(|e| {
+                    error!("port {port}: cannot read its bans to move them: {e}");
+                    e
+                })?
+        }
         Some(e) => {
-            if e.store.is_none() {
-                warn!(
-                    "port {}: its ban store could not be opened; the server moves without bans",
-                    e.port
-                );
-            }
+            warn!(
+                "port {}: its ban store could not be opened; the server moves without bans",
+                e.port
+            );
             Vec::new()
         }
         None => Vec::new(),

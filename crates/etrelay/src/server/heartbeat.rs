@@ -2,8 +2,12 @@
 //! masters get after each probe and when the relay stops.
 //!
 //! The machine starts Unknown and asks for a probe at once. After each probe
-//! ([`Heartbeat::probed`]) it says what the round changed and what goes to the masters; once
-//! that is sent, [`Heartbeat::poll`] says to wait `heartbeat_interval` before the next probe.
+//! ([`Heartbeat::probed`]) it says what the round changed and what goes to the masters; then
+//! [`Heartbeat::poll`] says to wait for the next round. Rounds start on a fixed period,
+//! `heartbeat_interval` from the start of one round to the start of the next (the ET server's
+//! own period): the probe's time (up to 3 × 3 s when the server is down) does not push the
+//! next heartbeat later. A round that starts late (the process was stopped, or a round lasted
+//! longer than the period) skips the starts it missed instead of running them back to back.
 //!
 //! - Unknown or Down → Up: heartbeat. Up → Up: heartbeat.
 //! - Up → Down: flatline (ET), once for the whole outage: Down → Down sends nothing.
@@ -72,11 +76,11 @@ pub(super) struct Round {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Phase {
-    /// A probe is due (or under way).
-    Probe,
-    /// A round just ended: the wait is counted from the next poll.
-    RoundDone,
-    /// Waiting for the next probe.
+    /// The first round: due at the first poll.
+    First,
+    /// A round under way, started on the schedule at that instant.
+    Probing(Instant),
+    /// Waiting for the round scheduled at that instant.
     Wait(Instant),
 }
 
@@ -90,32 +94,42 @@ pub(super) struct Heartbeat {
 }
 
 impl Heartbeat {
-    /// A heartbeat for `game`, one probe every `interval` after the end of the previous round;
-    /// the first probe is due at once.
+    /// A heartbeat for `game`: the first round at once, then one round every `interval`,
+    /// start to start.
     pub(super) fn new(game: Game, interval: Duration) -> Self {
         Heartbeat {
             game,
             interval,
             state: ProbeState::Unknown,
-            phase: Phase::Probe,
+            phase: Phase::First,
         }
     }
 
     /// What to do at `now`.
     pub(super) fn poll(&mut self, now: Instant) -> Next {
         match self.phase {
-            Phase::Probe => Next::Probe,
-            Phase::RoundDone => {
-                let at = now + self.interval;
-                self.phase = Phase::Wait(at);
-                Next::WaitUntil(at)
+            Phase::First => {
+                self.phase = Phase::Probing(now);
+                Next::Probe
             }
+            Phase::Probing(_) => Next::Probe,
             Phase::Wait(at) if now < at => Next::WaitUntil(at),
-            Phase::Wait(_) => {
-                self.phase = Phase::Probe;
+            Phase::Wait(at) => {
+                self.phase = Phase::Probing(self.last_start_by(at, now));
                 Next::Probe
             }
         }
+    }
+
+    /// The latest start of the schedule `at`, `at + interval`, … that is not after `now`.
+    fn last_start_by(&self, at: Instant, now: Instant) -> Instant {
+        let period = self.interval.as_nanos().max(1);
+        let missed = (now - at).as_nanos() / period;
+        let skip = u32::try_from(missed).unwrap_or(u32::MAX);
+        self.interval
+            .checked_mul(skip)
+            .and_then(|d| at.checked_add(d))
+            .unwrap_or(now)
     }
 
     /// The probe asked for by [`Heartbeat::poll`] ended: the server `answered` it or not.
@@ -137,7 +151,12 @@ impl Heartbeat {
             _ => None,
         };
         self.state = next;
-        self.phase = Phase::RoundDone;
+        // The next round is due one period after this one's start on the schedule (a result
+        // given before any poll leaves the first round due at once).
+        self.phase = match self.phase {
+            Phase::Probing(at) | Phase::Wait(at) => Phase::Wait(at + self.interval),
+            Phase::First => Phase::First,
+        };
         Round {
             state: next,
             change,

@@ -38,7 +38,7 @@ fn unknown_to_up_heartbeats_and_up_keeps_heartbeating() {
             send: heartbeat()
         }
     );
-    // Not before the interval has passed since the end of the round.
+    // Not before the interval has passed since the start of the round.
     let t1 = t0 + INTERVAL;
     assert_eq!(hb.poll(t1 - Duration::from_millis(1)), Next::WaitUntil(t1));
     let r = round(&mut hb, t1, true);
@@ -136,4 +136,63 @@ fn the_probe_status_keeps_the_last_answer() {
     st.record(ProbeState::Down, t2);
     assert_eq!(st.state, ProbeState::Down);
     assert_eq!((st.last_probe, st.last_answer), (Some(t2), Some(t1)));
+}
+
+#[test]
+fn rounds_start_on_a_fixed_period_whatever_the_probe_takes() {
+    let t0 = Instant::now();
+    let mut hb = Heartbeat::new(Game::Et, INTERVAL);
+    // A down round: 3 unanswered probes of 3 s each.
+    let probe_time = Duration::from_secs(9);
+    for k in 0..5u32 {
+        let start = t0 + INTERVAL * k;
+        assert_eq!(hb.poll(start), Next::Probe, "round {k}");
+        let end = start + probe_time;
+        hb.probed(k % 2 == 0);
+        // The next round starts one period after this one started, not after it ended.
+        assert_eq!(hb.poll(end), Next::WaitUntil(start + INTERVAL), "round {k}");
+    }
+}
+
+#[test]
+fn a_late_round_skips_the_starts_it_missed() {
+    let t0 = Instant::now();
+    let mut hb = Heartbeat::new(Game::Et, INTERVAL);
+    assert_eq!(round(&mut hb, t0, true).send, heartbeat());
+    // Woken 2.5 periods late (a suspended process): one round now, none to catch up.
+    let late = t0 + INTERVAL * 3 + INTERVAL / 2;
+    assert_eq!(hb.poll(late), Next::Probe);
+    hb.probed(true);
+    assert_eq!(hb.poll(late), Next::WaitUntil(t0 + INTERVAL * 4));
+    // A round that lasts longer than the period: the next one is due at once, then on the
+    // schedule again.
+    let t4 = t0 + INTERVAL * 4;
+    assert_eq!(hb.poll(t4), Next::Probe);
+    hb.probed(false);
+    let after = t4 + INTERVAL + Duration::from_secs(1);
+    assert_eq!(hb.poll(after), Next::Probe);
+    hb.probed(false);
+    assert_eq!(hb.poll(after), Next::WaitUntil(t4 + INTERVAL * 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn on_a_paused_clock_heartbeats_are_one_period_apart() {
+    // The task's loop, with the probe's time spent on tokio's (paused) clock.
+    let mut hb = Heartbeat::new(Game::Et, INTERVAL);
+    let t0 = Instant::now();
+    let mut beats = Vec::new();
+    while beats.len() < 4 {
+        match hb.poll(Instant::now()) {
+            Next::WaitUntil(at) => tokio::time::sleep_until(at).await,
+            Next::Probe => {
+                // Two probes unanswered (3 s each), the third answered.
+                tokio::time::sleep(Duration::from_secs(6)).await;
+                if hb.probed(true).send.is_some() {
+                    beats.push(Instant::now() - t0);
+                }
+            }
+        }
+    }
+    let secs: Vec<u64> = beats.iter().map(|d| d.as_secs()).collect();
+    assert_eq!(secs, vec![6, 306, 606, 906]);
 }
