@@ -198,6 +198,10 @@ pub struct RunArgs {
     /// Time between synthetic probe rounds (humantime, `0s` disables them).
     #[arg(long, default_value_t = humantime::Duration::from(probe::DEFAULT_INTERVAL))]
     pub probe_interval: humantime::Duration,
+    /// Start even when `replay.db` or `inbox.db`, opened by an earlier run, is missing or empty
+    /// (earlier routes may then run again; delivered messages are gone). Logged as a warning.
+    #[arg(long)]
+    pub accept_lost_state: bool,
 }
 
 impl RunArgs {
@@ -207,6 +211,7 @@ impl RunArgs {
             state_dir: self.state_dir.clone(),
             peers: self.peers.clone(),
             replay_store: self.replay_store,
+            accept_lost_state: self.accept_lost_state,
             relay: RelayConfig {
                 window_limit: self.admission_per_minute,
                 max_in_flight: self.max_in_flight,

@@ -22,6 +22,8 @@
 //! - [`terminal`]: the terminal hop: the inbox and receipt signing.
 //! - [`replay`]: the route replay registry (SQLite or memory).
 //! - [`sqlite`]: the durable SQLite file both stores open, and its error.
+//! - [`stores`]: which stores a state dir holds; a node that has run before refuses to start
+//!   on a lost one.
 //! - [`send`]: the client side: choose a route, send, verify the receipt.
 //! - [`probe`]: synthetic single-hop and two-hop probes.
 //! - [`node`]: identity, onion keys, descriptor.
@@ -109,4 +111,5 @@ pub mod send;
 pub mod sources;
 pub mod sqlite;
 pub mod status;
+pub mod stores;
 pub mod terminal;

@@ -78,6 +78,7 @@ async fn start_in(
         replay_store: ReplayStore::Sqlite,
         relay: cfg,
         clock: clock.clone(),
+        accept_lost_state: false,
     })
     .unwrap();
     let pipeline = Arc::clone(&built.pipeline);

@@ -52,7 +52,7 @@ use crate::forward::{self, Forwarded};
 use crate::health::Bucket;
 use crate::proto::answer::{Accepted, ErrorBody, Outcome};
 use crate::proto::envelope::Envelope;
-use crate::proto::{NodeId, Prefix, RouteId, probe};
+use crate::proto::{NodeId, Prefix, RouteId};
 use crate::reason::{Blame, Reason};
 use crate::replay::{Digest, ReplayRegistry, StoredResponse};
 use crate::sources::{Classifier, Grouping, Source};
@@ -403,6 +403,7 @@ impl Pipeline {
             Routed::Terminal {
                 receipt_key,
                 payload,
+                probe,
             } => Next::Terminal {
                 receipt: terminal::seal_receipt(
                     self.ctx.node.signing_key(),
@@ -411,7 +412,7 @@ impl Pipeline {
                     &payload,
                     now,
                 ),
-                probe: probe::is_probe(&payload),
+                probe,
                 payload,
             },
         };

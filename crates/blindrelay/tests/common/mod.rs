@@ -382,9 +382,14 @@ impl Net {
     }
 
     fn spawn(&mut self, i: usize) {
+        self.spawn_with(i, &[]);
+    }
+
+    fn spawn_with(&mut self, i: usize, extra: &[&str]) {
         assert!(self.procs[i].is_none(), "node {i} is running already");
         let mut cmd = Command::new(BIN);
         cmd.args(self.run_args(i))
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -621,6 +626,23 @@ impl Net {
         self.spawn(i);
         self.wait_ready(i).await;
         self.wait_routable(i, self.nodes.len() - 1).await;
+    }
+
+    /// [`Net::restart`] with `extra` arguments added to the node's `run` for this start.
+    pub async fn restart_with(&mut self, i: usize, extra: &[&str]) {
+        self.kill9(i).await;
+        self.spawn_with(i, extra);
+        self.wait_ready(i).await;
+        self.wait_routable(i, self.nodes.len() - 1).await;
+    }
+
+    /// Runs node `i`'s `run` command (stopped first) and waits for it to exit (at most 30 s):
+    /// for a start that must fail.
+    pub async fn run_to_exit(&mut self, i: usize) -> CliOutput {
+        self.kill9(i).await;
+        let args = self.run_args(i);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_cli(&args, self.rust_log.as_deref()).await
     }
 
     /// Kills every node and waits until their output has been read to the end.
