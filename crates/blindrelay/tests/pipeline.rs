@@ -1455,3 +1455,146 @@ async fn a_reservation_outlives_its_envelope_freshness() {
     );
     assert_eq!(n.pipeline.terminal().inbox().len(), 2);
 }
+
+/// Issue 12, item 6: what the previous hop could not have prevented leaves its health alone.
+/// Replays in flight and expired responses have no effect on it at all; this node's own
+/// refusals (no route, a disallowed endpoint, a frame for another node, a full replay registry)
+/// note the contact only, never `degraded`, never a score. A replay conflict (its own reuse of
+/// a route id) does mark it, to show the rows tell the difference.
+#[tokio::test]
+async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
+    let (m, clock) = manual();
+    let n = node(&clock, |c| c.replay_capacity = 64).await;
+    let strict = node(&clock, |c| c.allow_private_endpoints = false).await;
+    let other = node(&clock, |_| {}).await;
+    introduce(&strict, &other);
+    let row = |at: &Node, k: &SigningKey| {
+        let prefix = hex::encode(&id(k)[..4]);
+        let s = status_of(at);
+        s["peer_health"]["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["node"] == prefix.as_str())
+            .cloned()
+            .unwrap_or_else(|| panic!("no row for {prefix}: {s}"))
+    };
+    let untouched = |r: &serde_json::Value, what: &str| {
+        assert_eq!(r["health"], "healthy", "{what}: {r}");
+        assert_eq!(r["reasons"], serde_json::json!({}), "{what}: {r}");
+    };
+    let now = clock.unix();
+    let stranger: NodeId = rand::random();
+
+    // Replays in flight and expired: no effect (only the first delivery's contact).
+    let (in_flight, expired) = (key(), key());
+    let busy = frame(
+        &in_flight,
+        &n,
+        rand::random(),
+        0,
+        now,
+        terminal_blob(&n, b"b"),
+    );
+    deliver(&n, &in_flight, now, b"contact").await;
+    n.pipeline
+        .replay()
+        .reserve(busy.route_id, busy.request_digest(), now)
+        .unwrap();
+    let first = frame(
+        &expired,
+        &n,
+        rand::random(),
+        0,
+        now,
+        terminal_blob(&n, b"e"),
+    );
+    assert_eq!(reason(&submit(&n, first.encode()).await), "delivered");
+    for _ in 0..13 {
+        assert_eq!(reason(&submit(&n, busy.encode()).await), "route_in_flight");
+    }
+    m.advance(Duration::from_secs(121));
+    let now = clock.unix();
+    for _ in 0..13 {
+        assert_eq!(
+            reason(&submit(&n, first.encode()).await),
+            "replay_response_expired"
+        );
+    }
+    untouched(&row(&n, &in_flight), "route_in_flight");
+    untouched(&row(&n, &expired), "replay_response_expired");
+
+    // This node's own refusals: thirteen each, no score, no mark.
+    let (no_route, wrong_hop, endpoint, full) = (key(), key(), key(), key());
+    for _ in 0..13 {
+        let f = frame(
+            &no_route,
+            &n,
+            rand::random(),
+            1,
+            now,
+            forward_blob(&n, stranger, vec![1; 200]),
+        );
+        assert_eq!(reason(&submit(&n, f.encode()).await), "no_route");
+        let f = frame(
+            &wrong_hop,
+            &n,
+            rand::random(),
+            1,
+            now,
+            terminal_blob(&n, b"x"),
+        );
+        let f = Envelope::sign(f.route_id, stranger, 1, now, f.blob, &wrong_hop);
+        assert_eq!(reason(&submit(&n, f.encode()).await), "wrong_hop");
+        let inner = forward_blob(&strict, *other.ctx.node.id(), vec![1; 200]);
+        let f = frame(&endpoint, &strict, rand::random(), 1, now, inner);
+        assert_eq!(
+            reason(&submit(&strict, f.encode()).await),
+            "invalid_endpoint"
+        );
+    }
+    untouched(&row(&n, &no_route), "no_route");
+    untouched(&row(&n, &wrong_hop), "wrong_hop");
+    untouched(&row(&strict, &endpoint), "invalid_endpoint");
+    let live = n.pipeline.replay().live(now);
+    for _ in live..64 {
+        n.pipeline
+            .replay()
+            .reserve(rand::random(), [0; 32], now)
+            .unwrap();
+    }
+    for _ in 0..13 {
+        assert_eq!(
+            reason(&deliver(&n, &full, now, b"full").await),
+            "replay_capacity"
+        );
+    }
+    untouched(&row(&n, &full), "replay_capacity");
+    for (at, k) in [
+        (&n, &no_route),
+        (&n, &wrong_hop),
+        (&strict, &endpoint),
+        (&n, &full),
+    ] {
+        assert_eq!(row(at, k)["quarantined"], false);
+    }
+    assert_eq!(n.ctx.counters.quarantine_started.get(), 0);
+    assert_eq!(strict.ctx.counters.quarantine_started.get(), 0);
+
+    // Its own reuse of a route id is its fault: marked (health only).
+    let conflict = frame(
+        &expired,
+        &n,
+        first.route_id,
+        0,
+        now,
+        terminal_blob(&n, b"other"),
+    );
+    assert_eq!(
+        reason(&submit(&n, conflict.encode()).await),
+        "replay_conflict"
+    );
+    let r = row(&n, &expired);
+    assert_eq!(r["health"], "degraded", "{r}");
+    assert_eq!(r["reasons"]["replay"], 1, "{r}");
+}

@@ -325,11 +325,14 @@ impl Pipeline {
             }
         }
         let now = self.ctx.clock.unix();
-        self.ctx.health.record_contact(&c.prev, now);
         // A known peer, authenticated: its address is known from now on (a peer whose
-        // connections do not come from its descriptor's endpoint).
+        // connections do not come from its descriptor's endpoint), and its health row is kept
+        // before strangers' ones.
         if self.ctx.peers.descriptor(&c.prev, now).is_ok() {
+            self.ctx.health.record_known_contact(&c.prev, now);
             self.sources.verified(source, self.ctx.clock.instant());
+        } else {
+            self.ctx.health.record_contact(&c.prev, now);
         }
         // Step 8, then the replay record.
         let (verdict, completed_at) = match c.next {
@@ -439,6 +442,11 @@ impl Pipeline {
         match r.blame() {
             Blame::PreviousHop | Blame::PreviousHopUnscored => {
                 self.ctx.health.record_refusal(&prev, r, now);
+                // Its row is kept while the quarantine lasts, whatever fills the table.
+                let left = self.hops.quarantine_left(&prev, instant);
+                if left > 0 {
+                    self.ctx.health.record_quarantine(&prev, now + left, now);
+                }
             }
             Blame::Sender | Blame::Nobody | Blame::ThisNode => {
                 self.ctx.health.record_contact(&prev, now);
