@@ -21,6 +21,7 @@ use crate::pipeline::{Pipeline, gate};
 use crate::probe;
 use crate::proto::Prefix;
 use crate::replay::{self, ReplayRegistry, ReplayStore};
+use crate::report;
 use crate::sources::Grouping;
 use crate::stores;
 use crate::terminal::{self, INBOX_MAX_BYTES, INBOX_MAX_ITEMS, Inbox, InboxError, Terminal};
@@ -74,6 +75,8 @@ pub struct RelayConfig {
     pub allow_private_endpoints: bool,
     /// Time between probe rounds (zero: no periodic probes).
     pub probe_interval: Duration,
+    /// The periodic status report (`None`: off).
+    pub report: Option<report::ReportConfig>,
 }
 
 impl RelayConfig {
@@ -97,6 +100,7 @@ impl RelayConfig {
             bind: None,
             allow_private_endpoints,
             probe_interval: probe::DEFAULT_INTERVAL,
+            report: None,
         }
     }
 }
@@ -151,6 +155,8 @@ pub struct Built {
     pub inbox_retention: Duration,
     /// The operator API's cookie, fresh in the state dir.
     pub cookie: api::cookie::Cookie,
+    /// The periodic status report (`None`: off).
+    pub report: Option<report::ReportConfig>,
 }
 
 /// Builds the node from the state dir.
@@ -224,6 +230,7 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
         probe_interval: relay.probe_interval,
         listen,
         inbox_retention: relay.inbox_retention,
+        report: relay.report.clone(),
     })
 }
 
@@ -277,6 +284,7 @@ pub async fn serve(
         listen,
         inbox_retention,
         cookie,
+        report,
     } = node;
     let ctx = Arc::clone(pipeline.ctx());
     let cancel = CancellationToken::new();
@@ -287,6 +295,8 @@ pub async fn serve(
         inbox_retention,
         cancel.clone(),
     ));
+    let report =
+        report.map(|r| tokio::spawn(report::run(Arc::clone(&pipeline), r, cancel.clone())));
     let a = tokio::spawn(serve::serve(
         public,
         api::public(Arc::clone(&pipeline)),
@@ -306,7 +316,7 @@ pub async fn serve(
     info!(node = %Prefix(ctx.node.id()), "node ready");
     shutdown.await;
     cancel.cancel();
-    for t in [a, b, peers, upkeep, probes] {
+    for t in [a, b, peers, upkeep, probes].into_iter().chain(report) {
         let _ = t.await;
     }
     info!("node stopped");

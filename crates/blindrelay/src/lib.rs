@@ -26,6 +26,7 @@
 //!   on a lost one.
 //! - [`send`]: the client side: choose a route, send, verify the receipt.
 //! - [`probe`]: synthetic single-hop and two-hop probes.
+//! - [`report`]: the optional periodic push of the status document to the operator's URL.
 //! - [`node`]: identity, onion keys, descriptor.
 //! - [`peers`]: known peers' descriptors, verified once when accepted.
 //! - [`health`]: per-peer health without who-talks-to-whom.
@@ -107,6 +108,7 @@ pub mod probe;
 pub mod proto;
 pub mod reason;
 pub mod replay;
+pub mod report;
 pub mod send;
 pub mod sources;
 pub mod sqlite;

@@ -3,7 +3,8 @@
 
 mod common;
 
-use common::{Net, counter};
+use common::{Doc, Net, ReportSink, counter};
+use serde_json::Value;
 
 /// Item 8: a message whose payload starts with the old probe marker is stored and delivered
 /// like any other (one hop and two); probes are still answered without being stored.
@@ -97,4 +98,68 @@ async fn a_node_that_has_run_refuses_to_start_on_lost_state() {
     net.restart(1).await;
     let (ok, _, err) = net.send(0, 1, 1, b"after the loss").await;
     assert!(ok, "{err}");
+}
+
+/// Item 7: with `--report-url`, the node pushes the status document in the design's layout
+/// to the operator's URL (a loopback listener the test runs), at start and every interval;
+/// without it, nothing is pushed. A URL that does not answer is counted and logged once, not
+/// retried in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_report_is_pushed_in_the_design_layout_only_when_asked() {
+    let sink = ReportSink::start().await;
+    let mut net = Net::start(2, &["--probe-interval", "0s"]).await;
+    let p1 = net.node(1).prefix().to_string();
+    net.restart_with(1, &["--report-url", &sink.url, "--report-interval", "1s"])
+        .await;
+    let from1 = |v: &Value| v["node"] == p1.as_str();
+    let first = sink.wait_for("from node 1", from1).await;
+    let ps = &first["system_stats"]["discovery_status"]["peer_store"];
+    assert!(ps["runtime"]["blind_relay"]["received"].is_u64(), "{first}");
+    assert!(
+        ps["runtime"]["blind_relay"]["duplicate_route"].is_u64(),
+        "{first}"
+    );
+    assert!(ps["blind_relay_quality"]["status"].is_string(), "{first}");
+    assert!(
+        ps["blind_relay_quality"]["proof_scope"].is_string(),
+        "{first}"
+    );
+    assert!(ps["peer_health_summary"]["rows"].is_array(), "{first}");
+    assert!(ps["runtime"]["replay"]["capacity"].is_u64(), "{first}");
+    // Periodic: a delivery to node 1 shows up in a later push.
+    let (ok, _, err) = net.send(0, 1, 1, b"counted, not shown").await;
+    assert!(ok, "{err}");
+    sink.wait_for("with the delivery", |v| {
+        from1(v) && v.counters()["terminal"].as_u64() == Some(1)
+    })
+    .await;
+    let s1 = net.status(1).await;
+    assert!(counter(&s1, "report_sent") >= 2, "{s1}");
+    assert_eq!(counter(&s1, "report_failed"), 0, "{s1}");
+    // Off by default: node 0 never pushed, and counted nothing.
+    let p0 = net.node(0).prefix().to_string();
+    assert!(sink.bodies().iter().all(|v| v["node"] != p0.as_str()));
+    let s0 = net.status(0).await;
+    assert_eq!(
+        counter(&s0, "report_sent") + counter(&s0, "report_failed"),
+        0
+    );
+    // A URL nobody answers at: failures counted, one log line, one attempt per interval.
+    let dead = format!("http://{}:9/report", common::fresh_ip());
+    net.restart_with(0, &["--report-url", &dead, "--report-interval", "1s"])
+        .await;
+    let started = std::time::Instant::now();
+    loop {
+        let s0 = net.status(0).await;
+        if counter(&s0, "report_failed") >= 2 {
+            break;
+        }
+        assert!(started.elapsed() < common::WAIT, "no failed report: {s0}");
+        tokio::time::sleep(common::POLL).await;
+    }
+    let elapsed = started.elapsed().as_secs() + 2;
+    let failed = counter(&net.status(0).await, "report_failed");
+    assert!(failed <= elapsed, "{failed} failures in about {elapsed} s");
+    assert_eq!(net.node(0).count("status report push failed"), 1);
+    assert!(!net.node(0).lines().iter().any(|l| l.contains(":9/report")));
 }

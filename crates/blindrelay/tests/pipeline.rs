@@ -22,6 +22,11 @@ use ed25519_dalek::SigningKey;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+#[path = "common/doc.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod doc;
+use doc::Doc;
+
 const T0: u64 = 1_800_000_000;
 
 fn fresh_ip() -> Ipv4Addr {
@@ -707,7 +712,7 @@ async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
         (r.status, reason(&r).as_str()),
         (429, "replay_share_exceeded")
     );
-    assert_eq!(status_of(&n)["replay"]["full"], false);
+    assert_eq!(status_of(&n).runtime()["replay"]["full"], false);
     // Three more fill it; then everyone is refused as `replay_capacity`, and status says so.
     for i in 1..4 {
         for _ in 0..2 {
@@ -720,16 +725,16 @@ async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
     let r = submit_from(&n, &src(9), probe()).await;
     assert_eq!((r.status, reason(&r).as_str()), (503, "replay_capacity"));
     let s = status_of(&n);
-    assert_eq!(s["replay"]["full"], true);
-    assert_eq!(s["quality"]["status"], "attention");
-    assert_eq!(s["counters"]["replay_capacity"], 1);
-    assert_eq!(s["counters"]["replay_share_exceeded"], 1);
+    assert_eq!(s.runtime()["replay"]["full"], true);
+    assert_eq!(s.quality()["status"], "attention");
+    assert_eq!(s.counters()["replay_capacity"], 1);
+    assert_eq!(s.counters()["replay_share_exceeded"], 1);
     // Routes end once their envelopes can no longer pass the age check (600 s, inclusive):
     // room again, and status no longer full.
     m.advance(Duration::from_secs(601));
     let r = submit_from(&n, &src(9), probe()).await;
     assert_eq!(reason(&r), "delivered");
-    assert_eq!(status_of(&n)["replay"]["full"], false);
+    assert_eq!(status_of(&n).runtime()["replay"]["full"], false);
 }
 
 #[tokio::test]
@@ -933,7 +938,7 @@ async fn every_replay_outcome() {
     assert_eq!(r2, r1);
     assert_eq!(
         moved(&before, &n.ctx.counters.snapshot()),
-        counted(&[("received", 1), ("replay_dropped", 1)])
+        counted(&[("received", 1), ("duplicate_route", 1)])
     );
     assert_eq!(n.pipeline.terminal().inbox().len(), 1);
     // Another request with that route id.
@@ -1238,7 +1243,7 @@ async fn probes_are_kept_apart_from_user_traffic() {
     assert!(b.pipeline.terminal().inbox().is_empty() && c.pipeline.terminal().inbox().is_empty());
     // The middle of the two-hop probe cannot tell it from a message: one forward, as designed.
     assert_eq!(sb.forwarded + sc.forwarded, 1);
-    let q = &status_of(&a)["quality"];
+    let q = status_of(&a).quality().clone();
     assert_eq!(q["status"], "ready");
     assert_eq!(q["proof_scope"], "message_delivery");
     assert_eq!(q["real_relay_ready"], false);
@@ -1248,7 +1253,7 @@ async fn probes_are_kept_apart_from_user_traffic() {
     blindrelay::send::send(&a.ctx, *c.ctx.node.id(), 2, b"real".to_vec())
         .await
         .unwrap();
-    let q = &status_of(&a)["quality"];
+    let q = status_of(&a).quality().clone();
     assert_eq!(
         (q["proof_scope"].as_str(), q["real_relay_ready"].as_bool()),
         (Some("client_message_delivery"), Some(true))
@@ -1260,7 +1265,7 @@ async fn status_moves_with_recent_events_and_recovers() {
     let (m, clock) = manual();
     let n = node(&clock, |c| c.crypto_slots = 4).await;
     let st = |n: &Node| {
-        status_of(n)["quality"]["status"]
+        status_of(n).quality()["status"]
             .as_str()
             .unwrap()
             .to_string()
@@ -1294,7 +1299,7 @@ async fn status_moves_with_recent_events_and_recovers() {
     }
     deliver(&n, &p, clock.unix(), b"b").await;
     assert_eq!(st(&n), "protecting");
-    let health = &status_of(&n)["peer_health"];
+    let health = status_of(&n).health().clone();
     let row = health["rows"]
         .as_array()
         .unwrap()
@@ -1315,7 +1320,7 @@ async fn status_moves_with_recent_events_and_recovers() {
         .collect();
     deliver(&n, &p, clock.unix(), b"d").await;
     drop(busy);
-    let q = status_of(&n)["quality"].clone();
+    let q = status_of(&n).quality().clone();
     assert_eq!(q["status"], "attention");
     assert!(q["next_action"].as_str().unwrap().contains("CPU"));
     m.advance(Duration::from_secs(1800));
@@ -1337,10 +1342,11 @@ async fn status_moves_with_recent_events_and_recovers() {
     }
     let doc = status_of(&n);
     assert_eq!(
-        doc["quality"]["status"], "attention",
+        doc.quality()["status"],
+        "attention",
         "exhausted retries call for attention"
     );
-    let failing = doc["peer_health"]["rows"]
+    let failing = doc.health()["rows"]
         .as_array()
         .unwrap()
         .iter()
@@ -1391,11 +1397,7 @@ async fn status_and_metrics_name_no_peer_route_endpoint_or_payload() {
             );
         }
         assert!(
-            status_of(n)["peer_health"]["rows"]
-                .as_array()
-                .unwrap()
-                .len()
-                <= blindrelay::health::MAX_ROWS
+            status_of(n).health()["rows"].as_array().unwrap().len() <= blindrelay::health::MAX_ROWS
         );
     }
     // The metrics are labelled by status only.
@@ -1471,7 +1473,7 @@ async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
     let row = |at: &Node, k: &SigningKey| {
         let prefix = hex::encode(&id(k)[..4]);
         let s = status_of(at);
-        s["peer_health"]["rows"]
+        s.health()["rows"]
             .as_array()
             .unwrap()
             .iter()

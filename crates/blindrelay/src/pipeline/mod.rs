@@ -554,8 +554,8 @@ impl Pipeline {
                 debug!("relay request forwarded");
             }
             Ok(Answer::Replayed(_)) => {
-                c.replay_dropped.inc();
-                debug!("relay request answered from the replay registry");
+                c.duplicate_route.inc();
+                debug!("duplicate_route: relay request answered from the replay registry");
             }
         }
     }
