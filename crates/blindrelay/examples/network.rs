@@ -62,6 +62,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             replay_store: ReplayStore::Sqlite,
             relay: RelayConfig::new(true),
             clock: Clock::System,
+            accept_lost_state: false,
         })?;
         nodes.push(node);
     }

@@ -13,6 +13,7 @@ use crate::daemon::{self, RelayConfig, RunConfig};
 use crate::peers::PeerSpec;
 use crate::pipeline::gate;
 use crate::replay::{self, ReplayStore};
+use crate::report;
 use crate::sources::{self, CountLimits, Grouping};
 use crate::{client, forward, probe, send, terminal};
 
@@ -198,6 +199,20 @@ pub struct RunArgs {
     /// Time between synthetic probe rounds (humantime, `0s` disables them).
     #[arg(long, default_value_t = humantime::Duration::from(probe::DEFAULT_INTERVAL))]
     pub probe_interval: humantime::Duration,
+    /// Start even when `replay.db` or `inbox.db`, opened by an earlier run, is missing or empty
+    /// (earlier routes may then run again; delivered messages are gone). Logged as a warning.
+    #[arg(long)]
+    pub accept_lost_state: bool,
+    /// Push the status document (the design's report) to this `http://` URL, at start and then
+    /// every `--report-interval`. Off unless given.
+    #[arg(long, value_parser = report::parse_url)]
+    pub report_url: Option<String>,
+    /// Time between status reports (at least 1 s).
+    #[arg(long, default_value_t = humantime::Duration::from(report::DEFAULT_INTERVAL))]
+    pub report_interval: humantime::Duration,
+    /// How long one status report may take.
+    #[arg(long, default_value_t = humantime::Duration::from(report::DEFAULT_TIMEOUT))]
+    pub report_timeout: humantime::Duration,
 }
 
 impl RunArgs {
@@ -207,6 +222,7 @@ impl RunArgs {
             state_dir: self.state_dir.clone(),
             peers: self.peers.clone(),
             replay_store: self.replay_store,
+            accept_lost_state: self.accept_lost_state,
             relay: RelayConfig {
                 window_limit: self.admission_per_minute,
                 max_in_flight: self.max_in_flight,
@@ -237,6 +253,11 @@ impl RunArgs {
                 bind: Some(self.listen.ip()).filter(|ip| !ip.is_unspecified()),
                 allow_private_endpoints: self.allow_private_endpoints,
                 probe_interval: self.probe_interval.into(),
+                report: self.report_url.clone().map(|url| report::ReportConfig {
+                    url,
+                    interval: self.report_interval.into(),
+                    timeout: self.report_timeout.into(),
+                }),
             },
             clock: Clock::System,
         }

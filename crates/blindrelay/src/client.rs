@@ -172,11 +172,12 @@ pub async fn status(operator: &str, json: bool) -> Result<(), String> {
 }
 
 /// The status document as readable tables.
-fn render_status(s: &Status) {
-    let q = &s.quality;
+fn render_status(doc: &Status) {
+    let ps = doc.peer_store();
+    let (q, s) = (&ps.blind_relay_quality, &ps.runtime);
     say!(
         "node {}   status {}   proof scope {}   real relay ready {}",
-        s.node,
+        doc.node,
         q.status,
         q.proof_scope,
         q.real_relay_ready
@@ -220,10 +221,14 @@ fn render_status(s: &Status) {
     }
     say!("");
     say!("COUNTERS");
-    for (k, val) in s.counters.iter().filter(|(k, _)| !k.starts_with("last_")) {
+    for (k, val) in s
+        .blind_relay
+        .iter()
+        .filter(|(k, _)| !k.starts_with("last_"))
+    {
         say!("  {k:<34} {}", val.unwrap_or(0));
     }
-    let h = &s.peer_health;
+    let h = &ps.peer_health_summary;
     say!("");
     if s.peers.identity_changes > 0 {
         say!(

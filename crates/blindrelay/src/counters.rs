@@ -1,8 +1,8 @@
 //! The node's aggregate counters: the design's groups, nothing per peer, route or address.
 //!
-//! Each request bumps `received` and exactly one outcome: `terminal`, `forwarded`, a duplicate
-//! (`replay_dropped`, answered with the stored response), or `rejected` plus the counter of its
-//! reason (`reason::Reason::counter`). Probes have their own counters and never move
+//! Each request bumps `received` and exactly one outcome: `terminal`, `forwarded`, a completed
+//! duplicate (`duplicate_route`, answered with the stored response), or `rejected` plus the
+//! counter of its reason (`reason::Reason::counter`). Probes have their own counters and never move
 //! these. The event times (`last_…_at`) are Unix seconds.
 //!
 //! Declared once with [`guard::counter_set!`]: the struct, its [`Snapshot`] (the status
@@ -38,8 +38,12 @@ guard::counter_set! {
             invalid_endpoint: Counter,
             /// Self-loop or route loop.
             loop_detected: Counter,
-            /// Replay registry outcomes other than new and full (duplicates included).
+            /// Refused by the replay registry: the same request in flight, another request with
+            /// the same route id, or a stored answer too old to replay.
             replay_dropped: Counter,
+            /// A completed route's duplicate, answered with its stored response (receipt
+            /// included): nothing forwarded or stored twice (the design's `duplicate_route`).
+            duplicate_route: Counter,
             /// Refused: every replay slot holds a live route.
             replay_capacity: Counter,
             /// Refused: the source holds its share of the replay registry's live routes.
@@ -102,6 +106,11 @@ guard::counter_set! {
             /// Probes of other nodes this node answered as their terminal (not user traffic: they move
             /// none of the request counters above).
             probes_answered: Counter,
+            /// Status reports pushed to `--report-url` (answered 2xx).
+            report_sent: Counter,
+            /// Status reports that failed (timeout, no connection, not 2xx); not retried
+            /// before the next interval.
+            report_failed: Counter,
             /// Last request accepted (terminal or forwarded).
             last_accepted_at: Stamp,
             /// Last request of any outcome.

@@ -21,11 +21,17 @@ use crate::pipeline::{Pipeline, gate};
 use crate::probe;
 use crate::proto::Prefix;
 use crate::replay::{self, ReplayRegistry, ReplayStore};
+use crate::report;
 use crate::sources::Grouping;
+use crate::stores;
 use crate::terminal::{self, INBOX_MAX_BYTES, INBOX_MAX_ITEMS, Inbox, InboxError, Terminal};
 
 /// Of the replay registry, what one source may hold by default (percent).
 pub const REPLAY_SOURCE_SHARE_PERCENT: u8 = 25;
+/// The replay registry's file in the state dir.
+pub const REPLAY_DB: &str = "replay.db";
+/// The inbox's file in the state dir.
+pub const INBOX_DB: &str = "inbox.db";
 /// Descriptors kept free for everything but connections (SQLite, peers, the operator).
 const SPARE_DESCRIPTORS: u64 = 256;
 
@@ -69,6 +75,8 @@ pub struct RelayConfig {
     pub allow_private_endpoints: bool,
     /// Time between probe rounds (zero: no periodic probes).
     pub probe_interval: Duration,
+    /// The periodic status report (`None`: off).
+    pub report: Option<report::ReportConfig>,
 }
 
 impl RelayConfig {
@@ -92,6 +100,7 @@ impl RelayConfig {
             bind: None,
             allow_private_endpoints,
             probe_interval: probe::DEFAULT_INTERVAL,
+            report: None,
         }
     }
 }
@@ -109,6 +118,8 @@ pub struct RunConfig {
     pub relay: RelayConfig,
     /// Time source.
     pub clock: Clock,
+    /// Start even when a store the node opened before is missing or empty (`crate::stores`).
+    pub accept_lost_state: bool,
 }
 
 /// Why the node could not start.
@@ -126,6 +137,9 @@ pub enum RunError {
     /// The operator cookie file.
     #[error("cannot write the operator cookie: {0}")]
     Cookie(std::io::ErrorKind),
+    /// A store the node opened before is lost, and the operator did not accept it.
+    #[error(transparent)]
+    LostState(#[from] stores::LostState),
 }
 
 /// A built node: its pipeline (whose context the outbound side uses) and how often it probes.
@@ -141,6 +155,8 @@ pub struct Built {
     pub inbox_retention: Duration,
     /// The operator API's cookie, fresh in the state dir.
     pub cookie: api::cookie::Cookie,
+    /// The periodic status report (`None`: off).
+    pub report: Option<report::ReportConfig>,
 }
 
 /// Builds the node from the state dir.
@@ -152,9 +168,16 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
     let now = config.clock.unix();
     node.rotate_if_due(now)?;
     let relay = &config.relay;
+    let opening: &[&str] = match config.replay_store {
+        ReplayStore::Sqlite => &[REPLAY_DB, INBOX_DB],
+        ReplayStore::Memory => &[INBOX_DB],
+    };
+    for lost in stores::check(&config.state_dir, opening, config.accept_lost_state)? {
+        warn!("{lost}; starting anyway (--accept-lost-state)");
+    }
     let registry = match config.replay_store {
         ReplayStore::Sqlite => ReplayRegistry::open_sqlite(
-            &config.state_dir.join("replay.db"),
+            &config.state_dir.join(REPLAY_DB),
             relay.replay_capacity,
             replay::WINDOW_SECS,
             now,
@@ -163,10 +186,11 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
     }
     .with_source_share(relay.replay_share_percent);
     let inbox = Inbox::open_with_limits(
-        &config.state_dir.join("inbox.db"),
+        &config.state_dir.join(INBOX_DB),
         relay.inbox_max_items,
         relay.inbox_max_bytes,
     )?;
+    stores::record(&config.state_dir, opening).map_err(stores::LostState::File)?;
     let mut listen = relay.listen;
     fit_descriptors(&mut listen);
     let peers = Arc::new(Peers::new(
@@ -206,6 +230,7 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
         probe_interval: relay.probe_interval,
         listen,
         inbox_retention: relay.inbox_retention,
+        report: relay.report.clone(),
     })
 }
 
@@ -259,6 +284,7 @@ pub async fn serve(
         listen,
         inbox_retention,
         cookie,
+        report,
     } = node;
     let ctx = Arc::clone(pipeline.ctx());
     let cancel = CancellationToken::new();
@@ -269,6 +295,8 @@ pub async fn serve(
         inbox_retention,
         cancel.clone(),
     ));
+    let report =
+        report.map(|r| tokio::spawn(report::run(Arc::clone(&pipeline), r, cancel.clone())));
     let a = tokio::spawn(serve::serve(
         public,
         api::public(Arc::clone(&pipeline)),
@@ -288,7 +316,7 @@ pub async fn serve(
     info!(node = %Prefix(ctx.node.id()), "node ready");
     shutdown.await;
     cancel.cancel();
-    for t in [a, b, peers, upkeep, probes] {
+    for t in [a, b, peers, upkeep, probes].into_iter().chain(report) {
         let _ = t.await;
     }
     info!("node stopped");

@@ -4,8 +4,12 @@
 //! buckets), how forwards and probes to it fared as a next hop (successes, failures, consecutive
 //! failures), and when it was last in contact — kept as times, shown only as coarse age
 //! buckets. Never a pair of peers, a route, an endpoint, a payload or an address. The table is
-//! capped at [`MAX_TRACKED`] peers (the least recently active one goes first) and the summary at
-//! [`MAX_ROWS`] rows.
+//! capped at [`MAX_TRACKED`] peers and the summary at [`MAX_ROWS`] rows. When it is full, rows
+//! go in this order (see [`Stats::keep`]): strangers first (the least recently active first),
+//! then known peers that were quiet for [`RECENT_SECS`]; a quarantined peer's row and an active
+//! known peer's row go only for a row at least as precious. So a flood of throwaway identities
+//! (each one signs a frame, each one gets a row) churns among its own rows and never hides a
+//! quarantine or an honest neighbour.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
@@ -144,11 +148,28 @@ struct Stats {
     last_route_success: Option<u64>,
     last_route_failure: Option<u64>,
     last_refusal: Option<u64>,
+    /// This node's guard quarantined it until then.
+    quarantined_until: Option<u64>,
+    /// A known peer: it had a descriptor when its frame came, or a forward or probe to it
+    /// succeeded. A throwaway identity can sign frames but is never known.
+    known: bool,
     /// Indexed like [`Bucket::ALL`].
     reasons: [u64; BUCKETS],
 }
 
 impl Stats {
+    /// How precious the row is when the table is full, lowest evicted first: 2 quarantined now,
+    /// 1 a known peer active within [`RECENT_SECS`], 0 anything else.
+    fn keep(&self, now: u64) -> u8 {
+        if self.quarantined_until.is_some_and(|u| u > now) {
+            2
+        } else if self.known && now.saturating_sub(self.last_activity()) < RECENT_SECS {
+            1
+        } else {
+            0
+        }
+    }
+
     fn last_activity(&self) -> u64 {
         [
             self.last_contact,
@@ -227,29 +248,55 @@ impl Health {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Updates `peer`'s stats, making room for it if the table is full.
-    fn with(&self, peer: &NodeId, f: impl FnOnce(&mut Stats)) {
+    /// Updates `peer`'s stats at `now`. A new peer while the table is full takes the place of
+    /// the least precious row ([`Stats::keep`], then the least recently active), unless every
+    /// row is more precious than the new one: then the new one is not tracked.
+    fn with(&self, peer: &NodeId, now: u64, f: impl FnOnce(&mut Stats)) {
         let mut map = self.lock();
-        if !map.contains_key(peer) && map.len() >= MAX_TRACKED {
-            let oldest = map
+        if let Some(s) = map.get_mut(peer) {
+            f(s);
+            return;
+        }
+        let mut fresh = Stats::default();
+        f(&mut fresh);
+        if map.len() >= MAX_TRACKED {
+            let victim = map
                 .iter()
-                .min_by_key(|(_, s)| s.last_activity())
-                .map(|(k, _)| *k);
-            if let Some(k) = oldest {
-                map.remove(&k);
+                .map(|(k, s)| ((s.keep(now), s.last_activity()), *k))
+                .min();
+            match victim {
+                Some(((keep, _), k)) if keep <= fresh.keep(now) => {
+                    map.remove(&k);
+                }
+                _ => return,
             }
         }
-        f(map.entry(*peer).or_default());
+        map.insert(*peer, fresh);
     }
 
     /// An authenticated frame from `peer` as previous hop.
     pub fn record_contact(&self, peer: &NodeId, now: u64) {
-        self.with(peer, |s| s.last_contact = Some(now));
+        self.with(peer, now, |s| s.last_contact = Some(now));
+    }
+
+    /// An authenticated frame from `peer`, a known peer (it has a descriptor here).
+    pub fn record_known_contact(&self, peer: &NodeId, now: u64) {
+        self.with(peer, now, |s| {
+            s.last_contact = Some(now);
+            s.known = true;
+        });
+    }
+
+    /// This node's guard quarantined `peer` until `until` (its row is kept while it lasts).
+    pub fn record_quarantine(&self, peer: &NodeId, until: u64, now: u64) {
+        self.with(peer, now, |s| {
+            s.quarantined_until = Some(s.quarantined_until.map_or(until, |u| u.max(until)));
+        });
     }
 
     /// A refusal of `peer`'s frame (after authentication).
     pub fn record_refusal(&self, peer: &NodeId, why: Reason, now: u64) {
-        self.with(peer, |s| {
+        self.with(peer, now, |s| {
             s.last_contact = Some(now);
             s.last_refusal = Some(now);
             s.reasons[Bucket::of(why) as usize] += 1;
@@ -263,8 +310,9 @@ impl Health {
 
     /// As [`Health::record_route`], with the bucket of a failure.
     pub fn record_route_reason(&self, peer: &NodeId, ok: bool, why: Bucket, now: u64) {
-        self.with(peer, |s| {
+        self.with(peer, now, |s| {
             if ok {
+                s.known = true;
                 s.route_successes += 1;
                 s.consecutive_failures = 0;
                 s.last_route_success = Some(now);
@@ -292,19 +340,25 @@ impl Health {
         let mut ids: Vec<NodeId> = map.keys().chain(descriptors.keys()).copied().collect();
         ids.sort_unstable();
         ids.dedup();
-        let mut rows: Vec<Row> = ids
+        // Known peers (a descriptor here, or a success to it) before strangers of the same
+        // health: a flood of throwaway identities does not push the neighbours out of the rows.
+        let mut rows: Vec<(bool, Row)> = ids
             .iter()
             .map(|id| {
                 let s = map.get(id).cloned().unwrap_or_default();
-                row(id, &s, descriptors.get(id).copied(), quarantine(id), now)
+                let expires_at = descriptors.get(id).copied();
+                let known = s.known || expires_at.is_some();
+                (known, row(id, &s, expires_at, quarantine(id), now))
             })
             .collect();
-        rows.sort_by(|a, b| {
+        rows.sort_by(|(ka, a), (kb, b)| {
             a.health
                 .cmp(&b.health)
+                .then(kb.cmp(ka))
                 .then(b.route_failures.cmp(&a.route_failures))
                 .then(a.node.cmp(&b.node))
         });
+        let rows: Vec<Row> = rows.into_iter().map(|(_, r)| r).collect();
         let count = |h: HealthState| rows.iter().filter(|r| r.health == h).count();
         Summary {
             total_peers: rows.len(),
@@ -409,6 +463,46 @@ mod tests {
             h.record_contact(&id, u64::from(i));
         }
         assert_eq!(h.len(), MAX_TRACKED);
+    }
+
+    /// Item 6 of issue 12: a flood of throwaway identities fills the table while one peer is
+    /// quarantined and one known peer is active: both rows stay, the summary counts the
+    /// quarantine, and the flood churns among its own rows.
+    #[test]
+    fn a_sybil_flood_never_evicts_a_quarantine_or_an_active_known_peer() {
+        let h = Health::default();
+        let now = 10_000;
+        let (quarantined, neighbour) = ([0xaa; 32], [0xbb; 32]);
+        h.record_refusal(&quarantined, Reason::RateLimited, now);
+        h.record_quarantine(&quarantined, now + 300, now);
+        h.record_known_contact(&neighbour, now);
+        for i in 0..(MAX_TRACKED as u32 + 256) {
+            let mut id = [0u8; 32];
+            id[..4].copy_from_slice(&i.to_be_bytes());
+            // Later throwaways are more recent than the quarantine and the neighbour.
+            h.record_contact(&id, now + 1 + u64::from(i) / 64);
+        }
+        assert_eq!(h.len(), MAX_TRACKED);
+        let later = now + 100;
+        let left = |id: &NodeId| if *id == quarantined { 200 } else { 0 };
+        let s = h.summary(later, &HashMap::new(), left);
+        assert_eq!(s.quarantined, 1, "{:?}", &s.rows[..2]);
+        assert_eq!(s.rows[0].node, "aaaaaaaa");
+        assert!(
+            s.rows
+                .iter()
+                .any(|r| r.node == "bbbbbbbb" && r.health.as_str() == "healthy")
+        );
+        // The newest throwaway got a row: the flood churned among its own.
+        let mut newest = [0u8; 32];
+        newest[..4].copy_from_slice(&(MAX_TRACKED as u32 + 255).to_be_bytes());
+        assert!(h.lock().contains_key(&newest));
+        // Once the quarantine is over and the neighbour quiet for long, they may go.
+        let much_later = now + RECENT_SECS + 400;
+        h.record_contact(&[0xcc; 32], much_later);
+        h.record_contact(&[0xcd; 32], much_later);
+        assert!(!h.lock().contains_key(&quarantined));
+        assert!(!h.lock().contains_key(&neighbour));
     }
 
     #[test]

@@ -22,8 +22,11 @@
 //! - [`terminal`]: the terminal hop: the inbox and receipt signing.
 //! - [`replay`]: the route replay registry (SQLite or memory).
 //! - [`sqlite`]: the durable SQLite file both stores open, and its error.
+//! - [`stores`]: which stores a state dir holds; a node that has run before refuses to start
+//!   on a lost one.
 //! - [`send`]: the client side: choose a route, send, verify the receipt.
 //! - [`probe`]: synthetic single-hop and two-hop probes.
+//! - [`report`]: the optional periodic push of the status document to the operator's URL.
 //! - [`node`]: identity, onion keys, descriptor.
 //! - [`peers`]: known peers' descriptors, verified once when accepted.
 //! - [`health`]: per-peer health without who-talks-to-whom.
@@ -105,8 +108,10 @@ pub mod probe;
 pub mod proto;
 pub mod reason;
 pub mod replay;
+pub mod report;
 pub mod send;
 pub mod sources;
 pub mod sqlite;
 pub mod status;
+pub mod stores;
 pub mod terminal;

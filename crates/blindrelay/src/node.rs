@@ -174,6 +174,7 @@ pub fn init(dir: &Path, endpoint: &str, now: u64) -> Result<NodeId, NodeError> {
             endpoint: endpoint.to_string(),
         },
     )?;
+    crate::stores::init(dir)?;
     Ok(SigningKey::from_bytes(&seed).verifying_key().to_bytes())
 }
 

@@ -32,7 +32,9 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(300);
 
 /// Sends one probe along `path` (1 or 2 hops): true only on a verified receipt.
 async fn probe_path(ctx: &Context, path: Vec<Hop>) -> bool {
-    deliver_along(ctx, path, probe::payload()).await.is_ok()
+    deliver_along(ctx, path, probe::payload(), true)
+        .await
+        .is_ok()
 }
 
 /// The two-hop probe's path: a random middle and a random terminal, when at least two peers are

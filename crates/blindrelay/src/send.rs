@@ -95,7 +95,7 @@ pub async fn send(
         hops,
         &mut rand::rng(),
     )?;
-    let r = deliver_along(ctx, path, payload).await?;
+    let r = deliver_along(ctx, path, payload, false).await?;
     let now = ctx.clock.unix();
     ctx.counters.verified_client_onion_deliveries.inc();
     ctx.counters.last_verified_client_onion_delivery_at.set(now);
@@ -153,6 +153,7 @@ pub(crate) async fn deliver_along(
     ctx: &Context,
     path: Vec<Hop>,
     payload: Vec<u8>,
+    probe: bool,
 ) -> Result<Receipt, SendError> {
     let (Some(first), Some(last)) = (path.first(), path.last()) else {
         return Err(SendError::NoHops);
@@ -171,8 +172,13 @@ pub(crate) async fn deliver_along(
         .ok_or(SendError::Backpressure)?;
     let node = Arc::clone(&ctx.node);
     let (route, commitment, envelope) = context::on_crypto_slot(slot, move || {
-        let route = onion::build(&path, &payload)
-            .map_err(|_| SendError::TooLarge(onion::max_payload(hops)))?;
+        let build = if probe {
+            onion::build_probe
+        } else {
+            onion::build
+        };
+        let route =
+            build(&path, &payload).map_err(|_| SendError::TooLarge(onion::max_payload(hops)))?;
         let env = Envelope::sign(
             route.first_route_id,
             entry,

@@ -93,6 +93,14 @@ pub(crate) fn open_durable(path: &Path) -> Result<Connection, StoreError> {
     Ok(conn)
 }
 
+/// Moves the write-ahead log into the database file (`wal_checkpoint(TRUNCATE)`): called once
+/// a store has created its table, so a store opened once is never a 0-byte file on disk
+/// (`crate::stores` takes a 0-byte store for a lost one).
+pub(crate) fn settle(conn: &Connection) -> Result<(), StoreError> {
+    conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))
+        .ctx("checkpoint the write-ahead log")
+}
+
 /// Creates an empty file readable by its owner only, unless it exists. SQLite gives its `-wal`
 /// and `-shm` files the database file's permissions.
 fn create_private(path: &Path) -> Result<(), StoreError> {

@@ -9,12 +9,13 @@ use blindrelay::proto::descriptor::Descriptor;
 use blindrelay::proto::envelope::Envelope;
 use blindrelay::proto::onion::{self, Layer};
 use blindrelay::proto::{NodeId, from_hex};
-use common::{Net, http};
+use common::{Doc, Net, http};
 use ed25519_dalek::SigningKey;
 use serde_json::Value;
 
 fn nonzero(status: &Value) -> BTreeMap<String, u64> {
-    status["counters"]
+    status
+        .counters()
         .as_object()
         .unwrap()
         .iter()
@@ -130,24 +131,25 @@ async fn counters_equal_the_outcomes_of_a_scripted_run() {
     );
     assert_eq!(
         nonzero(&s2),
-        expect(&[("received", 4), ("terminal", 3), ("replay_dropped", 1)]),
+        expect(&[("received", 4), ("terminal", 3), ("duplicate_route", 1)]),
         "node 2"
     );
     // Exactly one outcome per request, on every node.
     for s in [&s0, &s1, &s2] {
-        let c = |k: &str| s["counters"][k].as_u64().unwrap();
+        let c = |k: &str| s.counters()[k].as_u64().unwrap();
         assert_eq!(
             c("received"),
-            c("terminal") + c("forwarded") + c("rejected") + c("replay_dropped")
+            c("terminal") + c("forwarded") + c("rejected") + c("duplicate_route")
         );
     }
-    assert_eq!(s0["quality"]["proof_scope"], "client_message_delivery");
-    assert_eq!(s0["quality"]["real_relay_ready"], true);
+    assert_eq!(s0.quality()["proof_scope"], "client_message_delivery");
+    assert_eq!(s0.quality()["real_relay_ready"], true);
     assert_eq!(
-        s1["quality"]["status"], "protecting",
+        s1.quality()["status"],
+        "protecting",
         "a stale frame is the guard at work"
     );
-    assert_eq!(s2["quality"]["status"], "ready");
+    assert_eq!(s2.quality()["status"], "ready");
     assert_eq!(net.inbox_ids(2).await.len(), 3);
 }
 

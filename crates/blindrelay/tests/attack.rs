@@ -18,7 +18,7 @@ use blindrelay::proto::descriptor::Descriptor;
 use blindrelay::proto::envelope::Envelope;
 use blindrelay::proto::onion::{self, Hop, Route};
 use blindrelay::proto::receipt;
-use common::{Net, counter, http_from};
+use common::{Doc, Net, counter, http_from};
 use ed25519_dalek::SigningKey;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -188,7 +188,7 @@ async fn junk_flood(name: &str, sources: usize, conns: usize) {
         counter(&status, "envelope_too_large") + counter(&status, "source_limited") > 0,
         "{name}: the junk was refused and counted: {status}"
     );
-    assert_ne!(status["quality"]["status"], "attention", "{status}");
+    assert_ne!(status.quality()["status"], "attention", "{status}");
     report(
         name,
         (ok, total),
@@ -370,8 +370,18 @@ fn hop(d: &Descriptor) -> Hop {
 
 /// A frame along `path` (this process as the sender, signed by `key`), its route.
 fn craft(key: &SigningKey, path: &[&Descriptor], payload: &[u8]) -> (Vec<u8>, Route) {
+    craft_with(onion::build, key, path, payload)
+}
+
+/// [`craft`] with the route built by `build` ([`onion::build`] or [`onion::build_probe`]).
+fn craft_with(
+    build: fn(&[Hop], &[u8]) -> Result<Route, onion::BuildError>,
+    key: &SigningKey,
+    path: &[&Descriptor],
+    payload: &[u8],
+) -> (Vec<u8>, Route) {
     let hops: Vec<_> = path.iter().map(|d| hop(d)).collect();
-    let route = onion::build(&hops, payload).expect("route");
+    let route = build(&hops, payload).expect("route");
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("time")
@@ -525,7 +535,7 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
     }
     let (status, reason) = common::post(&p0, &d.endpoint, craft(&key, &[&d], b"p0 more").0).await;
     assert_eq!((status, reason.as_str()), (429, "inbox_share_exceeded"));
-    assert_eq!(net.status(3).await["inbox"]["full"], false);
+    assert_eq!(net.status(3).await.runtime()["inbox"]["full"], false);
     // Three more parties fill it; a fifth is refused: the inbox is full, and says so.
     for k in 1..4 {
         let p = party(k);
@@ -538,10 +548,10 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
     let (ok, _, _) = net.send(0, 3, 2, b"honest while full").await;
     assert!(!ok, "a full inbox refuses honest deliveries too");
     let s = net.status(3).await;
-    assert_eq!(s["inbox"]["full"], true, "{s}");
-    assert_eq!(s["quality"]["status"], "attention", "{s}");
+    assert_eq!(s.runtime()["inbox"]["full"], true, "{s}");
+    assert_eq!(s.quality()["status"], "attention", "{s}");
     assert!(
-        s["quality"]["reason"]
+        s.quality()["reason"]
             .as_str()
             .unwrap()
             .contains("inbox is full")
@@ -559,19 +569,19 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
     assert!(del.ok, "{}", del.stderr);
     assert_eq!(net.inbox_ids(3).await.len(), 18);
     let s = net.status(3).await;
-    assert_eq!(s["inbox"]["full"], false, "{s}");
+    assert_eq!(s.runtime()["inbox"]["full"], false, "{s}");
     let (ok, _, err) = net.send(0, 3, 2, b"honest after the drain").await;
     assert!(ok, "{err}");
-    assert_ne!(net.status(3).await["quality"]["status"], "attention");
+    assert_ne!(net.status(3).await.quality()["status"], "attention");
 
     // The replay registry (on C, fresh): 40 live routes, 10 per source. Probe frames (stored
     // nowhere) from one party: 10 reserved, then refused with its own reason.
     let c = descriptor(&net, 2).await;
-    let probe = blindrelay::proto::probe::payload;
+    let probe = || craft_with(onion::build_probe, &key, &[&c], b"probe").0;
     let p5 = party(5);
     let mut reserved = 0;
     for _ in 0..20 {
-        let (_, reason) = common::post(&p5, &c.endpoint, craft(&key, &[&c], &probe()).0).await;
+        let (_, reason) = common::post(&p5, &c.endpoint, probe()).await;
         match reason.as_str() {
             "delivered" => reserved += 1,
             "replay_share_exceeded" => break,
@@ -584,8 +594,7 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
     'fill: for k in 6..12 {
         let p = party(k);
         for _ in 0..11 {
-            let (status, reason) =
-                common::post(&p, &c.endpoint, craft(&key, &[&c], &probe()).0).await;
+            let (status, reason) = common::post(&p, &c.endpoint, probe()).await;
             if reason == "replay_capacity" {
                 assert_eq!(status, 503);
                 full = true;
@@ -595,8 +604,8 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
     }
     assert!(full, "many parties fill the replay registry");
     let s = net.status(2).await;
-    assert_eq!(s["replay"]["full"], true, "{s}");
-    assert_eq!(s["quality"]["status"], "attention", "{s}");
+    assert_eq!(s.runtime()["replay"]["full"], true, "{s}");
+    assert_eq!(s.quality()["status"], "attention", "{s}");
     assert!(counter(&s, "replay_capacity") >= 1, "{s}");
     assert!(counter(&s, "replay_share_exceeded") >= 1, "{s}");
     // (Routes end 600 s after their reservation: the drain is in tests/pipeline.rs, on a

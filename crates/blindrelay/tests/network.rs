@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::{Net, POLL, WAIT, counter, random_bytes};
+use common::{Doc, Net, POLL, WAIT, counter, random_bytes};
 use serde_json::Value;
 
 /// Counters a plain delivery may move; every other counter must stay 0.
@@ -20,13 +20,13 @@ const MOVING: [&str; 4] = [
 /// Every node counted exactly one outcome per request, and nothing but deliveries happened:
 /// no refusal, retry, probe or quarantine anywhere.
 fn assert_clean(i: usize, s: &Value) {
-    let c = s["counters"].as_object().expect("counters");
+    let c = s.counters().as_object().expect("counters");
     assert_eq!(
         counter(s, "received"),
         counter(s, "terminal")
             + counter(s, "forwarded")
             + counter(s, "rejected")
-            + counter(s, "replay_dropped"),
+            + counter(s, "duplicate_route"),
         "node {i}: one outcome per request: {s}"
     );
     for (name, v) in c {
@@ -89,7 +89,7 @@ async fn three_nodes_deliver_over_two_hops_and_one_hop() {
     // The sender relays nothing; it verified both receipts.
     assert_eq!(counter(&s[0], "received"), 0);
     assert_eq!(counter(&s[0], "verified_client_onion_deliveries"), 2);
-    assert!(s[0]["counters"]["last_verified_client_onion_delivery_at"].is_u64());
+    assert!(s[0].counters()["last_verified_client_onion_delivery_at"].is_u64());
     // The only middle forwarded the 2-hop message once.
     assert_eq!(counter(&s[1], "forwarded"), 1);
     assert_eq!(counter(&s[1], "terminal"), 0);
@@ -99,7 +99,7 @@ async fn three_nodes_deliver_over_two_hops_and_one_hop() {
     assert_eq!(counter(&s[2], "received"), 2);
     assert_eq!(counter(&s[2], "forwarded"), 0);
     assert_eq!(counter(&s[2], "verified_client_onion_deliveries"), 0);
-    assert_eq!(s[2]["inbox"]["items"].as_u64(), Some(2));
+    assert_eq!(s[2].runtime()["inbox"]["items"].as_u64(), Some(2));
 
     // Only the sender verifies the receipt; the middle never sees itself as the terminal.
     wait_log(&net, 1, "relay request forwarded", 1).await;
@@ -221,9 +221,9 @@ async fn sqlite_reservations_and_the_inbox_survive_kill_9() {
     let (ok, out, err) = net.send(0, 1, 1, &first).await;
     assert!(ok, "send failed: {out} {err}");
     let before = net.status(1).await;
-    assert_eq!(before["replay"]["store"], "sqlite");
+    assert_eq!(before.runtime()["replay"]["store"], "sqlite");
     assert!(
-        before["replay"]["live_routes"].as_u64().unwrap() >= 1,
+        before.runtime()["replay"]["live_routes"].as_u64().unwrap() >= 1,
         "{before}"
     );
 
@@ -243,9 +243,9 @@ async fn sqlite_reservations_and_the_inbox_survive_kill_9() {
     net.restart(1).await;
 
     let after = net.status(1).await;
-    assert_eq!(after["replay"]["store"], "sqlite");
+    assert_eq!(after.runtime()["replay"]["store"], "sqlite");
     assert!(
-        after["replay"]["live_routes"].as_u64().unwrap() >= 1,
+        after.runtime()["replay"]["live_routes"].as_u64().unwrap() >= 1,
         "the reservation did not survive kill -9: {after}"
     );
     assert_eq!(after["node"].as_str(), Some(net.node(1).prefix()));
@@ -265,7 +265,10 @@ async fn sqlite_reservations_and_the_inbox_survive_kill_9() {
     let s = net.status(1).await;
     assert_clean(1, &s);
     assert_eq!(counter(&s, "terminal"), 1);
-    assert!(s["replay"]["live_routes"].as_u64().unwrap() >= 2, "{s}");
+    assert!(
+        s.runtime()["replay"]["live_routes"].as_u64().unwrap() >= 2,
+        "{s}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,9 +278,9 @@ async fn memory_reservations_are_lost_on_restart_but_the_inbox_is_not() {
     let (ok, out, err) = net.send(0, 1, 1, &payload).await;
     assert!(ok, "send failed: {out} {err}");
     let before = net.status(1).await;
-    assert_eq!(before["replay"]["store"], "memory");
+    assert_eq!(before.runtime()["replay"]["store"], "memory");
     assert!(
-        before["replay"]["live_routes"].as_u64().unwrap() >= 1,
+        before.runtime()["replay"]["live_routes"].as_u64().unwrap() >= 1,
         "{before}"
     );
 
@@ -285,8 +288,12 @@ async fn memory_reservations_are_lost_on_restart_but_the_inbox_is_not() {
     net.restart(1).await;
 
     let after = net.status(1).await;
-    assert_eq!(after["replay"]["store"], "memory");
-    assert_eq!(after["replay"]["live_routes"].as_u64(), Some(0), "{after}");
+    assert_eq!(after.runtime()["replay"]["store"], "memory");
+    assert_eq!(
+        after.runtime()["replay"]["live_routes"].as_u64(),
+        Some(0),
+        "{after}"
+    );
     let ids = net.inbox_ids(1).await;
     assert_eq!(ids.len(), 1);
     assert_eq!(net.inbox_read(1, ids[0]).await, payload);

@@ -22,6 +22,11 @@ use ed25519_dalek::SigningKey;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+#[path = "common/doc.rs"]
+#[allow(dead_code, unreachable_pub)]
+mod doc;
+use doc::Doc;
+
 const T0: u64 = 1_800_000_000;
 
 fn fresh_ip() -> Ipv4Addr {
@@ -78,6 +83,7 @@ async fn start_in(
         replay_store: ReplayStore::Sqlite,
         relay: cfg,
         clock: clock.clone(),
+        accept_lost_state: false,
     })
     .unwrap();
     let pipeline = Arc::clone(&built.pipeline);
@@ -706,7 +712,7 @@ async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
         (r.status, reason(&r).as_str()),
         (429, "replay_share_exceeded")
     );
-    assert_eq!(status_of(&n)["replay"]["full"], false);
+    assert_eq!(status_of(&n).runtime()["replay"]["full"], false);
     // Three more fill it; then everyone is refused as `replay_capacity`, and status says so.
     for i in 1..4 {
         for _ in 0..2 {
@@ -719,16 +725,16 @@ async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
     let r = submit_from(&n, &src(9), probe()).await;
     assert_eq!((r.status, reason(&r).as_str()), (503, "replay_capacity"));
     let s = status_of(&n);
-    assert_eq!(s["replay"]["full"], true);
-    assert_eq!(s["quality"]["status"], "attention");
-    assert_eq!(s["counters"]["replay_capacity"], 1);
-    assert_eq!(s["counters"]["replay_share_exceeded"], 1);
+    assert_eq!(s.runtime()["replay"]["full"], true);
+    assert_eq!(s.quality()["status"], "attention");
+    assert_eq!(s.counters()["replay_capacity"], 1);
+    assert_eq!(s.counters()["replay_share_exceeded"], 1);
     // Routes end once their envelopes can no longer pass the age check (600 s, inclusive):
     // room again, and status no longer full.
     m.advance(Duration::from_secs(601));
     let r = submit_from(&n, &src(9), probe()).await;
     assert_eq!(reason(&r), "delivered");
-    assert_eq!(status_of(&n)["replay"]["full"], false);
+    assert_eq!(status_of(&n).runtime()["replay"]["full"], false);
 }
 
 #[tokio::test]
@@ -932,7 +938,7 @@ async fn every_replay_outcome() {
     assert_eq!(r2, r1);
     assert_eq!(
         moved(&before, &n.ctx.counters.snapshot()),
-        counted(&[("received", 1), ("replay_dropped", 1)])
+        counted(&[("received", 1), ("duplicate_route", 1)])
     );
     assert_eq!(n.pipeline.terminal().inbox().len(), 1);
     // Another request with that route id.
@@ -1237,7 +1243,7 @@ async fn probes_are_kept_apart_from_user_traffic() {
     assert!(b.pipeline.terminal().inbox().is_empty() && c.pipeline.terminal().inbox().is_empty());
     // The middle of the two-hop probe cannot tell it from a message: one forward, as designed.
     assert_eq!(sb.forwarded + sc.forwarded, 1);
-    let q = &status_of(&a)["quality"];
+    let q = status_of(&a).quality().clone();
     assert_eq!(q["status"], "ready");
     assert_eq!(q["proof_scope"], "message_delivery");
     assert_eq!(q["real_relay_ready"], false);
@@ -1247,7 +1253,7 @@ async fn probes_are_kept_apart_from_user_traffic() {
     blindrelay::send::send(&a.ctx, *c.ctx.node.id(), 2, b"real".to_vec())
         .await
         .unwrap();
-    let q = &status_of(&a)["quality"];
+    let q = status_of(&a).quality().clone();
     assert_eq!(
         (q["proof_scope"].as_str(), q["real_relay_ready"].as_bool()),
         (Some("client_message_delivery"), Some(true))
@@ -1259,7 +1265,7 @@ async fn status_moves_with_recent_events_and_recovers() {
     let (m, clock) = manual();
     let n = node(&clock, |c| c.crypto_slots = 4).await;
     let st = |n: &Node| {
-        status_of(n)["quality"]["status"]
+        status_of(n).quality()["status"]
             .as_str()
             .unwrap()
             .to_string()
@@ -1293,7 +1299,7 @@ async fn status_moves_with_recent_events_and_recovers() {
     }
     deliver(&n, &p, clock.unix(), b"b").await;
     assert_eq!(st(&n), "protecting");
-    let health = &status_of(&n)["peer_health"];
+    let health = status_of(&n).health().clone();
     let row = health["rows"]
         .as_array()
         .unwrap()
@@ -1314,7 +1320,7 @@ async fn status_moves_with_recent_events_and_recovers() {
         .collect();
     deliver(&n, &p, clock.unix(), b"d").await;
     drop(busy);
-    let q = status_of(&n)["quality"].clone();
+    let q = status_of(&n).quality().clone();
     assert_eq!(q["status"], "attention");
     assert!(q["next_action"].as_str().unwrap().contains("CPU"));
     m.advance(Duration::from_secs(1800));
@@ -1336,10 +1342,11 @@ async fn status_moves_with_recent_events_and_recovers() {
     }
     let doc = status_of(&n);
     assert_eq!(
-        doc["quality"]["status"], "attention",
+        doc.quality()["status"],
+        "attention",
         "exhausted retries call for attention"
     );
-    let failing = doc["peer_health"]["rows"]
+    let failing = doc.health()["rows"]
         .as_array()
         .unwrap()
         .iter()
@@ -1390,11 +1397,7 @@ async fn status_and_metrics_name_no_peer_route_endpoint_or_payload() {
             );
         }
         assert!(
-            status_of(n)["peer_health"]["rows"]
-                .as_array()
-                .unwrap()
-                .len()
-                <= blindrelay::health::MAX_ROWS
+            status_of(n).health()["rows"].as_array().unwrap().len() <= blindrelay::health::MAX_ROWS
         );
     }
     // The metrics are labelled by status only.
@@ -1453,4 +1456,147 @@ async fn a_reservation_outlives_its_envelope_freshness() {
         "timestamp_expired"
     );
     assert_eq!(n.pipeline.terminal().inbox().len(), 2);
+}
+
+/// Issue 12, item 6: what the previous hop could not have prevented leaves its health alone.
+/// Replays in flight and expired responses have no effect on it at all; this node's own
+/// refusals (no route, a disallowed endpoint, a frame for another node, a full replay registry)
+/// note the contact only, never `degraded`, never a score. A replay conflict (its own reuse of
+/// a route id) does mark it, to show the rows tell the difference.
+#[tokio::test]
+async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
+    let (m, clock) = manual();
+    let n = node(&clock, |c| c.replay_capacity = 64).await;
+    let strict = node(&clock, |c| c.allow_private_endpoints = false).await;
+    let other = node(&clock, |_| {}).await;
+    introduce(&strict, &other);
+    let row = |at: &Node, k: &SigningKey| {
+        let prefix = hex::encode(&id(k)[..4]);
+        let s = status_of(at);
+        s.health()["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["node"] == prefix.as_str())
+            .cloned()
+            .unwrap_or_else(|| panic!("no row for {prefix}: {s}"))
+    };
+    let untouched = |r: &serde_json::Value, what: &str| {
+        assert_eq!(r["health"], "healthy", "{what}: {r}");
+        assert_eq!(r["reasons"], serde_json::json!({}), "{what}: {r}");
+    };
+    let now = clock.unix();
+    let stranger: NodeId = rand::random();
+
+    // Replays in flight and expired: no effect (only the first delivery's contact).
+    let (in_flight, expired) = (key(), key());
+    let busy = frame(
+        &in_flight,
+        &n,
+        rand::random(),
+        0,
+        now,
+        terminal_blob(&n, b"b"),
+    );
+    deliver(&n, &in_flight, now, b"contact").await;
+    n.pipeline
+        .replay()
+        .reserve(busy.route_id, busy.request_digest(), now)
+        .unwrap();
+    let first = frame(
+        &expired,
+        &n,
+        rand::random(),
+        0,
+        now,
+        terminal_blob(&n, b"e"),
+    );
+    assert_eq!(reason(&submit(&n, first.encode()).await), "delivered");
+    for _ in 0..13 {
+        assert_eq!(reason(&submit(&n, busy.encode()).await), "route_in_flight");
+    }
+    m.advance(Duration::from_secs(121));
+    let now = clock.unix();
+    for _ in 0..13 {
+        assert_eq!(
+            reason(&submit(&n, first.encode()).await),
+            "replay_response_expired"
+        );
+    }
+    untouched(&row(&n, &in_flight), "route_in_flight");
+    untouched(&row(&n, &expired), "replay_response_expired");
+
+    // This node's own refusals: thirteen each, no score, no mark.
+    let (no_route, wrong_hop, endpoint, full) = (key(), key(), key(), key());
+    for _ in 0..13 {
+        let f = frame(
+            &no_route,
+            &n,
+            rand::random(),
+            1,
+            now,
+            forward_blob(&n, stranger, vec![1; 200]),
+        );
+        assert_eq!(reason(&submit(&n, f.encode()).await), "no_route");
+        let f = frame(
+            &wrong_hop,
+            &n,
+            rand::random(),
+            1,
+            now,
+            terminal_blob(&n, b"x"),
+        );
+        let f = Envelope::sign(f.route_id, stranger, 1, now, f.blob, &wrong_hop);
+        assert_eq!(reason(&submit(&n, f.encode()).await), "wrong_hop");
+        let inner = forward_blob(&strict, *other.ctx.node.id(), vec![1; 200]);
+        let f = frame(&endpoint, &strict, rand::random(), 1, now, inner);
+        assert_eq!(
+            reason(&submit(&strict, f.encode()).await),
+            "invalid_endpoint"
+        );
+    }
+    untouched(&row(&n, &no_route), "no_route");
+    untouched(&row(&n, &wrong_hop), "wrong_hop");
+    untouched(&row(&strict, &endpoint), "invalid_endpoint");
+    let live = n.pipeline.replay().live(now);
+    for _ in live..64 {
+        n.pipeline
+            .replay()
+            .reserve(rand::random(), [0; 32], now)
+            .unwrap();
+    }
+    for _ in 0..13 {
+        assert_eq!(
+            reason(&deliver(&n, &full, now, b"full").await),
+            "replay_capacity"
+        );
+    }
+    untouched(&row(&n, &full), "replay_capacity");
+    for (at, k) in [
+        (&n, &no_route),
+        (&n, &wrong_hop),
+        (&strict, &endpoint),
+        (&n, &full),
+    ] {
+        assert_eq!(row(at, k)["quarantined"], false);
+    }
+    assert_eq!(n.ctx.counters.quarantine_started.get(), 0);
+    assert_eq!(strict.ctx.counters.quarantine_started.get(), 0);
+
+    // Its own reuse of a route id is its fault: marked (health only).
+    let conflict = frame(
+        &expired,
+        &n,
+        first.route_id,
+        0,
+        now,
+        terminal_blob(&n, b"other"),
+    );
+    assert_eq!(
+        reason(&submit(&n, conflict.encode()).await),
+        "replay_conflict"
+    );
+    let r = row(&n, &expired);
+    assert_eq!(r["health"], "degraded", "{r}");
+    assert_eq!(r["reasons"]["replay"], 1, "{r}");
 }

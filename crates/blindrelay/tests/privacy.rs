@@ -6,7 +6,8 @@
 mod common;
 
 use common::{
-    CliOutput, Net, OPERATOR_PORT, RELAY_PORT, fresh_ip, hex, http_from, random_bytes, run_cli,
+    CliOutput, Doc, Net, OPERATOR_PORT, RELAY_PORT, ReportSink, fresh_ip, hex, http_from,
+    random_bytes, run_cli,
 };
 use sha2::{Digest, Sha256};
 
@@ -34,7 +35,14 @@ async fn body(resp: reqwest::Response) -> (u16, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nothing_printed_or_served_links_sender_terminal_or_payload() {
-    let mut net = Net::start_with(3, &[], Some("trace")).await;
+    // Every node also pushes its status report (`--report-url`) to a listener of the test.
+    let sink = ReportSink::start().await;
+    let mut net = Net::start_with(
+        3,
+        &["--report-url", &sink.url, "--report-interval", "1s"],
+        Some("trace"),
+    )
+    .await;
     let mut seen: Vec<Seen> = Vec::new();
 
     let payload = format!("PRIVATE-PAYLOAD-{}", hex(&random_bytes(16)));
@@ -198,8 +206,21 @@ async fn nothing_printed_or_served_links_sender_terminal_or_payload() {
     // The delivery did happen and the refusal was counted, so the logs had something to say.
     assert_eq!(net.inbox(2).await["items"].as_array().unwrap().len(), 1);
     let s1 = net.status(1).await;
-    assert_eq!(s1["counters"]["forwarded"], 1);
-    assert_eq!(s1["counters"]["envelope_too_large"], 2);
+    assert_eq!(s1.counters()["forwarded"], 1);
+    assert_eq!(s1.counters()["envelope_too_large"], 2);
+
+    // The reports pushed after the traffic, and every other one received.
+    let p1 = net.node(1).prefix().to_string();
+    sink.wait_for("after the forward", |v| {
+        v["node"] == p1.as_str() && v.counters()["envelope_too_large"] == 2
+    })
+    .await;
+    for (k, v) in sink.bodies().iter().enumerate() {
+        seen.push(Seen {
+            what: format!("pushed report {k}"),
+            text: v.to_string(),
+        });
+    }
 
     // Every node's whole output, read to the end.
     net.stop_all().await;
@@ -252,6 +273,8 @@ async fn nothing_printed_or_served_links_sender_terminal_or_payload() {
     );
     forbidden.push(("payload commitment".into(), commitment));
     forbidden.push(("client address".into(), client_ip.to_string()));
+    forbidden.push(("report URL".into(), sink.url.clone()));
+    forbidden.push(("report receiver address".into(), sink.ip.to_string()));
     forbidden.push(("CLI source address".into(), "127.0.0.1".into()));
 
     let mut leaks = Vec::new();

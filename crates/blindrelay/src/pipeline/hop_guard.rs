@@ -227,6 +227,13 @@ impl HopGuard {
         self.lock().get(hop).is_some()
     }
 
+    /// Seconds of `hop`'s quarantine left at `now` (0: none).
+    pub fn quarantine_left(&self, hop: &NodeId, now: Instant) -> u64 {
+        self.lock()
+            .get(hop)
+            .map_or(0, |s| s.quarantine_remaining(now))
+    }
+
     /// Every identity quarantined at `now`, with its seconds left: a copy, so the caller can
     /// look other things up without this lock.
     pub fn quarantines(&self, now: Instant) -> HashMap<NodeId, u64> {

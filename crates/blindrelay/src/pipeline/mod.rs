@@ -52,7 +52,7 @@ use crate::forward::{self, Forwarded};
 use crate::health::Bucket;
 use crate::proto::answer::{Accepted, ErrorBody, Outcome};
 use crate::proto::envelope::Envelope;
-use crate::proto::{NodeId, Prefix, RouteId, probe};
+use crate::proto::{NodeId, Prefix, RouteId};
 use crate::reason::{Blame, Reason};
 use crate::replay::{Digest, ReplayRegistry, StoredResponse};
 use crate::sources::{Classifier, Grouping, Source};
@@ -325,11 +325,14 @@ impl Pipeline {
             }
         }
         let now = self.ctx.clock.unix();
-        self.ctx.health.record_contact(&c.prev, now);
         // A known peer, authenticated: its address is known from now on (a peer whose
-        // connections do not come from its descriptor's endpoint).
+        // connections do not come from its descriptor's endpoint), and its health row is kept
+        // before strangers' ones.
         if self.ctx.peers.descriptor(&c.prev, now).is_ok() {
+            self.ctx.health.record_known_contact(&c.prev, now);
             self.sources.verified(source, self.ctx.clock.instant());
+        } else {
+            self.ctx.health.record_contact(&c.prev, now);
         }
         // Step 8, then the replay record.
         let (verdict, completed_at) = match c.next {
@@ -403,6 +406,7 @@ impl Pipeline {
             Routed::Terminal {
                 receipt_key,
                 payload,
+                probe,
             } => Next::Terminal {
                 receipt: terminal::seal_receipt(
                     self.ctx.node.signing_key(),
@@ -411,7 +415,7 @@ impl Pipeline {
                     &payload,
                     now,
                 ),
-                probe: probe::is_probe(&payload),
+                probe,
                 payload,
             },
         };
@@ -438,6 +442,11 @@ impl Pipeline {
         match r.blame() {
             Blame::PreviousHop | Blame::PreviousHopUnscored => {
                 self.ctx.health.record_refusal(&prev, r, now);
+                // Its row is kept while the quarantine lasts, whatever fills the table.
+                let left = self.hops.quarantine_left(&prev, instant);
+                if left > 0 {
+                    self.ctx.health.record_quarantine(&prev, now + left, now);
+                }
             }
             Blame::Sender | Blame::Nobody | Blame::ThisNode => {
                 self.ctx.health.record_contact(&prev, now);
@@ -545,8 +554,8 @@ impl Pipeline {
                 debug!("relay request forwarded");
             }
             Ok(Answer::Replayed(_)) => {
-                c.replay_dropped.inc();
-                debug!("relay request answered from the replay registry");
+                c.duplicate_route.inc();
+                debug!("duplicate_route: relay request answered from the replay registry");
             }
         }
     }

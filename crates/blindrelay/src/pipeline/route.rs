@@ -33,6 +33,9 @@ pub(super) enum Routed {
         receipt_key: [u8; 32],
         /// The payload.
         payload: Vec<u8>,
+        /// The sender's layer says this is a synthetic probe (its kind byte, authenticated):
+        /// answered, not stored.
+        probe: bool,
     },
 }
 
@@ -84,6 +87,15 @@ pub(super) fn route(ctx: &Context, env: &Envelope, now: u64) -> Result<Routed, R
         } => Ok(Routed::Terminal {
             receipt_key,
             payload,
+            probe: false,
+        }),
+        Layer::Probe {
+            receipt_key,
+            payload,
+        } => Ok(Routed::Terminal {
+            receipt_key,
+            payload,
+            probe: true,
         }),
     }
 }

@@ -8,7 +8,13 @@
 //!                   info = ephemeral_pub ‖ K), 32 bytes
 //! plaintext = 0x01 ‖ next_hop(32) ‖ next_route_id(16) ‖ inner     (forward)
 //!           | 0x02 ‖ receipt_key(32) ‖ payload                      (terminal)
+//!           | 0x03 ‖ receipt_key(32) ‖ payload                      (terminal, a probe)
 //! ```
+//!
+//! A probe is told apart by its kind byte, inside the authenticated plaintext only the terminal
+//! opens: [`build`] always writes `0x02`, whatever the payload, so no message is ever taken for
+//! a probe; only [`build_probe`] writes `0x03`. Middle hops cannot tell the two apart (same
+//! sizes, both sealed).
 //!
 //! [`peel`] fails with one opaque [`PeelError`] whatever went wrong, so a prober learns nothing
 //! about which check failed. [`build`] wraps a payload for a whole path, with a fresh random
@@ -33,6 +39,7 @@ const TAG_LEN: usize = 16;
 const LAYER_OVERHEAD: usize = EPHEMERAL_LEN + NONCE_LEN + TAG_LEN;
 const KIND_FORWARD: u8 = 0x01;
 const KIND_TERMINAL: u8 = 0x02;
+const KIND_PROBE: u8 = 0x03;
 /// Kind ‖ next_hop ‖ next_route_id.
 const FORWARD_HEADER: usize = 1 + 32 + 16;
 /// Kind ‖ receipt_key.
@@ -60,6 +67,13 @@ pub enum Layer {
         /// The sender's payload, opaque to the protocol.
         payload: Vec<u8>,
     },
+    /// This node is the terminal of a synthetic probe: answer it like a delivery, store nothing.
+    Probe {
+        /// The prober's one-route key for sealing the receipt.
+        receipt_key: [u8; 32],
+        /// The probe's payload (random bytes, never stored).
+        payload: Vec<u8>,
+    },
 }
 
 /// Prints the next hop's prefix and lengths only: never keys, route ids or payload bytes.
@@ -75,6 +89,10 @@ impl fmt::Debug for Layer {
                 .finish_non_exhaustive(),
             Layer::Terminal { payload, .. } => f
                 .debug_struct("Terminal")
+                .field("payload_len", &payload.len())
+                .finish_non_exhaustive(),
+            Layer::Probe { payload, .. } => f
+                .debug_struct("Probe")
                 .field("payload_len", &payload.len())
                 .finish_non_exhaustive(),
         }
@@ -175,9 +193,17 @@ pub fn seal_layer(hop_id: &NodeId, hop_onion_key: &[u8; 32], layer: &Layer) -> V
         Layer::Terminal {
             receipt_key,
             payload,
+        }
+        | Layer::Probe {
+            receipt_key,
+            payload,
         } => {
             let mut header = [0u8; TERMINAL_HEADER];
-            header[0] = KIND_TERMINAL;
+            header[0] = if matches!(layer, Layer::Probe { .. }) {
+                KIND_PROBE
+            } else {
+                KIND_TERMINAL
+            };
             header[1..33].copy_from_slice(receipt_key);
             seal(hop_id, hop_onion_key, &header, payload)
         }
@@ -242,6 +268,19 @@ pub fn max_payload(hops: usize) -> usize {
 /// [`BuildError`] for an empty or over-long path, a payload over [`max_payload`], or an
 /// unusable onion key.
 pub fn build(path: &[Hop], payload: &[u8]) -> Result<Route, BuildError> {
+    build_kind(path, payload, KIND_TERMINAL)
+}
+
+/// [`build`] for a synthetic probe: the terminal layer says `probe` (kind `0x03`), so the
+/// terminal answers without storing. Nothing else differs, middle hops see the same.
+///
+/// # Errors
+/// As [`build`].
+pub fn build_probe(path: &[Hop], payload: &[u8]) -> Result<Route, BuildError> {
+    build_kind(path, payload, KIND_PROBE)
+}
+
+fn build_kind(path: &[Hop], payload: &[u8], terminal_kind: u8) -> Result<Route, BuildError> {
     let Some(last) = path.last() else {
         return Err(BuildError::EmptyPath);
     };
@@ -258,7 +297,7 @@ pub fn build(path: &[Hop], payload: &[u8]) -> Result<Route, BuildError> {
     let receipt_key: [u8; 32] = rand::random();
 
     let mut header = [0u8; TERMINAL_HEADER];
-    header[0] = KIND_TERMINAL;
+    header[0] = terminal_kind;
     header[1..].copy_from_slice(&receipt_key);
     let mut blob = seal(&last.node_id, &last.onion_key, &header, payload);
 
@@ -345,13 +384,20 @@ fn parse(mut plaintext: Vec<u8>) -> Result<Layer, PeelError> {
                 inner: plaintext,
             })
         }
-        Some(&KIND_TERMINAL) if plaintext.len() >= TERMINAL_HEADER => {
+        Some(&kind @ (KIND_TERMINAL | KIND_PROBE)) if plaintext.len() >= TERMINAL_HEADER => {
             let mut receipt_key = [0u8; 32];
             receipt_key.copy_from_slice(&plaintext[1..33]);
             plaintext.drain(..TERMINAL_HEADER);
-            Ok(Layer::Terminal {
-                receipt_key,
-                payload: plaintext,
+            Ok(if kind == KIND_PROBE {
+                Layer::Probe {
+                    receipt_key,
+                    payload: plaintext,
+                }
+            } else {
+                Layer::Terminal {
+                    receipt_key,
+                    payload: plaintext,
+                }
             })
         }
         _ => Err(PeelError),
@@ -433,6 +479,7 @@ mod tests {
                     assert_eq!(got, payload);
                     assert_eq!(route_ids.last(), Some(&route.terminal_route_id));
                 }
+                Layer::Probe { .. } => panic!("build never makes a probe layer"),
             }
         }
         assert_eq!(route_ids.len(), n);
@@ -545,13 +592,35 @@ mod tests {
         assert_eq!(peel(id, &[&a.secret], &longer), Err(PeelError));
     }
 
+    /// Only [`build_probe`] makes a probe layer; [`build`] never does, whatever the payload
+    /// (one starting with the old probe marker included). Same sizes either way.
+    #[test]
+    fn probes_are_told_apart_by_the_layer_kind_only() {
+        let (a, b) = (node(), node());
+        let path = [a.hop.clone(), b.hop.clone()];
+        let payload = b"blindrelay/probe/v1 looks like a probe";
+        let message = build(&path, payload).expect("builds");
+        let probe = build_probe(&path, payload).expect("builds");
+        assert_eq!(message.blob.len(), probe.blob.len());
+        let last = |route: &Route| {
+            let Layer::Forward { inner, .. } =
+                peel(&a.hop.node_id, &[&a.secret], &route.blob).expect("peels")
+            else {
+                panic!("forward layer expected");
+            };
+            peel(&b.hop.node_id, &[&b.secret], &inner).expect("peels")
+        };
+        assert!(matches!(last(&message), Layer::Terminal { payload: p, .. } if p == payload));
+        assert!(matches!(last(&probe), Layer::Probe { payload: p, .. } if p == payload));
+    }
+
     #[test]
     fn malformed_plaintext_fails() {
         let a = node();
         let (id, key) = (&a.hop.node_id, &a.hop.onion_key);
         let cases: [(&str, Vec<u8>); 6] = [
             ("empty", vec![]),
-            ("unknown kind", [vec![0x03], vec![0; 64]].concat()),
+            ("unknown kind", [vec![0x04], vec![0; 64]].concat()),
             ("kind zero", vec![0x00; 200]),
             (
                 "short terminal",

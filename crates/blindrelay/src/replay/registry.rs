@@ -157,6 +157,7 @@ impl ReplayRegistry {
             );",
         )
         .ctx("create the replay_routes table")?;
+        sqlite::settle(&conn)?;
 
         let tx = conn
             .transaction_with_behavior(TransactionBehavior::Immediate)

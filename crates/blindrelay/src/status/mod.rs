@@ -74,18 +74,51 @@ pub struct InboxInfo {
     pub sources: usize,
 }
 
-/// The status document. The server fills `counters` with a [`Snapshot`]; a reader may take
-/// them as a map of names to values (the operator client does).
+/// The status document, in the design's layout: the counters at
+/// `system_stats.discovery_status.peer_store.runtime.blind_relay`, the quality at
+/// `….peer_store.blind_relay_quality`, the peer health at `….peer_store.peer_health_summary`.
+/// The node's own stores and gate sit next to the counters in `runtime`. The server fills the
+/// counters with a [`Snapshot`]; a reader may take them as a map of names to values (the
+/// operator client does). The same document is what the periodic report pushes
+/// ([`crate::report`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Document<C = Snapshot> {
     /// The node's 8-hex prefix.
     pub node: String,
+    /// The design's report.
+    pub system_stats: SystemStats<C>,
+}
+
+/// `system_stats`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SystemStats<C> {
+    /// `discovery_status`.
+    pub discovery_status: DiscoveryStatus<C>,
+}
+
+/// `system_stats.discovery_status`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiscoveryStatus<C> {
+    /// `peer_store`.
+    pub peer_store: PeerStore<C>,
+}
+
+/// `system_stats.discovery_status.peer_store`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeerStore<C> {
+    /// The counters and the node's stores.
+    pub runtime: Runtime<C>,
     /// Evidence, status, proof scope.
-    pub quality: Quality,
-    /// Every counter.
-    pub counters: C,
+    pub blind_relay_quality: Quality,
     /// Per-peer health.
-    pub peer_health: Summary,
+    pub peer_health_summary: Summary,
+}
+
+/// `system_stats.discovery_status.peer_store.runtime`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Runtime<C> {
+    /// Every counter.
+    pub blind_relay: C,
     /// The replay registry.
     pub replay: ReplayInfo,
     /// Known peers.
@@ -94,6 +127,13 @@ pub struct Document<C = Snapshot> {
     pub inbox: InboxInfo,
     /// The request gate and the relay listener.
     pub admission: AdmissionInfo,
+}
+
+impl<C> Document<C> {
+    /// `system_stats.discovery_status.peer_store`.
+    pub fn peer_store(&self) -> &PeerStore<C> {
+        &self.system_stats.discovery_status.peer_store
+    }
 }
 
 /// The stores' state now, for `status`.
@@ -129,11 +169,8 @@ pub fn document(pipeline: &Pipeline) -> Document {
     let stores = stores(pipeline, &counters, now);
     let inbox = pipeline.terminal().inbox();
     let (max_items, max_bytes) = inbox.limits();
-    Document {
-        node: Prefix(ctx.node.id()).to_string(),
-        quality: quality::quality(&counters, now, stores),
-        counters,
-        peer_health,
+    let runtime = Runtime {
+        blind_relay: counters,
         replay: ReplayInfo {
             store: pipeline.replay().kind(),
             live_routes: pipeline.replay().live(now),
@@ -157,6 +194,18 @@ pub fn document(pipeline: &Pipeline) -> Document {
             in_flight: pipeline.gate().in_flight(),
             connections: pipeline.connections().open(),
             sources: pipeline.gate().sources(),
+        },
+    };
+    Document {
+        node: Prefix(ctx.node.id()).to_string(),
+        system_stats: SystemStats {
+            discovery_status: DiscoveryStatus {
+                peer_store: PeerStore {
+                    blind_relay_quality: quality::quality(&runtime.blind_relay, now, stores),
+                    runtime,
+                    peer_health_summary: peer_health,
+                },
+            },
         },
     }
 }

@@ -91,6 +91,7 @@ impl Inbox {
             );",
         )
         .ctx("create the inbox_items table")?;
+        sqlite::settle(&conn)?;
         let (items, bytes): (i64, i64) = conn
             .query_row(
                 "SELECT COUNT(*), COALESCE(SUM(size), 0) FROM inbox_items",

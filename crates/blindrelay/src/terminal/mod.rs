@@ -7,8 +7,9 @@
 //!    the [`Inbox`] (SQLite, `synchronous=FULL`), on a blocking thread. Only then is the sealed
 //!    receipt released in the answer; a payload that is not stored gets no receipt.
 //!
-//! A synthetic probe (its payload starts with [`crate::proto::probe::PROBE_MAGIC`]) is
-//! answered the same way but not stored.
+//! A synthetic probe (its terminal layer is of the probe kind,
+//! [`crate::proto::onion::Layer::Probe`]; never its payload) is answered the same way but not
+//! stored.
 //!
 //! The inbox drains: the operator deletes or takes items (`DELETE /v1/inbox/{id}`), and items
 //! older than the retention period are deleted. One source (`crate::sources`) may hold at most

@@ -23,6 +23,9 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub mod doc;
+pub use doc::Doc;
+
 /// The binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_blindrelay");
 /// The relay (public) port on every node's address.
@@ -74,7 +77,7 @@ pub fn http_from(ip: Ipv4Addr) -> reqwest::Client {
 
 /// A counter from a `GET /v1/status` answer (panics if missing).
 pub fn counter(status: &Value, name: &str) -> u64 {
-    status["counters"][name]
+    status.counters()[name]
         .as_u64()
         .unwrap_or_else(|| panic!("no counter {name} in {status}"))
 }
@@ -382,9 +385,14 @@ impl Net {
     }
 
     fn spawn(&mut self, i: usize) {
+        self.spawn_with(i, &[]);
+    }
+
+    fn spawn_with(&mut self, i: usize, extra: &[&str]) {
         assert!(self.procs[i].is_none(), "node {i} is running already");
         let mut cmd = Command::new(BIN);
         cmd.args(self.run_args(i))
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -438,7 +446,7 @@ impl Net {
             if let Ok(resp) = http.get(&url).send().await
                 && let Ok(v) = resp.json::<Value>().await
             {
-                if v["peers"]["routable"].as_u64() == Some(want as u64) {
+                if v.runtime()["peers"]["routable"].as_u64() == Some(want as u64) {
                     return;
                 }
                 last = v;
@@ -623,6 +631,23 @@ impl Net {
         self.wait_routable(i, self.nodes.len() - 1).await;
     }
 
+    /// [`Net::restart`] with `extra` arguments added to the node's `run` for this start.
+    pub async fn restart_with(&mut self, i: usize, extra: &[&str]) {
+        self.kill9(i).await;
+        self.spawn_with(i, extra);
+        self.wait_ready(i).await;
+        self.wait_routable(i, self.nodes.len() - 1).await;
+    }
+
+    /// Runs node `i`'s `run` command (stopped first) and waits for it to exit (at most 30 s):
+    /// for a start that must fail.
+    pub async fn run_to_exit(&mut self, i: usize) -> CliOutput {
+        self.kill9(i).await;
+        let args = self.run_args(i);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run_cli(&args, self.rust_log.as_deref()).await
+    }
+
     /// Kills every node and waits until their output has been read to the end.
     pub async fn stop_all(&mut self) {
         for i in 0..self.procs.len() {
@@ -634,7 +659,7 @@ impl Net {
 /// The peer health rows of a `GET /v1/status` answer.
 pub fn peer_rows(status: &Value) -> &Vec<Value> {
     static EMPTY: Vec<Value> = Vec::new();
-    status["peer_health"]["rows"].as_array().unwrap_or(&EMPTY)
+    status.health()["rows"].as_array().unwrap_or(&EMPTY)
 }
 
 /// Posts a relay request `body` to `endpoint` from `client`: the status and the reason or outcome.
@@ -652,5 +677,66 @@ pub async fn post(client: &reqwest::Client, endpoint: &str, body: Vec<u8>) -> (u
             (status, what.to_string())
         }
         Err(_) => (0, "no answer".into()),
+    }
+}
+
+/// A loopback receiver of the status reports a node pushes (`--report-url`): no real peer
+/// receives them, so the test serves one. Keeps at most 1 000 bodies.
+#[derive(Debug, Clone)]
+pub struct ReportSink {
+    /// The URL to give `--report-url`.
+    pub url: String,
+    /// Its address.
+    pub ip: Ipv4Addr,
+    bodies: watch::Sender<Vec<Value>>,
+}
+
+impl ReportSink {
+    /// Listens on a fresh loopback address, port from the OS; answers every POST with 204.
+    pub async fn start() -> ReportSink {
+        let ip = fresh_ip();
+        let listener = tokio::net::TcpListener::bind((ip, 0)).await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (tx, _) = watch::channel(Vec::new());
+        let sink = ReportSink {
+            url: format!("http://{addr}/report"),
+            ip,
+            bodies: tx,
+        };
+        let store = sink.bodies.clone();
+        let app = axum::Router::new().route(
+            "/report",
+            axum::routing::post(move |body: axum::body::Bytes| {
+                let store = store.clone();
+                async move {
+                    let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                    store.send_modify(|b| {
+                        if b.len() < 1000 {
+                            b.push(v);
+                        }
+                    });
+                    axum::http::StatusCode::NO_CONTENT
+                }
+            }),
+        );
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        sink
+    }
+
+    /// Every body received so far.
+    pub fn bodies(&self) -> Vec<Value> {
+        self.bodies.borrow().clone()
+    }
+
+    /// Waits (at most [`WAIT`]) until a body satisfies `pred`; returns it.
+    pub async fn wait_for(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let mut rx = self.bodies.subscribe();
+        let got = tokio::time::timeout(WAIT, rx.wait_for(|b| b.iter().any(&pred))).await;
+        match got {
+            Ok(Ok(b)) => b.iter().find(|v| pred(v)).cloned().expect("found"),
+            _ => panic!("no report {what} within {WAIT:?}: {:?}", self.bodies()),
+        }
     }
 }

@@ -1,0 +1,165 @@
+//! The design's promises hold exactly (issue 12, items 7 and 8), on real processes on
+//! loopback. Every loop is bounded in count and time.
+
+mod common;
+
+use common::{Doc, Net, ReportSink, counter};
+use serde_json::Value;
+
+/// Item 8: a message whose payload starts with the old probe marker is stored and delivered
+/// like any other (one hop and two); probes are still answered without being stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_looks_like_a_probe_is_delivered() {
+    let net = Net::start(3, &["--probe-interval", "0s"]).await;
+    let one = b"blindrelay/probe/v1 but a message, one hop".to_vec();
+    let two = b"blindrelay/probe/v1".to_vec();
+    let (ok, _, err) = net.send(0, 2, 1, &one).await;
+    assert!(ok, "{err}");
+    let (ok, _, err) = net.send(0, 2, 2, &two).await;
+    assert!(ok, "{err}");
+    let ids = net.inbox_ids(2).await;
+    assert_eq!(ids.len(), 2, "both messages stored");
+    let mut got = Vec::new();
+    for id in ids {
+        got.push(net.inbox_read(2, id).await);
+    }
+    got.sort();
+    let mut want = vec![one, two];
+    want.sort();
+    assert_eq!(got, want);
+    let s = net.status(2).await;
+    assert_eq!(counter(&s, "terminal"), 2, "{s}");
+    assert_eq!(counter(&s, "probes_answered"), 0, "{s}");
+    // A real probe round: answered, counted apart, nothing stored.
+    let r = net
+        .op_http(0)
+        .post(format!("{}/v1/probe", net.node(0).operator))
+        .send()
+        .await
+        .expect("probe");
+    assert!(r.status().is_success(), "{}", r.status());
+    let s0 = net.status(0).await;
+    assert_eq!(counter(&s0, "probe_succeeded"), 2, "{s0}");
+    assert_eq!(counter(&s0, "two_hop_probe_succeeded"), 1, "{s0}");
+    let s = net.status(2).await;
+    assert!(counter(&s, "probes_answered") >= 1, "{s}");
+    assert_eq!(counter(&s, "terminal"), 2, "{s}");
+    assert_eq!(net.inbox_ids(2).await.len(), 2);
+}
+
+/// Item 8: a node that has run before refuses to start on a lost `inbox.db` or `replay.db`
+/// (empty or missing) with an error naming the file, unless the operator accepts the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_has_run_refuses_to_start_on_lost_state() {
+    let mut net = Net::start(2, &["--probe-interval", "0s"]).await;
+    let (ok, _, err) = net.send(0, 1, 1, b"kept across restarts").await;
+    assert!(ok, "{err}");
+    let dir = net.node(1).state_dir.clone();
+    // A plain restart keeps everything.
+    net.restart(1).await;
+    assert_eq!(net.inbox_ids(1).await.len(), 1);
+
+    // inbox.db truncated to 0 bytes.
+    net.kill9(1).await;
+    std::fs::File::create(dir.join("inbox.db")).expect("truncate");
+    let out = net.run_to_exit(1).await;
+    assert!(!out.ok, "started on a lost inbox: {}", out.stderr);
+    assert!(
+        out.stderr.contains("inbox.db is empty") && out.stderr.contains("--accept-lost-state"),
+        "{}",
+        out.stderr
+    );
+    net.restart_with(1, &["--accept-lost-state"]).await;
+    let warned = |net: &Net, file: &str| {
+        net.node(1)
+            .lines()
+            .iter()
+            .any(|l| l.contains("WARN") && l.contains(file) && l.contains("accept-lost-state"))
+    };
+    assert!(warned(&net, "inbox.db"), "{:?}", net.node(1).lines());
+    assert!(net.inbox_ids(1).await.is_empty());
+
+    // replay.db deleted (with its write-ahead log).
+    net.kill9(1).await;
+    for f in ["replay.db", "replay.db-wal", "replay.db-shm"] {
+        let _ = std::fs::remove_file(dir.join(f));
+    }
+    let out = net.run_to_exit(1).await;
+    assert!(!out.ok, "started on a lost replay registry: {}", out.stderr);
+    assert!(
+        out.stderr.contains("replay.db is missing"),
+        "{}",
+        out.stderr
+    );
+    net.restart_with(1, &["--accept-lost-state"]).await;
+    assert!(warned(&net, "replay.db"), "{:?}", net.node(1).lines());
+
+    // Accepted once, the state is whole again: a plain start works and messages flow.
+    net.restart(1).await;
+    let (ok, _, err) = net.send(0, 1, 1, b"after the loss").await;
+    assert!(ok, "{err}");
+}
+
+/// Item 7: with `--report-url`, the node pushes the status document in the design's layout
+/// to the operator's URL (a loopback listener the test runs), at start and every interval;
+/// without it, nothing is pushed. A URL that does not answer is counted and logged once, not
+/// retried in a loop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_status_report_is_pushed_in_the_design_layout_only_when_asked() {
+    let sink = ReportSink::start().await;
+    let mut net = Net::start(2, &["--probe-interval", "0s"]).await;
+    let p1 = net.node(1).prefix().to_string();
+    net.restart_with(1, &["--report-url", &sink.url, "--report-interval", "1s"])
+        .await;
+    let from1 = |v: &Value| v["node"] == p1.as_str();
+    let first = sink.wait_for("from node 1", from1).await;
+    let ps = &first["system_stats"]["discovery_status"]["peer_store"];
+    assert!(ps["runtime"]["blind_relay"]["received"].is_u64(), "{first}");
+    assert!(
+        ps["runtime"]["blind_relay"]["duplicate_route"].is_u64(),
+        "{first}"
+    );
+    assert!(ps["blind_relay_quality"]["status"].is_string(), "{first}");
+    assert!(
+        ps["blind_relay_quality"]["proof_scope"].is_string(),
+        "{first}"
+    );
+    assert!(ps["peer_health_summary"]["rows"].is_array(), "{first}");
+    assert!(ps["runtime"]["replay"]["capacity"].is_u64(), "{first}");
+    // Periodic: a delivery to node 1 shows up in a later push.
+    let (ok, _, err) = net.send(0, 1, 1, b"counted, not shown").await;
+    assert!(ok, "{err}");
+    sink.wait_for("with the delivery", |v| {
+        from1(v) && v.counters()["terminal"].as_u64() == Some(1)
+    })
+    .await;
+    let s1 = net.status(1).await;
+    assert!(counter(&s1, "report_sent") >= 2, "{s1}");
+    assert_eq!(counter(&s1, "report_failed"), 0, "{s1}");
+    // Off by default: node 0 never pushed, and counted nothing.
+    let p0 = net.node(0).prefix().to_string();
+    assert!(sink.bodies().iter().all(|v| v["node"] != p0.as_str()));
+    let s0 = net.status(0).await;
+    assert_eq!(
+        counter(&s0, "report_sent") + counter(&s0, "report_failed"),
+        0
+    );
+    // A URL nobody answers at: failures counted, one log line, one attempt per interval.
+    let dead = format!("http://{}:9/report", common::fresh_ip());
+    net.restart_with(0, &["--report-url", &dead, "--report-interval", "1s"])
+        .await;
+    let started = std::time::Instant::now();
+    loop {
+        let s0 = net.status(0).await;
+        if counter(&s0, "report_failed") >= 2 {
+            break;
+        }
+        assert!(started.elapsed() < common::WAIT, "no failed report: {s0}");
+        tokio::time::sleep(common::POLL).await;
+    }
+    let elapsed = started.elapsed().as_secs() + 2;
+    let failed = counter(&net.status(0).await, "report_failed");
+    assert!(failed <= elapsed, "{failed} failures in about {elapsed} s");
+    assert_eq!(net.node(0).count("status report push failed"), 1);
+    assert!(!net.node(0).lines().iter().any(|l| l.contains(":9/report")));
+}
