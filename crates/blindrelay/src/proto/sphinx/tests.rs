@@ -375,6 +375,64 @@ fn padding_and_filler_look_like_data() {
 }
 
 #[test]
+fn in_place_and_copying_peels_agree() {
+    let route = nodes(3);
+    let built = build(&specs(&route), &delivery(b"in place"), SizeClass::Small).expect("builds");
+    let (seen, _) = walk(&route, built.packet.clone());
+    let mut buf = built.packet;
+    for (i, node) in route.iter().enumerate() {
+        let layer = peel_in_place(&[&node.secret], &mut buf).expect("peels");
+        assert_eq!(layer.replay_tag, built.replay_tags[i]);
+        assert_eq!(layer.class, SizeClass::Small);
+        match layer.slot {
+            Slot::Forward { next_hop, .. } => {
+                assert_eq!(next_hop, route[i + 1].spec.node_id);
+                assert_eq!(buf, seen[i + 1], "the buffer is the next hop's packet");
+            }
+            Slot::Terminal { payload_len, .. } => {
+                assert_eq!(i, 2);
+                assert_eq!(
+                    &buf[HEADER_LEN..HEADER_LEN + payload_len as usize],
+                    b"in place"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn probes_and_messages_differ_only_inside_the_terminal_layer() {
+    // The same route, payload and ephemeral, probe flag on and off: every hop sees the same
+    // length, and the difference is ciphertext and MACs, nothing a hop can read.
+    let route = nodes(3);
+    let payload = [0x42u8; 35];
+    let build_one = |probe| {
+        let d = Delivery {
+            probe,
+            ..delivery(&payload)
+        };
+        build_with(&specs(&route), &d, SizeClass::Small, [0x44; 32]).expect("builds")
+    };
+    let (message, probe) = (build_one(false), build_one(true));
+    assert_eq!(message.replay_tags, probe.replay_tags);
+    let (m_seen, m_last) = walk(&route, message.packet);
+    let (p_seen, p_last) = walk(&route, probe.packet);
+    for (m, p) in m_seen.iter().zip(&p_seen) {
+        assert_eq!(m.len(), p.len());
+        assert_eq!(
+            m[..BETA_AT],
+            p[..BETA_AT],
+            "version, class and alpha are the same"
+        );
+    }
+    assert!(matches!(
+        m_last.action,
+        Action::Deliver { probe: false, .. }
+    ));
+    assert!(matches!(p_last.action, Action::Deliver { probe: true, .. }));
+}
+
+#[test]
 fn expiry_window() {
     let now = 1_000_000;
     assert!(expiry_acceptable(now, now));
