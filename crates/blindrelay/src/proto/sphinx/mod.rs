@@ -19,7 +19,7 @@
 //! appends are its own keystream, which the sender predicted (the Sphinx *filler*), so the next
 //! hop's MAC still verifies and every hop of every route sees a packet of the same length.
 //! `alpha` is blinded for the next hop (`X25519(blind, alpha)`), so no byte is carried
-//! unchanged from one hop to the next.
+//! unchanged from one hop to the next but the version and class bytes.
 //!
 //! # Layout
 //! - [`keys`]: per-hop key derivation, the header keystream and blinding.
