@@ -13,7 +13,7 @@ use blindrelay::proto::onion;
 use blindrelay::proto::sphinx::{self, Action, Delivery, HopSpec, SizeClass};
 use x25519_dalek::{PublicKey, StaticSecret};
 
-const ROUNDS: usize = 200;
+const ROUNDS: usize = 500;
 const CASE_BUDGET: Duration = Duration::from_secs(2);
 
 struct Node {

@@ -2,9 +2,9 @@
 //!
 //! The sender draws one ephemeral X25519 secret `x` per packet. Hop *i*'s alpha is
 //! `x · b₀ · … · bᵢ₋₁ · G` and its shared secret `x · b₀ · … · bᵢ₋₁ · Kᵢ`, where `bⱼ` is hop *j*'s
-//! blinding scalar: the sender computes it with `i + 1` X25519 operations, the hop with one.
-//! Building a route of *n* hops costs `n(n+1)/2 + n` X25519 operations (20 for 5 hops) and *n*
-//! ChaCha20-Poly1305 passes over the payload.
+//! blinding scalar. The sender multiplies the scalars modulo the group order first, so a route
+//! of *n* hops costs *n* X25519, *n* fixed-base and *n − 1* variable-base multiplications
+//! (see `hop_keys`) and *n* ChaCha20-Poly1305 passes over the payload.
 //!
 //! Then, innermost first: the terminal's beta is its slot, random padding (so the terminal cannot
 //! count the empty slots) and the *filler*, the keystream bytes the hops before it will shift in;
@@ -15,17 +15,18 @@
 
 use chacha20poly1305::aead::{AeadInPlace, KeyInit};
 use chacha20poly1305::{ChaCha20Poly1305, Nonce};
+use curve25519_dalek::montgomery::MontgomeryPoint;
+use curve25519_dalek::scalar::{Scalar, clamp_integer};
 use hkdf::Hkdf;
 use sha2::Sha256;
 use x25519_dalek::{PublicKey, StaticSecret};
 
-use super::keys::{HopKeys, SALT, STREAM_LEN, multiply, xor_stream};
+use super::keys::{HopKeys, SALT, STREAM_LEN, xor_stream};
 use super::slot::Slot;
 use super::{
     ALPHA_AT, BETA_AT, BETA_LEN, GAMMA_AT, HEADER_LEN, MAC_LEN, MAX_HOPS, ReplayTag, SLOT_LEN,
     SizeClass, VERSION,
 };
-use crate::proto::onion::onion_key_is_usable;
 use crate::proto::{NodeId, Prefix};
 
 /// One hop of a route, as taken from its verified descriptor.
@@ -138,10 +139,7 @@ pub fn build_with(
         .ok()
         .filter(|_| delivery.payload.len() <= class.capacity())
         .ok_or(BuildError::PayloadTooLarge)?;
-    if !route.iter().all(|hop| onion_key_is_usable(&hop.onion_key)) {
-        return Err(BuildError::WeakOnionKey);
-    }
-    let (alphas, keys) = hop_keys(route, &ephemeral);
+    let (alphas, keys) = hop_keys(route, &ephemeral)?;
 
     let terminal_slot = Slot::Terminal {
         expires_at: terminal.expires_at,
@@ -182,22 +180,43 @@ pub fn build_with(
 }
 
 /// Every hop's alpha and keys, first hop first.
-fn hop_keys(route: &[HopSpec], ephemeral: &[u8; 32]) -> (Vec<[u8; 32]>, Vec<HopKeys>) {
+///
+/// Hop *i*'s alpha is `[x·b₀·…·bᵢ₋₁]G` and its secret `[b₀·…·bᵢ₋₁]·X25519(x, Kᵢ)`, each `b`
+/// and `x` clamped as X25519 clamps, the product taken modulo the group order ℓ. The hop computes
+/// the same values with one X25519 at a time: for points of the prime-order subgroup (alpha
+/// always; `X25519(x, Kᵢ)` too, as the clamped `x` clears any small-order component of `Kᵢ`)
+/// multiplying by an integer and by it modulo ℓ agree. Cost: per hop one fixed-base and one
+/// X25519, and one variable-base multiplication after the first hop.
+///
+/// # Errors
+/// [`BuildError::WeakOnionKey`] when `X25519(x, Kᵢ)` is all zeros: exactly when `Kᵢ` is a
+/// small-order point (see [`crate::proto::onion::onion_key_is_usable`]), whose layer anyone
+/// could read.
+fn hop_keys(
+    route: &[HopSpec],
+    ephemeral: &[u8; 32],
+) -> Result<(Vec<[u8; 32]>, Vec<HopKeys>), BuildError> {
     let x = StaticSecret::from(*ephemeral);
-    let mut alpha = PublicKey::from(&x).to_bytes();
+    let x_scalar = Scalar::from_bytes_mod_order(clamp_integer(*ephemeral));
+    let mut blinds = Scalar::ONE;
     let mut alphas = Vec::with_capacity(route.len());
     let mut keys: Vec<HopKeys> = Vec::with_capacity(route.len());
-    for hop in route {
-        let mut shared = x.diffie_hellman(&PublicKey::from(hop.onion_key)).to_bytes();
-        for earlier in &keys {
-            shared = multiply(&earlier.blind, &shared);
+    for (i, hop) in route.iter().enumerate() {
+        let alpha = MontgomeryPoint::mul_base(&(x_scalar * blinds)).to_bytes();
+        let base = x.diffie_hellman(&PublicKey::from(hop.onion_key));
+        if !base.was_contributory() {
+            return Err(BuildError::WeakOnionKey);
+        }
+        let mut shared = base.to_bytes();
+        if i > 0 {
+            shared = (MontgomeryPoint(shared) * blinds).to_bytes();
         }
         let hop_keys = HopKeys::derive(&shared, &alpha);
+        blinds *= Scalar::from_bytes_mod_order(clamp_integer(hop_keys.blind));
         alphas.push(alpha);
-        alpha = hop_keys.blind_alpha(&alpha);
         keys.push(hop_keys);
     }
-    (alphas, keys)
+    Ok((alphas, keys))
 }
 
 /// The terminal's beta: its slot and random padding, encrypted with its header stream, then the
