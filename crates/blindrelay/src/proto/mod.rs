@@ -12,6 +12,8 @@
 //! - [`descriptor`]: a node's signed, expiring descriptor (JSON) and the endpoint address policy.
 //! - [`answer`]: a hop's JSON answer to a relay request (accepted, or the refusal's reason).
 //! - [`probe`]: the terminal payload that marks a synthetic probe.
+//! - [`sphinx`]: version 2 of the onion format (fixed-size Sphinx-style packets), not yet on
+//!   the wire.
 //!
 //! # Logging ids
 //! Full node ids, route ids, keys and endpoints never go to logs. The only loggable form of a node
@@ -23,6 +25,7 @@ pub mod envelope;
 pub mod onion;
 pub mod probe;
 pub mod receipt;
+pub mod sphinx;
 #[cfg(test)]
 mod vectors;
 
