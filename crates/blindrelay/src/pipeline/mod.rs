@@ -175,7 +175,7 @@ impl Pipeline {
             gate: RequestGate::new(gate, ctx.clock.instant()),
             sources: Classifier::new(grouping, Arc::clone(&ctx.peers)),
             connections,
-            hops: HopGuard::default(),
+            hops: HopGuard::with_rate(hop_guard::MAX_BUCKETS, ctx.hop_rate),
             ctx,
             replay,
             terminal,
