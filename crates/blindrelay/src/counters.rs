@@ -54,6 +54,11 @@ guard::counter_set! {
             request_timeout: Counter,
             /// Refused: the next hop has its most requests in flight.
             next_hop_busy: Counter,
+            /// Refused (a forward, a send or a probe): the queue of requests waiting for their
+            /// turn under the next hop's previous-hop rate is full.
+            next_hop_queue_full: Counter,
+            /// Requests to a next hop that waited for their turn under its previous-hop rate.
+            paced: Counter,
             /// Too old or from the future.
             timestamp_rejected: Counter,
             /// Over the previous hop's rate.

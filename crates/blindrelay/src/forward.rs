@@ -33,6 +33,7 @@ use sha2::{Digest, Sha256};
 use tracing::debug;
 
 use crate::counters::Counters;
+use crate::outbound::Turn;
 use crate::proto::answer::Accepted;
 use crate::proto::{NodeId, Prefix, RouteId};
 
@@ -204,20 +205,32 @@ fn busy(status: u16, body: Option<&[u8]>) -> bool {
             .is_some_and(|r| r.is_retryable())
 }
 
-/// Posts an envelope to `url` until `deadline`, with retries on transport errors and on a busy
-/// next hop's retryable `429`.
+/// Posts an envelope to `url` (the next hop of `turn`) until `deadline`, each attempt in its
+/// turn (`crate::outbound`), with retries on transport errors and on a busy next hop's
+/// retryable `429`.
 pub async fn post(
     http: &reqwest::Client,
     url: &str,
     envelope: &[u8],
     route_id: &RouteId,
-    next_hop: &NodeId,
     counters: &Counters,
     deadline: Instant,
+    mut turn: Turn,
 ) -> Forwarded {
+    let hop = *turn.hop();
+    let next_hop = &hop;
     let (mut failures, mut busy_retries, mut retry) = (0u32, 0u32, 0u32);
     loop {
-        match attempt(http, url, envelope, deadline).await {
+        if !turn.try_now() {
+            counters.paced.inc();
+            if !turn.go(deadline).await {
+                debug!(next = %Prefix(next_hop), "no turn within the deadline");
+                break;
+            }
+        }
+        let got = attempt(http, url, envelope, deadline).await;
+        turn.answered(matches!(got, Attempt::Answer(..)));
+        match got {
             Attempt::Answer(status, body) => {
                 let delay = retry_delay(route_id, next_hop, retry + 1);
                 if busy(status, body.as_deref())

@@ -339,6 +339,27 @@ pub struct Turn {
 }
 
 impl Turn {
+    /// The next hop.
+    pub fn hop(&self) -> &NodeId {
+        &self.hop
+    }
+
+    /// True while the request waits for its turn.
+    pub fn is_waiting(&self) -> bool {
+        !self.on_wire
+    }
+
+    /// Takes this request's turn if it may go now; true when on the wire.
+    pub fn try_now(&mut self) -> bool {
+        if !self.on_wire {
+            self.on_wire = self
+                .pacer
+                .try_go(&self.hop, self.place, Instant::now())
+                .is_ok();
+        }
+        self.on_wire
+    }
+
     /// Waits for this request's turn, at most until `deadline`; true once it may go (it is on
     /// the wire until [`Turn::answered`]).
     pub async fn go(&mut self, deadline: Instant) -> bool {

@@ -42,6 +42,9 @@ pub enum SendError {
     /// No crypto slot free.
     #[error("backpressure: no crypto slot free")]
     Backpressure,
+    /// The queue of requests waiting for their turn to the entry hop is full.
+    #[error("too many messages wait for their turn to the entry hop: try again later")]
+    QueueFull,
     /// The entry hop refused.
     #[error("the route refused the message")]
     Refused,
@@ -185,14 +188,18 @@ pub(crate) async fn deliver_along(
     })
     .await
     .ok_or(SendError::Internal)??;
+    let turn = ctx.pacer.join(&entry, envelope.len()).map_err(|_| {
+        ctx.counters.next_hop_queue_full.inc();
+        SendError::QueueFull
+    })?;
     let answer = forward::post(
         &ctx.http,
         &url,
         &envelope,
         &route.first_route_id,
-        &entry,
         &ctx.counters,
         deadline,
+        turn,
     )
     .await;
     ctx.health.record_route(

@@ -50,6 +50,7 @@ use crate::api::serve::Connections;
 use crate::context::{self, Context};
 use crate::forward::{self, Forwarded};
 use crate::health::Bucket;
+use crate::outbound::Turn;
 use crate::proto::answer::{Accepted, ErrorBody, Outcome};
 use crate::proto::envelope::Envelope;
 use crate::proto::{NodeId, Prefix, RouteId, probe};
@@ -292,15 +293,25 @@ impl Pipeline {
         .await
         .ok_or(Reason::ForwardFailed)?;
         let c = checked.inspect_err(|r| self.refused(prev, *r, instant))?;
-        // A next hop with its most requests in flight is refused before anything is reserved.
-        let _next_hop_slot = match &c.next {
-            Next::Forward { next_hop, .. } => Some(
-                self.ctx
+        // A next hop with its most requests in flight, or a full queue of requests waiting
+        // for their turn to it, is refused before anything is reserved.
+        let (_next_hop_slot, turn) = match &c.next {
+            Next::Forward {
+                next_hop, envelope, ..
+            } => {
+                let slot = self
+                    .ctx
                     .next_hops
                     .acquire(next_hop)
-                    .ok_or(Reason::NextHopBusy)?,
-            ),
-            Next::Terminal { .. } => None,
+                    .ok_or(Reason::NextHopBusy)?;
+                let turn = self
+                    .ctx
+                    .pacer
+                    .join(next_hop, envelope.len())
+                    .map_err(|_| Reason::NextHopQueueFull)?;
+                (Some(slot), Some(turn))
+            }
+            Next::Terminal { .. } => (None, None),
         };
         // The end of step 7: the reservation, on disk, with no slot held.
         let reserved = reserve::reserve(
@@ -332,24 +343,29 @@ impl Pipeline {
             self.sources.verified(source, self.ctx.clock.instant());
         }
         // Step 8, then the replay record.
-        let (verdict, completed_at) = match c.next {
-            Next::Forward {
-                endpoint,
-                next_hop,
-                envelope,
-            } => {
-                trace!(next = %Prefix(&next_hop), "forwarding");
+        let (verdict, completed_at) = match (c.next, turn) {
+            (
+                Next::Forward {
+                    endpoint, envelope, ..
+                },
+                Some(turn),
+            ) => {
+                trace!(next = %Prefix(turn.hop()), "forwarding");
                 let until = deadline.checked_sub(FINISH_MARGIN).unwrap_or(deadline);
                 let verdict = self
-                    .forward(&endpoint, &next_hop, &c.route_id, envelope, until)
+                    .forward(&endpoint, &c.route_id, envelope, until, turn)
                     .await;
                 (verdict, self.ctx.clock.unix())
             }
-            Next::Terminal {
-                payload,
-                receipt,
-                probe,
-            } => (
+            (Next::Forward { .. }, None) => (Err(Reason::ForwardFailed), c.now),
+            (
+                Next::Terminal {
+                    payload,
+                    receipt,
+                    probe,
+                },
+                _,
+            ) => (
                 self.deliver(payload, receipt, probe, c.now, source).await,
                 c.now,
             ),
@@ -449,20 +465,21 @@ impl Pipeline {
     async fn forward(
         &self,
         endpoint: &str,
-        next_hop: &NodeId,
         route_id: &RouteId,
         envelope: Vec<u8>,
         deadline: tokio::time::Instant,
+        turn: Turn,
     ) -> Result<Answer, Reason> {
         let ctx = &self.ctx;
+        let next_hop = &{ *turn.hop() };
         let outcome = forward::post(
             &ctx.http,
             endpoint,
             &envelope,
             route_id,
-            next_hop,
             &ctx.counters,
             deadline,
+            turn,
         )
         .await;
         let now = ctx.clock.unix();
