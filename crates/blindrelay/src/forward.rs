@@ -36,11 +36,14 @@ use crate::counters::Counters;
 use crate::outbound::Turn;
 use crate::proto::answer::Accepted;
 use crate::proto::{NodeId, Prefix, RouteId};
+use crate::reason::Reason;
 
 /// Attempts in all, the first included.
 pub const MAX_ATTEMPTS: u32 = 3;
-/// Retries of a retryable `429` at most.
+/// Retries of a busy answer (`429` of a moment, `503 route_in_flight`) at most.
 pub const MAX_BUSY_RETRIES: u32 = 20;
+/// A busy retry waits at most this many times the formula's delay.
+pub const MAX_BUSY_BACKOFF: u32 = 8;
 /// Connect timeout to a next hop.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Whole-request timeout of the client (each request is also bounded by its deadline).
@@ -148,8 +151,14 @@ pub enum Forwarded {
         /// Hex of the sealed receipt.
         receipt: String,
     },
-    /// A definitive refusal (any other answer).
-    Refused,
+    /// A definitive refusal (any other answer, or a busy one after its retries): its status
+    /// and the reason its body names, if any.
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// The reason named, if any.
+        reason: Option<Reason>,
+    },
     /// No answer after every attempt.
     Exhausted,
 }
@@ -196,13 +205,30 @@ async fn attempt(http: &reqwest::Client, url: &str, envelope: &[u8], deadline: I
         .unwrap_or(Attempt::Failed("timeout"))
 }
 
-/// True for a `429` whose reason says the next hop was busy for a moment.
-fn busy(status: u16, body: Option<&[u8]>) -> bool {
-    status == 429
-        && body
-            .and_then(|b| serde_json::from_slice::<crate::proto::answer::ErrorBody>(b).ok())
-            .and_then(|e| crate::reason::Reason::from_wire(&e.error))
-            .is_some_and(|r| r.is_retryable())
+/// The reason of a refusal's body, if it names one.
+fn reason_of(body: Option<&[u8]>) -> Option<Reason> {
+    body.and_then(|b| serde_json::from_slice::<crate::proto::answer::ErrorBody>(b).ok())
+        .and_then(|e| Reason::from_wire(&e.error))
+}
+
+/// True for an answer the design says to retry: `503 route_in_flight` (the same request is
+/// still being handled there: its answer will be stored and replayed) and a `429` of a moment
+/// (`backpressure`, `source_limited`, or a `429` naming no reason). The other `429`s
+/// (`rate_limited`, `quarantined`, `inbox_share_exceeded`, `replay_share_exceeded`) last
+/// minutes: a retry within a deadline of seconds cannot succeed, so they are final.
+fn busy(status: u16, reason: Option<Reason>) -> bool {
+    match (status, reason) {
+        (429 | 503, Some(r)) => r.is_retryable(),
+        (429, None) => true,
+        _ => false,
+    }
+}
+
+/// The delay before busy retry number `n` (1-based): the formula's delay times `n`, at most
+/// [`MAX_BUSY_BACKOFF`] times: a next hop still handling the same request needs longer than
+/// a moment of backpressure.
+pub fn busy_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32, n: u32) -> Duration {
+    retry_delay(route_id, next_hop, attempt) * n.clamp(1, MAX_BUSY_BACKOFF)
 }
 
 /// Posts an envelope to `url` (the next hop of `turn`) until `deadline`, each attempt in its
@@ -232,15 +258,18 @@ pub async fn post(
         turn.answered(matches!(got, Attempt::Answer(..)));
         match got {
             Attempt::Answer(status, body) => {
-                let delay = retry_delay(route_id, next_hop, retry + 1);
-                if busy(status, body.as_deref())
+                let reason = (status != 200)
+                    .then(|| reason_of(body.as_deref()))
+                    .flatten();
+                let delay = busy_delay(route_id, next_hop, retry + 1, busy_retries + 1);
+                if busy(status, reason)
                     && busy_retries < MAX_BUSY_RETRIES
                     && Instant::now() + delay < deadline
                 {
                     busy_retries += 1;
                     retry += 1;
                     counters.busy_retried.inc();
-                    debug!(next = %Prefix(next_hop), "next hop busy, retrying");
+                    debug!(next = %Prefix(next_hop), status, "next hop busy, retrying");
                     tokio::time::sleep(delay).await;
                     continue;
                 }
@@ -254,7 +283,7 @@ pub async fn post(
                     (200, Some(Ok(a))) => Forwarded::Accepted { receipt: a.receipt },
                     _ => {
                         debug!(next = %Prefix(next_hop), status, "next hop refused");
-                        Forwarded::Refused
+                        Forwarded::Refused { status, reason }
                     }
                 };
             }
@@ -352,12 +381,26 @@ mod tests {
     }
 
     #[test]
-    fn only_retryable_429s_are_busy() {
-        assert!(busy(429, Some(br#"{"error":"backpressure"}"#)));
-        assert!(busy(429, Some(br#"{"error":"source_limited"}"#)));
-        assert!(!busy(429, Some(br#"{"error":"quarantined"}"#)));
-        assert!(!busy(503, Some(br#"{"error":"backpressure"}"#)));
-        assert!(!busy(429, None));
+    fn what_is_retried() {
+        let r = |b: &[u8]| reason_of(Some(b));
+        assert!(busy(429, r(br#"{"error":"backpressure"}"#)));
+        assert!(busy(429, r(br#"{"error":"source_limited"}"#)));
+        assert!(busy(503, r(br#"{"error":"route_in_flight"}"#)));
+        assert!(busy(429, None), "a 429 naming no reason");
+        assert!(!busy(429, r(br#"{"error":"quarantined"}"#)));
+        assert!(!busy(429, r(br#"{"error":"rate_limited"}"#)));
+        assert!(!busy(503, r(br#"{"error":"replay_capacity"}"#)));
+        assert!(!busy(503, None));
+        assert!(!busy(502, r(br#"{"error":"forward_failed"}"#)));
+        let (route, hop) = ([1; 16], [2; 32]);
+        assert_eq!(
+            busy_delay(&route, &hop, 1, 3),
+            retry_delay(&route, &hop, 1) * 3
+        );
+        assert_eq!(
+            busy_delay(&route, &hop, 1, 100),
+            retry_delay(&route, &hop, 1) * MAX_BUSY_BACKOFF
+        );
     }
 
     // Computed independently (Python hashlib) for route 16×0x11 and next hop 32×0x22.

@@ -226,10 +226,15 @@ impl Reason {
         )
     }
 
-    /// A refusal a sender may retry at once, within its deadline: nothing was reserved, and the
-    /// condition lasts milliseconds (a busy node, a source over its share for a moment).
+    /// A refusal a sender may retry within its deadline: nothing was reserved and the condition
+    /// lasts milliseconds (a busy node, a source over its share for a moment), or the same
+    /// request is still being handled (`route_in_flight`: the design says the sender may retry;
+    /// its answer is stored and replayed).
     pub fn is_retryable(self) -> bool {
-        matches!(self, Reason::Backpressure | Reason::SourceLimited)
+        matches!(
+            self,
+            Reason::Backpressure | Reason::SourceLimited | Reason::RouteInFlight
+        )
     }
 
     /// Whose fault a refusal is, once the previous hop is authenticated (`docs/blindrelay.md`,

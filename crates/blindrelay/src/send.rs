@@ -202,14 +202,16 @@ pub(crate) async fn deliver_along(
         turn,
     )
     .await;
-    ctx.health.record_route(
-        &entry,
-        matches!(answer, Forwarded::Accepted { .. }),
-        ctx.clock.unix(),
-    );
+    // The entry hop's health: an answer of a busy peer is what it is, not a transport failure.
+    let now = ctx.clock.unix();
+    match &answer {
+        Forwarded::Accepted { .. } => ctx.health.record_route(&entry, true, now),
+        Forwarded::Refused { status, .. } => ctx.health.record_refused(&entry, *status, now),
+        Forwarded::Exhausted => ctx.health.record_route(&entry, false, now),
+    }
     let sealed = match answer {
         Forwarded::Accepted { receipt } => from_hex_vec(&receipt).ok_or(SendError::Refused)?,
-        Forwarded::Refused => return Err(SendError::Refused),
+        Forwarded::Refused { .. } => return Err(SendError::Refused),
         Forwarded::Exhausted => return Err(SendError::Unreachable),
     };
     let r = receipt::open(&sealed, &route.receipt_key)?;

@@ -11,6 +11,9 @@
 //! (a declared `Content-Length` over the largest envelope is refused at once with 413). A body
 //! that does not arrive in time is refused (`request_timeout`, 408) and its connection closed.
 //! The in-flight slot is taken only once the body is read and framed (`Pipeline::admit`).
+//! From there the request runs in its own task, holding its slot, to the end of its deadline at
+//! most: a client that disconnects does not cancel it, so its route is completed and its
+//! answer stored rather than left in flight.
 
 pub mod cookie;
 mod error;
@@ -132,7 +135,13 @@ async fn relay_request(
     };
     let admitted = pipeline.admit(&source, &body)?;
     drop(body);
-    let answer = pipeline.process(admitted).await?;
+    // The request runs to its end in its own task, within its deadline, even if the client
+    // goes away: a reserved route is always completed (its answer stored for duplicates),
+    // never left in flight to the end of its window, and never run twice.
+    let p = Arc::clone(&pipeline);
+    let answer = tokio::spawn(async move { p.process(admitted).await })
+        .await
+        .map_err(|_| ApiError::Internal)??;
     Ok(relay_answer(&answer))
 }
 

@@ -488,9 +488,8 @@ impl Pipeline {
                 ctx.health.record_route(next_hop, true, now);
                 Ok(Answer::Forwarded { receipt })
             }
-            Forwarded::Refused => {
-                ctx.health
-                    .record_route_reason(next_hop, false, Bucket::Refused, now);
+            Forwarded::Refused { status, .. } => {
+                ctx.health.record_refused(next_hop, status, now);
                 Err(Reason::ForwardFailed)
             }
             Forwarded::Exhausted => {
