@@ -76,8 +76,13 @@ guard::counter_set! {
             /// Connections closed because no complete request head arrived in time (new or idle
             /// between requests).
             connections_timed_out: Counter,
-            /// Relay requests retried after a `429` within their deadline.
+            /// Relay requests retried after a busy answer (`429` of a moment, `503
+            /// route_in_flight`) within their deadline.
             busy_retried: Counter,
+            /// Relay requests answered `503 route_in_flight` at their deadline while their
+            /// forward went on (its final answer is stored for the retry; counted apart from
+            /// the request's one outcome).
+            answered_in_flight: Counter,
             /// Inbox items deleted or taken by the operator.
             inbox_removed: Counter,
             /// Inbox items deleted at the end of the retention period.

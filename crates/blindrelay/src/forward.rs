@@ -41,7 +41,7 @@ use crate::reason::Reason;
 /// Attempts in all, the first included.
 pub const MAX_ATTEMPTS: u32 = 3;
 /// Retries of a busy answer (`429` of a moment, `503 route_in_flight`) at most.
-pub const MAX_BUSY_RETRIES: u32 = 20;
+pub const MAX_BUSY_RETRIES: u32 = 40;
 /// A busy retry waits at most this many times the formula's delay.
 pub const MAX_BUSY_BACKOFF: u32 = 8;
 /// Connect timeout to a next hop.
@@ -59,9 +59,16 @@ pub const DEADLINE_MAX_TTL: u8 = 8;
 /// Requests in flight to one next hop at most, by default.
 pub const PER_NEXT_HOP: usize = 8;
 
-/// How long a hop may spend on a frame that arrived with `ttl` hops left.
+/// How long a hop may take to answer a frame that arrived with `ttl` hops left.
 pub fn hop_deadline(ttl: u8) -> Duration {
     DEADLINE_BASE + DEADLINE_STEP * u32::from(ttl.min(DEADLINE_MAX_TTL))
+}
+
+/// How long a hop may go on with a forward after it answered `route_in_flight` at its
+/// [`hop_deadline`]: twice the deadline in all. The next hop's late deadline is shorter than
+/// ours by twice a [`DEADLINE_STEP`], so its final answer is stored before we stop retrying.
+pub fn late_deadline(ttl: u8) -> Duration {
+    hop_deadline(ttl) * 2
 }
 
 /// Requests in flight per next hop: at most `limit` each. Entries exist only while a request
@@ -362,7 +369,12 @@ mod tests {
         assert_eq!(hop_deadline(255), hop_deadline(DEADLINE_MAX_TTL));
         for ttl in 1..DEADLINE_MAX_TTL {
             assert_eq!(hop_deadline(ttl) - hop_deadline(ttl - 1), DEADLINE_STEP);
+            // The next hop's final answer, stored at its late deadline, comes before ours
+            // ends, and a hop answers before the one before it gives up on it.
+            assert!(late_deadline(ttl - 1) + DEADLINE_STEP <= late_deadline(ttl));
+            assert!(hop_deadline(ttl - 1) < hop_deadline(ttl));
         }
+        assert_eq!(late_deadline(1), Duration::from_secs(12));
     }
 
     #[test]

@@ -166,8 +166,10 @@ pub(crate) async fn deliver_along(
         .peers
         .route(&entry, now)
         .map_err(|_| SendError::NotEnoughPeers(hops))?;
+    // The sender waits as long as a hop with one more TTL than the entry hop would go on
+    // (`forward::late_deadline`): the entry hop's final answer comes before it gives up.
     let deadline =
-        tokio::time::Instant::now() + forward::hop_deadline(u8::try_from(hops).unwrap_or(u8::MAX));
+        tokio::time::Instant::now() + forward::late_deadline(u8::try_from(hops).unwrap_or(u8::MAX));
     let slot = ctx
         .crypto_slot(ctx.crypto.limit(), ctx.crypto_wait)
         .await

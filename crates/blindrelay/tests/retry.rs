@@ -270,3 +270,27 @@ async fn route_in_flight_and_busy_answers_are_retried_then_delivered() {
     );
     assert_eq!(got.load(Ordering::SeqCst), 1);
 }
+
+/// Item 5: a hop slower than its deadline does not make the hop before it store a failure:
+/// that hop answers `route_in_flight` at its deadline and goes on; the sender retries and gets
+/// the delivery once the slow hop answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hop_slower_than_its_deadline_is_waited_for_not_stored_as_a_failure() {
+    let net = Net::start(3, &["--probe-interval", "0s"]).await;
+    // C, the terminal, hangs longer than B's deadline for the frame (6 s), then answers.
+    net.signal(2, "STOP");
+    let resume = async {
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        net.signal(2, "CONT");
+    };
+    let (sent, ()) = tokio::join!(net.send(0, 2, 2, b"through a slow hop"), resume);
+    let (ok, _, err) = sent;
+    assert!(ok, "{err}");
+    let b = net.status(1).await;
+    assert_eq!(counter(&b, "forward_failed"), 0, "{b}");
+    assert!(counter(&b, "answered_in_flight") >= 1, "{b}");
+    assert_eq!(counter(&b, "forwarded"), 1, "{b}");
+    let a = net.status(0).await;
+    assert!(counter(&a, "busy_retried") >= 1, "{a}");
+    assert_eq!(net.inbox_ids(2).await.len(), 1);
+}

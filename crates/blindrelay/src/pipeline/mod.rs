@@ -68,8 +68,21 @@ pub struct Admitted {
     _slot: gate::Admitted,
     env: Envelope,
     source: Source,
-    /// When everything this hop does for it must be over.
+    /// When the previous hop must have its answer ([`forward::hop_deadline`] of its TTL).
+    answer_by: tokio::time::Instant,
+    /// When everything this hop does for it must be over: a forward still waiting for its next
+    /// hop at `answer_by` goes on until then ([`forward::late_deadline`]), so the answer stored
+    /// is the next hop's, not a failure of this hop's impatience.
     deadline: tokio::time::Instant,
+}
+
+impl Admitted {
+    /// When the previous hop must have its answer: if the request is not over by then, it is
+    /// answered `503 route_in_flight` (retryable) while it goes on to its deadline, and its
+    /// final answer is stored for the retry.
+    pub fn answer_by(&self) -> tokio::time::Instant {
+        self.answer_by
+    }
 }
 
 /// What an admitted request is answered with, unless it is refused.
@@ -247,7 +260,8 @@ impl Pipeline {
             .map_err(|r| self.refuse(r))?;
         Ok(Admitted {
             _slot: slot,
-            deadline: tokio::time::Instant::now() + forward::hop_deadline(env.ttl),
+            answer_by: tokio::time::Instant::now() + forward::hop_deadline(env.ttl),
+            deadline: tokio::time::Instant::now() + forward::late_deadline(env.ttl),
             env,
             source: *source,
         })
@@ -269,6 +283,7 @@ impl Pipeline {
             env,
             source,
             deadline,
+            ..
         } = admitted;
         let verdict = self.run(env, &source, deadline).await;
         self.record(&verdict);
