@@ -1,23 +1,27 @@
 //! Step 8 of a forward, on the wire: the next hop's client, with bounded retries.
 //!
-//! Up to [`MAX_ATTEMPTS`] attempts in all, and only after a timeout, a connection error or a
-//! request error: an answer from downstream, whatever it says, is definitive and never retried.
-//! Before attempt *a* + 1 the forwarder waits [`retry_delay`]`(route, next hop, a)`:
+//! Up to [`MAX_ATTEMPTS`] attempts in all after a timeout, a connection error or a request
+//! error. Before attempt *a* + 1 the forwarder waits [`retry_delay`]`(route, next hop, a)`:
 //!
 //! `delay = 50 ms + (u16::from_be_bytes(SHA-256("blindrelay/retry/v1" ‖ route_id ‖ next_hop ‖
 //! a as u32 BE)[0..2]) mod 100) ms`, so 50–149 ms, spread between routes and next hops but the
 //! same for the same retry (no RNG: reproducible, testable).
 //!
-//! A `429` whose reason is retryable (`backpressure`, `source_limited`: nothing was reserved,
-//! the condition lasts milliseconds) is retried too, after the same delays, at most
-//! [`MAX_BUSY_RETRIES`] times; every other answer is definitive.
+//! A busy answer — `503 route_in_flight` (the same request is still being handled there; its
+//! answer will be stored and replayed) or a `429` of a moment (`backpressure`,
+//! `source_limited`, or naming no reason) — is retried too, at most [`MAX_BUSY_RETRIES`] times,
+//! the *n*-th after [`busy_delay`] (the delay × min(n, [`MAX_BUSY_BACKOFF`])); every other
+//! answer is definitive. Every attempt waits its turn under the next hop's previous-hop rate
+//! ([`crate::outbound`]).
 //!
-//! **Deadlines.** Everything a hop does for a request ends within [`hop_deadline`]`(ttl)` of its
-//! arrival: `BASE + min(ttl, 8) × STEP`. The next hop gets the frame with one TTL less, so its
-//! deadline is one [`DEADLINE_STEP`] shorter than ours and it answers before we give up on it;
-//! the sender waits `hop_deadline(hops)`. A hung next hop costs at most [`PER_NEXT_HOP`] requests
-//! in flight (`--per-next-hop`), each for at most its deadline; more to it are refused at once
-//! (`next_hop_busy`).
+//! **Deadlines**, derived from the envelope's TTL. A hop answers within [`hop_deadline`]`(ttl)`
+//! of a frame's arrival: `BASE + min(ttl, 8) × STEP`. The next hop gets the frame with one TTL
+//! less, so its deadline is one [`DEADLINE_STEP`] shorter than ours and it answers before we
+//! give up on it. A forward not over by then is answered `503 route_in_flight` and goes on to
+//! [`late_deadline`] (twice the deadline) before its final answer is stored, so a slow hop
+//! does not make the hop before it store a failure. The sender waits `late_deadline(hops)`. A
+//! hung next hop costs at most [`PER_NEXT_HOP`] requests in flight (`--per-next-hop`), each for
+//! at most its late deadline; more to it are refused at once (`next_hop_busy`).
 //!
 //! Errors are classified, never printed: reqwest's messages carry the URL, which must not reach
 //! a log.
