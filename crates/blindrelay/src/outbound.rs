@@ -117,24 +117,44 @@ struct Lane {
     waiting_bytes: usize,
     /// Requests on the wire.
     on_wire: u32,
-    /// When requests were answered (or given up, plus the grace), oldest first roughly.
+    /// When requests were answered, in order (the tokio clock never goes back).
     answered: VecDeque<Instant>,
+    /// When requests given up without an answer were given up, plus the grace: in order too
+    /// (the grace is one constant).
+    unanswered: VecDeque<Instant>,
 }
 
 impl Lane {
-    /// Forgets answers older than the window.
+    /// Forgets answers older than the window: from the front of each list, so the cost is the
+    /// entries forgotten.
     fn prune(&mut self, now: Instant, window: Duration) {
-        self.answered
-            .retain(|t| now.saturating_duration_since(*t) < window);
+        for list in [&mut self.answered, &mut self.unanswered] {
+            while list
+                .front()
+                .is_some_and(|t| now.saturating_duration_since(*t) >= window)
+            {
+                list.pop_front();
+            }
+        }
     }
 
     /// Requests that still count at `now` (pruned first).
     fn counted(&self) -> usize {
-        self.on_wire as usize + self.answered.len()
+        self.on_wire as usize + self.answered.len() + self.unanswered.len()
+    }
+
+    /// When the earliest counted answer leaves the window.
+    fn next_free(&self, window: Duration) -> Option<Instant> {
+        let a = self.answered.front();
+        let u = self.unanswered.front();
+        a.into_iter().chain(u).min().map(|t| *t + window)
     }
 
     fn idle(&self) -> bool {
-        self.waiting.is_empty() && self.on_wire == 0 && self.answered.is_empty()
+        self.waiting.is_empty()
+            && self.on_wire == 0
+            && self.answered.is_empty()
+            && self.unanswered.is_empty()
     }
 }
 
@@ -273,7 +293,7 @@ impl Pacer {
         }
         if lane.counted() >= limit {
             // The earliest answer leaves the window first; with none, an answer must come.
-            return Err(lane.answered.iter().min().map(|t| *t + window));
+            return Err(lane.next_free(window));
         }
         let bytes = lane.waiting.remove(&place).unwrap_or(0);
         lane.waiting_bytes -= bytes;
@@ -283,12 +303,18 @@ impl Pacer {
         Ok(())
     }
 
-    /// `place` leaves the wire: answered at `at`; back in the queue if `requeue`.
-    fn off_wire(&self, hop: &NodeId, place: u64, bytes: usize, at: Instant, requeue: bool) {
+    /// `place` leaves the wire, `answered` or not (then it counts [`UNANSWERED_GRACE`]
+    /// longer); back in the queue if `requeue`.
+    fn off_wire(&self, hop: &NodeId, place: u64, bytes: usize, answered: bool, requeue: bool) {
+        let now = Instant::now();
         let mut s = self.lock();
         if let Some(lane) = s.lanes.get_mut(hop) {
             lane.on_wire = lane.on_wire.saturating_sub(1);
-            lane.answered.push_back(at);
+            if answered {
+                lane.answered.push_back(now);
+            } else {
+                lane.unanswered.push_back(now + UNANSWERED_GRACE);
+            }
             if requeue {
                 lane.waiting.insert(place, bytes);
                 lane.waiting_bytes += bytes;
@@ -395,23 +421,16 @@ impl Turn {
             return;
         }
         self.on_wire = false;
-        let at = Instant::now()
-            + if answered {
-                Duration::ZERO
-            } else {
-                UNANSWERED_GRACE
-            };
         self.pacer
-            .off_wire(&self.hop, self.place, self.bytes, at, true);
+            .off_wire(&self.hop, self.place, self.bytes, answered, true);
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
         if self.on_wire {
-            let at = Instant::now() + UNANSWERED_GRACE;
             self.pacer
-                .off_wire(&self.hop, self.place, self.bytes, at, false);
+                .off_wire(&self.hop, self.place, self.bytes, false, false);
         } else {
             self.pacer.leave(&self.hop, self.place);
         }
