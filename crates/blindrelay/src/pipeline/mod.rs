@@ -48,7 +48,7 @@ use self::reserve::Reserved;
 use self::route::Routed;
 use crate::api::serve::Connections;
 use crate::context::{self, Context};
-use crate::forward::{self, Forwarded};
+use crate::forward::{self, Forwarded, NextHopSlot};
 use crate::health::Bucket;
 use crate::outbound::Turn;
 use crate::proto::answer::{Accepted, ErrorBody, Outcome};
@@ -308,26 +308,7 @@ impl Pipeline {
         .await
         .ok_or(Reason::ForwardFailed)?;
         let c = checked.inspect_err(|r| self.refused(prev, *r, instant))?;
-        // A next hop with its most requests in flight, or a full queue of requests waiting
-        // for their turn to it, is refused before anything is reserved.
-        let (_next_hop_slot, turn) = match &c.next {
-            Next::Forward {
-                next_hop, envelope, ..
-            } => {
-                let slot = self
-                    .ctx
-                    .next_hops
-                    .acquire(next_hop)
-                    .ok_or(Reason::NextHopBusy)?;
-                let turn = self
-                    .ctx
-                    .pacer
-                    .join(next_hop, envelope.len())
-                    .map_err(|_| Reason::NextHopQueueFull)?;
-                (Some(slot), Some(turn))
-            }
-            Next::Terminal { .. } => (None, None),
-        };
+        let (_next_hop_slot, turn) = self.next_hop(&c.next)?;
         // The end of step 7: the reservation, on disk, with no slot held.
         let reserved = reserve::reserve(
             &self.replay,
@@ -394,6 +375,29 @@ impl Pipeline {
         )
         .await;
         verdict
+    }
+
+    /// A forward's slot to its next hop and its place in the next hop's queue: a next hop with
+    /// its most requests in flight, or a full queue of requests waiting for their turn to it,
+    /// is refused before anything is reserved.
+    fn next_hop(&self, next: &Next) -> Result<(Option<NextHopSlot>, Option<Turn>), Reason> {
+        let Next::Forward {
+            next_hop, envelope, ..
+        } = next
+        else {
+            return Ok((None, None));
+        };
+        let slot = self
+            .ctx
+            .next_hops
+            .acquire(next_hop)
+            .ok_or(Reason::NextHopBusy)?;
+        let turn = self
+            .ctx
+            .pacer
+            .join(next_hop, envelope.len())
+            .map_err(|_| Reason::NextHopQueueFull)?;
+        Ok((Some(slot), Some(turn)))
     }
 
     /// Steps 3–7 (up to the reservation) and the signing of step 8's output: CPU work only.
