@@ -120,4 +120,8 @@ async fn a_full_queue_is_refused_clearly_and_the_queued_are_delivered() {
     let b = net.status(1).await;
     assert_eq!(counter(&b, "quarantine_started"), 0, "{b}");
     assert_eq!(net.inbox_ids(1).await.len(), 4);
+    // The operator sees the assumption and an empty queue once it drained.
+    assert_eq!(a["outbound"]["assumed_limit"], 2, "{a}");
+    assert_eq!(a["outbound"]["window_secs"], 3, "{a}");
+    assert_eq!(a["outbound"]["waiting"], 0, "{a}");
 }
