@@ -25,8 +25,9 @@
 //! hop, and [`QueueLimits::total_entries`] / [`QueueLimits::total_bytes`] over all next hops.
 //! Places are taken before anything is reserved or sent; a request that finds the queue full
 //! is refused at once (`next_hop_queue_full`). Turns are given in the order places were taken.
-//! A request that is retried keeps its place (it was admitted already), so a queue may hold up
-//! to the requests on the wire to its next hop more than its bound, for a moment. A request
+//! Between attempts a request holds no place (its retry delay blocks nobody); when it retries
+//! it takes its old place back without a bound check (it was admitted already), so a queue may
+//! hold up to the requests being retried to its next hop more than its bound, for a moment. A request
 //! waits at most until its deadline. The table of next hops holds at most [`MAX_LANES`]; a next
 //! hop with nothing queued, nothing on the wire and nothing answered within the window is
 //! forgotten.
@@ -268,13 +269,17 @@ impl Pacer {
         drop(s);
         // With nothing ahead of it and room under the rate, it goes at once: the first `limit`
         // requests of a burst never wait, whatever the scheduling.
-        let on_wire = self.try_go(hop, place, now).is_ok();
+        let phase = if self.try_go(hop, place, now).is_ok() {
+            Phase::OnWire
+        } else {
+            Phase::Waiting
+        };
         Ok(Turn {
             pacer: Arc::clone(self),
             hop: *hop,
             place,
             bytes,
-            on_wire,
+            phase,
         })
     }
 
@@ -303,9 +308,9 @@ impl Pacer {
         Ok(())
     }
 
-    /// `place` leaves the wire, `answered` or not (then it counts [`UNANSWERED_GRACE`]
-    /// longer); back in the queue if `requeue`.
-    fn off_wire(&self, hop: &NodeId, place: u64, bytes: usize, answered: bool, requeue: bool) {
+    /// A request leaves the wire, `answered` or not (then it counts [`UNANSWERED_GRACE`]
+    /// longer).
+    fn off_wire(&self, hop: &NodeId, answered: bool) {
         let now = Instant::now();
         let mut s = self.lock();
         if let Some(lane) = s.lanes.get_mut(hop) {
@@ -315,17 +320,19 @@ impl Pacer {
             } else {
                 lane.unanswered.push_back(now + UNANSWERED_GRACE);
             }
-            if requeue {
-                lane.waiting.insert(place, bytes);
-                lane.waiting_bytes += bytes;
-            }
-        }
-        if requeue {
-            s.waiting += 1;
-            s.waiting_bytes += bytes;
         }
         drop(s);
         self.changed.notify_waiters();
+    }
+
+    /// A request about to be retried takes its place back (no bound checked: it was admitted).
+    fn rejoin(&self, hop: &NodeId, place: u64, bytes: usize) {
+        let mut s = self.lock();
+        let lane = s.lanes.entry(*hop).or_default();
+        lane.waiting.insert(place, bytes);
+        lane.waiting_bytes += bytes;
+        s.waiting += 1;
+        s.waiting_bytes += bytes;
     }
 
     /// `place` leaves the queue without going.
@@ -361,7 +368,18 @@ pub struct Turn {
     hop: NodeId,
     place: u64,
     bytes: usize,
-    on_wire: bool,
+    phase: Phase,
+}
+
+/// Where a [`Turn`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    /// In the queue, waiting for its turn.
+    Waiting,
+    /// On the wire.
+    OnWire,
+    /// Between attempts (a retry's delay): holds no place, blocks nobody.
+    Between,
 }
 
 impl Turn {
@@ -370,26 +388,38 @@ impl Turn {
         &self.hop
     }
 
-    /// True while the request waits for its turn.
+    /// True unless the request is on the wire.
     pub fn is_waiting(&self) -> bool {
-        !self.on_wire
+        self.phase != Phase::OnWire
+    }
+
+    /// Back in the queue after an attempt (its old place: it was there first).
+    fn ready(&mut self) {
+        if self.phase == Phase::Between {
+            self.pacer.rejoin(&self.hop, self.place, self.bytes);
+            self.phase = Phase::Waiting;
+        }
     }
 
     /// Takes this request's turn if it may go now; true when on the wire.
     pub fn try_now(&mut self) -> bool {
-        if !self.on_wire {
-            self.on_wire = self
+        self.ready();
+        if self.phase == Phase::Waiting
+            && self
                 .pacer
                 .try_go(&self.hop, self.place, Instant::now())
-                .is_ok();
+                .is_ok()
+        {
+            self.phase = Phase::OnWire;
         }
-        self.on_wire
+        self.phase == Phase::OnWire
     }
 
     /// Waits for this request's turn, at most until `deadline`; true once it may go (it is on
     /// the wire until [`Turn::answered`]).
     pub async fn go(&mut self, deadline: Instant) -> bool {
-        if self.on_wire {
+        self.ready();
+        if self.phase == Phase::OnWire {
             return true;
         }
         loop {
@@ -399,7 +429,7 @@ impl Turn {
             let now = Instant::now();
             match self.pacer.try_go(&self.hop, self.place, now) {
                 Ok(()) => {
-                    self.on_wire = true;
+                    self.phase = Phase::OnWire;
                     return true;
                 }
                 Err(_) if now >= deadline => return false,
@@ -415,24 +445,23 @@ impl Turn {
     }
 
     /// The attempt on the wire ended: with an answer (`answered`) or without one (counted a
-    /// little longer, [`UNANSWERED_GRACE`]). The request waits in the queue again for a retry.
+    /// little longer, [`UNANSWERED_GRACE`]). Until the request tries again it holds no place,
+    /// so a retry's delay blocks nobody; then it takes its old place back.
     pub fn answered(&mut self, answered: bool) {
-        if !self.on_wire {
+        if self.phase != Phase::OnWire {
             return;
         }
-        self.on_wire = false;
-        self.pacer
-            .off_wire(&self.hop, self.place, self.bytes, answered, true);
+        self.phase = Phase::Between;
+        self.pacer.off_wire(&self.hop, answered);
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        if self.on_wire {
-            self.pacer
-                .off_wire(&self.hop, self.place, self.bytes, false, false);
-        } else {
-            self.pacer.leave(&self.hop, self.place);
+        match self.phase {
+            Phase::OnWire => self.pacer.off_wire(&self.hop, false),
+            Phase::Waiting => self.pacer.leave(&self.hop, self.place),
+            Phase::Between => {}
         }
     }
 }

@@ -135,7 +135,7 @@ async fn a_request_waits_at_most_until_its_deadline_and_turns_go_in_order() {
 /// A request to `hop` on the wire: with a limit of 1, the next ones wait.
 fn on_the_wire(p: &Arc<Pacer>, hop: &NodeId) -> Turn {
     let t = p.join(hop, 0).unwrap();
-    assert!(t.on_wire);
+    assert_eq!(t.phase, Phase::OnWire);
     t
 }
 
@@ -193,10 +193,22 @@ async fn a_request_on_the_wire_leaves_room_in_the_queue() {
     let mut a = on_the_wire(&p, &HOP);
     let b = p.join(&HOP, 1).unwrap();
     assert_eq!(p.join(&HOP, 1).err(), Some(QueueFull));
-    // A retry keeps its place (the oldest), over the bound for a moment.
-    a.answered(false);
+    // Between attempts a request holds no place; retrying, it takes its old place back
+    // (the oldest), over the bound for a moment, and goes before the later one.
+    a.answered(true);
+    assert_eq!(p.snapshot().waiting, 1);
+    assert!(!a.try_now(), "the rate (1 per 60 s) is spent");
     assert_eq!(p.snapshot().waiting, 2);
-    assert!(!b.on_wire);
+    assert_eq!(b.phase, Phase::Waiting);
+    let mut b = b;
+    let (went_a, went_b) = tokio::join!(
+        a.go(Instant::now() + Duration::from_secs(300)),
+        b.go(Instant::now() + Duration::from_secs(61))
+    );
+    assert!(
+        went_a && !went_b,
+        "the retry went first, the later one waits another window"
+    );
     drop((a, b));
     assert_eq!(p.snapshot().waiting, 0);
 }
