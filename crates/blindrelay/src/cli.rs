@@ -10,6 +10,7 @@ use crate::api::serve;
 use crate::clock::Clock;
 use crate::context;
 use crate::daemon::{self, RelayConfig, RunConfig};
+use crate::outbound::{self, HopRate, QueueLimits};
 use crate::peers::PeerSpec;
 use crate::pipeline::gate;
 use crate::replay::{self, ReplayStore};
@@ -178,6 +179,27 @@ pub struct RunArgs {
     /// Relay requests in flight to one next hop at most.
     #[arg(long, default_value_t = forward::PER_NEXT_HOP)]
     pub per_next_hop: usize,
+    /// Requests one previous hop may send per window (more start a quarantine). The pacer
+    /// assumes every peer runs the same limit and paces this node's requests to each next hop
+    /// under it.
+    #[arg(long, default_value_t = outbound::RATE_LIMIT, value_parser = clap::value_parser!(u32).range(1..))]
+    pub previous_hop_limit: u32,
+    /// The previous-hop limit's window (fixed windows), enforced and assumed of peers.
+    #[arg(long, default_value_t = humantime::Duration::from(outbound::RATE_WINDOW))]
+    pub previous_hop_window: humantime::Duration,
+    /// Requests waiting for their turn to one next hop at most (more are refused:
+    /// `next_hop_queue_full`).
+    #[arg(long, default_value_t = outbound::QUEUE_ENTRIES)]
+    pub next_hop_queue: usize,
+    /// Bytes of requests waiting for their turn to one next hop at most.
+    #[arg(long, default_value_t = outbound::QUEUE_BYTES)]
+    pub next_hop_queue_bytes: usize,
+    /// Requests waiting for their turn over all next hops at most.
+    #[arg(long, default_value_t = outbound::QUEUE_TOTAL_ENTRIES)]
+    pub outbound_queue: usize,
+    /// Bytes of requests waiting for their turn over all next hops at most.
+    #[arg(long, default_value_t = outbound::QUEUE_TOTAL_BYTES)]
+    pub outbound_queue_bytes: usize,
     /// Inbox items at most.
     #[arg(long, default_value_t = terminal::INBOX_MAX_ITEMS)]
     pub inbox_max_items: usize,
@@ -244,6 +266,16 @@ impl RunArgs {
                     .map_or_else(context::default_crypto_slots, |n| n.max(MIN_CRYPTO_SLOTS)),
                 crypto_wait: self.crypto_wait.into(),
                 per_next_hop: self.per_next_hop,
+                hop_rate: HopRate {
+                    limit: self.previous_hop_limit,
+                    window: self.previous_hop_window.into(),
+                },
+                queue: QueueLimits {
+                    per_hop_entries: self.next_hop_queue,
+                    per_hop_bytes: self.next_hop_queue_bytes,
+                    total_entries: self.outbound_queue,
+                    total_bytes: self.outbound_queue_bytes,
+                },
                 inbox_max_items: self.inbox_max_items,
                 inbox_max_bytes: self.inbox_max_bytes,
                 inbox_retention: self.inbox_retention.into(),
@@ -305,13 +337,17 @@ mod tests {
                 c.relay.listen,
                 c.relay.crypto_wait,
                 c.relay.per_next_hop,
+                c.relay.hop_rate,
+                c.relay.queue,
             ),
             (
                 d.known_share_percent,
                 d.grouping,
                 d.listen,
                 d.crypto_wait,
-                d.per_next_hop
+                d.per_next_hop,
+                d.hop_rate,
+                d.queue,
             )
         );
         assert_eq!(

@@ -21,6 +21,7 @@ use crate::counters::Counters;
 use crate::forward::{self, NextHopSlots};
 use crate::health::Health;
 use crate::node::Node;
+use crate::outbound::{HopRate, Pacer, QueueLimits};
 use crate::peers::Peers;
 
 /// Crypto slots for a host with `threads` CPU threads: half of them rounded up, at least 4, at
@@ -58,6 +59,10 @@ pub struct Context {
     pub crypto_wait: Duration,
     /// Requests in flight per next hop.
     pub next_hops: NextHopSlots,
+    /// The previous-hop rate this node enforces and assumes of its peers.
+    pub hop_rate: HopRate,
+    /// Every request to a next hop waits its turn here.
+    pub pacer: Arc<Pacer>,
     /// The HTTP client for next hops and descriptor fetches.
     pub http: reqwest::Client,
 }
@@ -71,6 +76,10 @@ pub struct ContextConfig {
     pub crypto_wait: Duration,
     /// Requests in flight per next hop.
     pub per_next_hop: usize,
+    /// The previous-hop rate, enforced and assumed of peers.
+    pub hop_rate: HopRate,
+    /// The outbound queue's bounds.
+    pub queue: QueueLimits,
     /// The address outgoing connections are made from (the listen address, so peers know the
     /// node by its descriptor's endpoint), if any.
     pub bind: Option<IpAddr>,
@@ -83,6 +92,8 @@ impl ContextConfig {
             crypto_slots,
             crypto_wait: DEFAULT_CRYPTO_WAIT,
             per_next_hop: forward::PER_NEXT_HOP,
+            hop_rate: HopRate::default(),
+            queue: QueueLimits::default(),
             bind: None,
         }
     }
@@ -125,6 +136,8 @@ impl Context {
             crypto_freed: Arc::new(Notify::new()),
             crypto_wait: config.crypto_wait,
             next_hops: NextHopSlots::new(config.per_next_hop),
+            hop_rate: config.hop_rate,
+            pacer: Pacer::new(config.hop_rate, config.queue),
             http: forward::client(config.bind),
         }
     }

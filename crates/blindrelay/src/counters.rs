@@ -58,6 +58,11 @@ guard::counter_set! {
             request_timeout: Counter,
             /// Refused: the next hop has its most requests in flight.
             next_hop_busy: Counter,
+            /// Refused (a forward, a send or a probe): the queue of requests waiting for their
+            /// turn under the next hop's previous-hop rate is full.
+            next_hop_queue_full: Counter,
+            /// Requests to a next hop that waited for their turn under its previous-hop rate.
+            paced: Counter,
             /// Too old or from the future.
             timestamp_rejected: Counter,
             /// Over the previous hop's rate.
@@ -75,8 +80,13 @@ guard::counter_set! {
             /// Connections closed because no complete request head arrived in time (new or idle
             /// between requests).
             connections_timed_out: Counter,
-            /// Relay requests retried after a `429` within their deadline.
+            /// Relay requests retried after a busy answer (`429` of a moment, `503
+            /// route_in_flight`) within their deadline.
             busy_retried: Counter,
+            /// Relay requests answered `503 route_in_flight` at their deadline while their
+            /// forward went on (its final answer is stored for the retry; counted apart from
+            /// the request's one outcome).
+            answered_in_flight: Counter,
             /// Inbox items deleted or taken by the operator.
             inbox_removed: Counter,
             /// Inbox items deleted at the end of the retention period.

@@ -16,6 +16,7 @@ use crate::clock::Clock;
 use crate::context::{self, Context, ContextConfig};
 use crate::forward;
 use crate::node::Node;
+use crate::outbound::{HopRate, QueueLimits};
 use crate::peers::Peers;
 use crate::pipeline::{Pipeline, gate};
 use crate::probe;
@@ -57,6 +58,10 @@ pub struct RelayConfig {
     pub crypto_wait: Duration,
     /// Requests in flight per next hop.
     pub per_next_hop: usize,
+    /// The previous-hop rate: enforced on previous hops, assumed of next hops.
+    pub hop_rate: HopRate,
+    /// The outbound queue's bounds.
+    pub queue: QueueLimits,
     /// Inbox caps: items, payload bytes.
     pub inbox_max_items: usize,
     /// See `inbox_max_items`.
@@ -91,6 +96,8 @@ impl RelayConfig {
             crypto_slots: context::default_crypto_slots(),
             crypto_wait: context::DEFAULT_CRYPTO_WAIT,
             per_next_hop: forward::PER_NEXT_HOP,
+            hop_rate: HopRate::default(),
+            queue: QueueLimits::default(),
             inbox_max_items: INBOX_MAX_ITEMS,
             inbox_max_bytes: INBOX_MAX_BYTES,
             inbox_retention: terminal::DEFAULT_RETENTION,
@@ -207,6 +214,8 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
             crypto_slots: relay.crypto_slots,
             crypto_wait: relay.crypto_wait,
             per_next_hop: relay.per_next_hop,
+            hop_rate: relay.hop_rate,
+            queue: relay.queue,
             bind: relay.bind,
         },
     ));

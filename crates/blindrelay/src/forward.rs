@@ -1,23 +1,27 @@
 //! Step 8 of a forward, on the wire: the next hop's client, with bounded retries.
 //!
-//! Up to [`MAX_ATTEMPTS`] attempts in all, and only after a timeout, a connection error or a
-//! request error: an answer from downstream, whatever it says, is definitive and never retried.
-//! Before attempt *a* + 1 the forwarder waits [`retry_delay`]`(route, next hop, a)`:
+//! Up to [`MAX_ATTEMPTS`] attempts in all after a timeout, a connection error or a request
+//! error. Before attempt *a* + 1 the forwarder waits [`retry_delay`]`(route, next hop, a)`:
 //!
 //! `delay = 50 ms + (u16::from_be_bytes(SHA-256("blindrelay/retry/v1" ‖ route_id ‖ next_hop ‖
 //! a as u32 BE)[0..2]) mod 100) ms`, so 50–149 ms, spread between routes and next hops but the
 //! same for the same retry (no RNG: reproducible, testable).
 //!
-//! A `429` whose reason is retryable (`backpressure`, `source_limited`: nothing was reserved,
-//! the condition lasts milliseconds) is retried too, after the same delays, at most
-//! [`MAX_BUSY_RETRIES`] times; every other answer is definitive.
+//! A busy answer — `503 route_in_flight` (the same request is still being handled there; its
+//! answer will be stored and replayed) or a `429` of a moment (`backpressure`,
+//! `source_limited`, or naming no reason) — is retried too, at most [`MAX_BUSY_RETRIES`] times,
+//! the *n*-th after [`busy_delay`] (the delay × min(n, [`MAX_BUSY_BACKOFF`])); every other
+//! answer is definitive. Every attempt waits its turn under the next hop's previous-hop rate
+//! ([`crate::outbound`]).
 //!
-//! **Deadlines.** Everything a hop does for a request ends within [`hop_deadline`]`(ttl)` of its
-//! arrival: `BASE + min(ttl, 8) × STEP`. The next hop gets the frame with one TTL less, so its
-//! deadline is one [`DEADLINE_STEP`] shorter than ours and it answers before we give up on it;
-//! the sender waits `hop_deadline(hops)`. A hung next hop costs at most [`PER_NEXT_HOP`] requests
-//! in flight (`--per-next-hop`), each for at most its deadline; more to it are refused at once
-//! (`next_hop_busy`).
+//! **Deadlines**, derived from the envelope's TTL. A hop answers within [`hop_deadline`]`(ttl)`
+//! of a frame's arrival: `BASE + min(ttl, 8) × STEP`. The next hop gets the frame with one TTL
+//! less, so its deadline is one [`DEADLINE_STEP`] shorter than ours and it answers before we
+//! give up on it. A forward not over by then is answered `503 route_in_flight` and goes on to
+//! [`late_deadline`] (twice the deadline) before its final answer is stored, so a slow hop
+//! does not make the hop before it store a failure. The sender waits `late_deadline(hops)`. A
+//! hung next hop costs at most [`PER_NEXT_HOP`] requests in flight (`--per-next-hop`), each for
+//! at most its late deadline; more to it are refused at once (`next_hop_busy`).
 //!
 //! Errors are classified, never printed: reqwest's messages carry the URL, which must not reach
 //! a log.
@@ -33,13 +37,17 @@ use sha2::{Digest, Sha256};
 use tracing::debug;
 
 use crate::counters::Counters;
+use crate::outbound::Turn;
 use crate::proto::answer::Accepted;
 use crate::proto::{NodeId, Prefix, RouteId};
+use crate::reason::Reason;
 
 /// Attempts in all, the first included.
 pub const MAX_ATTEMPTS: u32 = 3;
-/// Retries of a retryable `429` at most.
-pub const MAX_BUSY_RETRIES: u32 = 20;
+/// Retries of a busy answer (`429` of a moment, `503 route_in_flight`) at most.
+pub const MAX_BUSY_RETRIES: u32 = 40;
+/// A busy retry waits at most this many times the formula's delay.
+pub const MAX_BUSY_BACKOFF: u32 = 8;
 /// Connect timeout to a next hop.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// Whole-request timeout of the client (each request is also bounded by its deadline).
@@ -55,9 +63,16 @@ pub const DEADLINE_MAX_TTL: u8 = 8;
 /// Requests in flight to one next hop at most, by default.
 pub const PER_NEXT_HOP: usize = 8;
 
-/// How long a hop may spend on a frame that arrived with `ttl` hops left.
+/// How long a hop may take to answer a frame that arrived with `ttl` hops left.
 pub fn hop_deadline(ttl: u8) -> Duration {
     DEADLINE_BASE + DEADLINE_STEP * u32::from(ttl.min(DEADLINE_MAX_TTL))
+}
+
+/// How long a hop may go on with a forward after it answered `route_in_flight` at its
+/// [`hop_deadline`]: twice the deadline in all. The next hop's late deadline is shorter than
+/// ours by twice a [`DEADLINE_STEP`], so its final answer is stored before we stop retrying.
+pub fn late_deadline(ttl: u8) -> Duration {
+    hop_deadline(ttl) * 2
 }
 
 /// Requests in flight per next hop: at most `limit` each. Entries exist only while a request
@@ -147,8 +162,14 @@ pub enum Forwarded {
         /// Hex of the sealed receipt.
         receipt: String,
     },
-    /// A definitive refusal (any other answer).
-    Refused,
+    /// A definitive refusal (any other answer, or a busy one after its retries): its status
+    /// and the reason its body names, if any.
+    Refused {
+        /// The HTTP status.
+        status: u16,
+        /// The reason named, if any.
+        reason: Option<Reason>,
+    },
     /// No answer after every attempt.
     Exhausted,
 }
@@ -195,39 +216,71 @@ async fn attempt(http: &reqwest::Client, url: &str, envelope: &[u8], deadline: I
         .unwrap_or(Attempt::Failed("timeout"))
 }
 
-/// True for a `429` whose reason says the next hop was busy for a moment.
-fn busy(status: u16, body: Option<&[u8]>) -> bool {
-    status == 429
-        && body
-            .and_then(|b| serde_json::from_slice::<crate::proto::answer::ErrorBody>(b).ok())
-            .and_then(|e| crate::reason::Reason::from_wire(&e.error))
-            .is_some_and(|r| r.is_retryable())
+/// The reason of a refusal's body, if it names one.
+fn reason_of(body: Option<&[u8]>) -> Option<Reason> {
+    body.and_then(|b| serde_json::from_slice::<crate::proto::answer::ErrorBody>(b).ok())
+        .and_then(|e| Reason::from_wire(&e.error))
 }
 
-/// Posts an envelope to `url` until `deadline`, with retries on transport errors and on a busy
-/// next hop's retryable `429`.
+/// True for an answer the design says to retry: `503 route_in_flight` (the same request is
+/// still being handled there: its answer will be stored and replayed) and a `429` of a moment
+/// (`backpressure`, `source_limited`, or a `429` naming no reason). The other `429`s
+/// (`rate_limited`, `quarantined`, `inbox_share_exceeded`, `replay_share_exceeded`) last
+/// minutes: a retry within a deadline of seconds cannot succeed, so they are final.
+fn busy(status: u16, reason: Option<Reason>) -> bool {
+    match (status, reason) {
+        (429 | 503, Some(r)) => r.is_retryable(),
+        (429, None) => true,
+        _ => false,
+    }
+}
+
+/// The delay before busy retry number `n` (1-based): the formula's delay times `n`, at most
+/// [`MAX_BUSY_BACKOFF`] times: a next hop still handling the same request needs longer than
+/// a moment of backpressure.
+pub fn busy_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32, n: u32) -> Duration {
+    retry_delay(route_id, next_hop, attempt) * n.clamp(1, MAX_BUSY_BACKOFF)
+}
+
+/// Posts an envelope to `url` (the next hop of `turn`) until `deadline`, each attempt in its
+/// turn (`crate::outbound`), with retries on transport errors and on a busy next hop's
+/// retryable `429`.
 pub async fn post(
     http: &reqwest::Client,
     url: &str,
     envelope: &[u8],
     route_id: &RouteId,
-    next_hop: &NodeId,
     counters: &Counters,
     deadline: Instant,
+    mut turn: Turn,
 ) -> Forwarded {
+    let hop = *turn.hop();
+    let next_hop = &hop;
     let (mut failures, mut busy_retries, mut retry) = (0u32, 0u32, 0u32);
     loop {
-        match attempt(http, url, envelope, deadline).await {
+        if !turn.try_now() {
+            counters.paced.inc();
+            if !turn.go(deadline).await {
+                debug!(next = %Prefix(next_hop), "no turn within the deadline");
+                break;
+            }
+        }
+        let got = attempt(http, url, envelope, deadline).await;
+        turn.answered(matches!(got, Attempt::Answer(..)));
+        match got {
             Attempt::Answer(status, body) => {
-                let delay = retry_delay(route_id, next_hop, retry + 1);
-                if busy(status, body.as_deref())
+                let reason = (status != 200)
+                    .then(|| reason_of(body.as_deref()))
+                    .flatten();
+                let delay = busy_delay(route_id, next_hop, retry + 1, busy_retries + 1);
+                if busy(status, reason)
                     && busy_retries < MAX_BUSY_RETRIES
                     && Instant::now() + delay < deadline
                 {
                     busy_retries += 1;
                     retry += 1;
                     counters.busy_retried.inc();
-                    debug!(next = %Prefix(next_hop), "next hop busy, retrying");
+                    debug!(next = %Prefix(next_hop), status, "next hop busy, retrying");
                     tokio::time::sleep(delay).await;
                     continue;
                 }
@@ -241,7 +294,7 @@ pub async fn post(
                     (200, Some(Ok(a))) => Forwarded::Accepted { receipt: a.receipt },
                     _ => {
                         debug!(next = %Prefix(next_hop), status, "next hop refused");
-                        Forwarded::Refused
+                        Forwarded::Refused { status, reason }
                     }
                 };
             }
@@ -320,7 +373,12 @@ mod tests {
         assert_eq!(hop_deadline(255), hop_deadline(DEADLINE_MAX_TTL));
         for ttl in 1..DEADLINE_MAX_TTL {
             assert_eq!(hop_deadline(ttl) - hop_deadline(ttl - 1), DEADLINE_STEP);
+            // The next hop's final answer, stored at its late deadline, comes before ours
+            // ends, and a hop answers before the one before it gives up on it.
+            assert!(late_deadline(ttl - 1) + DEADLINE_STEP <= late_deadline(ttl));
+            assert!(hop_deadline(ttl - 1) < hop_deadline(ttl));
         }
+        assert_eq!(late_deadline(1), Duration::from_secs(12));
     }
 
     #[test]
@@ -339,12 +397,26 @@ mod tests {
     }
 
     #[test]
-    fn only_retryable_429s_are_busy() {
-        assert!(busy(429, Some(br#"{"error":"backpressure"}"#)));
-        assert!(busy(429, Some(br#"{"error":"source_limited"}"#)));
-        assert!(!busy(429, Some(br#"{"error":"quarantined"}"#)));
-        assert!(!busy(503, Some(br#"{"error":"backpressure"}"#)));
-        assert!(!busy(429, None));
+    fn what_is_retried() {
+        let r = |b: &[u8]| reason_of(Some(b));
+        assert!(busy(429, r(br#"{"error":"backpressure"}"#)));
+        assert!(busy(429, r(br#"{"error":"source_limited"}"#)));
+        assert!(busy(503, r(br#"{"error":"route_in_flight"}"#)));
+        assert!(busy(429, None), "a 429 naming no reason");
+        assert!(!busy(429, r(br#"{"error":"quarantined"}"#)));
+        assert!(!busy(429, r(br#"{"error":"rate_limited"}"#)));
+        assert!(!busy(503, r(br#"{"error":"replay_capacity"}"#)));
+        assert!(!busy(503, None));
+        assert!(!busy(502, r(br#"{"error":"forward_failed"}"#)));
+        let (route, hop) = ([1; 16], [2; 32]);
+        assert_eq!(
+            busy_delay(&route, &hop, 1, 3),
+            retry_delay(&route, &hop, 1) * 3
+        );
+        assert_eq!(
+            busy_delay(&route, &hop, 1, 100),
+            retry_delay(&route, &hop, 1) * MAX_BUSY_BACKOFF
+        );
     }
 
     // Computed independently (Python hashlib) for route 16×0x11 and next hop 32×0x22.

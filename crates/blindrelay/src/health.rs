@@ -52,6 +52,9 @@ named_enum! {
         Transport = "transport",
         /// A next-hop problem: it refused.
         Refused = "refused",
+        /// A next hop answered busy (`429`, `503`: backpressure, its share, a route in flight):
+        /// its own state for a moment, not a failure of the route.
+        Busy = "busy",
         /// Anything else.
         Other = "other",
     }
@@ -303,9 +306,25 @@ impl Health {
         });
     }
 
-    /// A forward or probe to `peer` as next hop; a failure counts as `transport`.
+    /// A forward or probe to `peer` as next hop that got an answer (`ok`) or none (a failure
+    /// counted as `transport`).
     pub fn record_route(&self, peer: &NodeId, ok: bool, now: u64) {
         self.record_route_reason(peer, ok, Bucket::Transport, now);
+    }
+
+    /// A next hop's refusal of a forward or send, by its HTTP status: a `429` or `503` is the
+    /// next hop busy (backpressure, its share, a route still in flight: its own state, see
+    /// `reason::Blame::ThisNode`/`Nobody` from its side), noted in the `busy` bucket as a
+    /// contact, not a route failure; any other refusal is a route failure (`refused`).
+    pub fn record_refused(&self, peer: &NodeId, status: u16, now: u64) {
+        if matches!(status, 429 | 503) {
+            self.with(peer, |s| {
+                s.last_contact = Some(now);
+                s.reasons[Bucket::Busy as usize] += 1;
+            });
+        } else {
+            self.record_route_reason(peer, false, Bucket::Refused, now);
+        }
     }
 
     /// As [`Health::record_route`], with the bucket of a failure.
@@ -503,6 +522,22 @@ mod tests {
         h.record_contact(&[0xcd; 32], much_later);
         assert!(!h.lock().contains_key(&quarantined));
         assert!(!h.lock().contains_key(&neighbour));
+    }
+
+    #[test]
+    fn a_busy_answer_is_busy_not_a_route_failure() {
+        let h = Health::default();
+        let id = [3u8; 32];
+        h.record_refused(&id, 429, 100);
+        h.record_refused(&id, 503, 100);
+        let s = h.summary(100, &HashMap::new(), |_| 0);
+        let r = &s.rows[0];
+        assert_eq!((r.health, r.route_failures), (HealthState::Healthy, 0));
+        assert_eq!(r.reasons, BTreeMap::from([(Bucket::Busy, 2)]));
+        h.record_refused(&id, 502, 100);
+        let s = h.summary(100, &HashMap::new(), |_| 0);
+        assert_eq!(s.rows[0].route_failures, 1);
+        assert_eq!(s.rows[0].reasons.get(&Bucket::Refused), Some(&1));
     }
 
     #[test]

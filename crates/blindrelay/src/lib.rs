@@ -19,6 +19,8 @@
 //! - [`pipeline`]: the admission pipeline, one file per design step, run in order by its
 //!   `mod.rs`.
 //! - [`forward`]: the next hop's client and the retry policy.
+//! - [`outbound`]: every request to a next hop waits its turn under the next hop's
+//!   previous-hop rate, in a bounded queue.
 //! - [`terminal`]: the terminal hop: the inbox and receipt signing.
 //! - [`replay`]: the route replay registry (SQLite or memory).
 //! - [`sqlite`]: the durable SQLite file both stores open, and its error.
@@ -102,6 +104,7 @@ pub mod daemon;
 pub mod forward;
 pub mod health;
 pub mod node;
+pub mod outbound;
 pub mod peers;
 pub mod pipeline;
 pub mod probe;

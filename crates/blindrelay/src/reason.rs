@@ -83,11 +83,14 @@ pub enum Reason {
     InboxShareExceeded,
     /// The source holds its share of the replay registry's live routes.
     ReplayShareExceeded,
+    /// The next hop's outbound queue (requests waiting for their turn under its previous-hop
+    /// rate) is full.
+    NextHopQueueFull,
 }
 
 impl Reason {
     /// Every reason, for the docs' table and tests.
-    pub const ALL: [Reason; 27] = {
+    pub const ALL: [Reason; 28] = {
         use Reason::*;
         [
             Backpressure,
@@ -117,6 +120,7 @@ impl Reason {
             InboxFull,
             InboxShareExceeded,
             ReplayShareExceeded,
+            NextHopQueueFull,
         ]
     };
 
@@ -151,6 +155,7 @@ impl Reason {
             InboxFull => "inbox_full",
             InboxShareExceeded => "inbox_share_exceeded",
             ReplayShareExceeded => "replay_share_exceeded",
+            NextHopQueueFull => "next_hop_queue_full",
         }
     }
 
@@ -168,7 +173,7 @@ impl Reason {
             | TtlExhausted | ReplayConflict => 400,
             ReplayResponseExpired => 409,
             NoRoute | InvalidEndpoint | ForwardFailed => 502,
-            RouteInFlight | ReplayCapacity | NextHopBusy => 503,
+            RouteInFlight | ReplayCapacity | NextHopBusy | NextHopQueueFull => 503,
         }
     }
 
@@ -195,6 +200,7 @@ impl Reason {
             InboxFull => &c.inbox_full,
             InboxShareExceeded => &c.inbox_share_exceeded,
             ReplayShareExceeded => &c.replay_share_exceeded,
+            NextHopQueueFull => &c.next_hop_queue_full,
         }
     }
 
@@ -220,10 +226,15 @@ impl Reason {
         )
     }
 
-    /// A refusal a sender may retry at once, within its deadline: nothing was reserved, and the
-    /// condition lasts milliseconds (a busy node, a source over its share for a moment).
+    /// A refusal a sender may retry within its deadline: nothing was reserved and the condition
+    /// lasts milliseconds (a busy node, a source over its share for a moment), or the same
+    /// request is still being handled (`route_in_flight`: the design says the sender may retry;
+    /// its answer is stored and replayed).
     pub fn is_retryable(self) -> bool {
-        matches!(self, Reason::Backpressure | Reason::SourceLimited)
+        matches!(
+            self,
+            Reason::Backpressure | Reason::SourceLimited | Reason::RouteInFlight
+        )
     }
 
     /// Whose fault a refusal is, once the previous hop is authenticated (`docs/blindrelay.md`,
@@ -250,7 +261,7 @@ impl Reason {
             // This node's own state, or a later hop's.
             Backpressure | MalformedEnvelope | EnvelopeTooLarge | ReplayCapacity
             | ForwardFailed | SourceLimited | RequestTimeout | NextHopBusy | InboxFull
-            | InboxShareExceeded | ReplayShareExceeded => Blame::ThisNode,
+            | InboxShareExceeded | ReplayShareExceeded | NextHopQueueFull => Blame::ThisNode,
         }
     }
 
@@ -287,7 +298,7 @@ mod tests {
     /// The design's table, row by row: reason, status, counter, scored.
     #[test]
     fn the_table_of_the_docs() {
-        let table: [(&str, u16, &str, bool); 27] = [
+        let table: [(&str, u16, &str, bool); 28] = [
             ("backpressure", 429, "backpressure_dropped", false),
             ("malformed_envelope", 400, "envelope_too_large", false),
             ("envelope_too_large", 413, "envelope_too_large", false),
@@ -315,6 +326,7 @@ mod tests {
             ("inbox_full", 507, "inbox_full", false),
             ("inbox_share_exceeded", 429, "inbox_share_exceeded", false),
             ("replay_share_exceeded", 429, "replay_share_exceeded", false),
+            ("next_hop_queue_full", 503, "next_hop_queue_full", false),
         ];
         let charged = ["invalid_previous_hop", "invalid_signature", "self_loop"];
         for r in Reason::ALL {

@@ -42,6 +42,9 @@ pub enum SendError {
     /// No crypto slot free.
     #[error("backpressure: no crypto slot free")]
     Backpressure,
+    /// The queue of requests waiting for their turn to the entry hop is full.
+    #[error("too many messages wait for their turn to the entry hop: try again later")]
+    QueueFull,
     /// The entry hop refused.
     #[error("the route refused the message")]
     Refused,
@@ -164,8 +167,10 @@ pub(crate) async fn deliver_along(
         .peers
         .route(&entry, now)
         .map_err(|_| SendError::NotEnoughPeers(hops))?;
+    // The sender waits as long as a hop with one more TTL than the entry hop would go on
+    // (`forward::late_deadline`): the entry hop's final answer comes before it gives up.
     let deadline =
-        tokio::time::Instant::now() + forward::hop_deadline(u8::try_from(hops).unwrap_or(u8::MAX));
+        tokio::time::Instant::now() + forward::late_deadline(u8::try_from(hops).unwrap_or(u8::MAX));
     let slot = ctx
         .crypto_slot(ctx.crypto.limit(), ctx.crypto_wait)
         .await
@@ -191,24 +196,30 @@ pub(crate) async fn deliver_along(
     })
     .await
     .ok_or(SendError::Internal)??;
+    let turn = ctx.pacer.join(&entry, envelope.len()).map_err(|_| {
+        ctx.counters.next_hop_queue_full.inc();
+        SendError::QueueFull
+    })?;
     let answer = forward::post(
         &ctx.http,
         &url,
         &envelope,
         &route.first_route_id,
-        &entry,
         &ctx.counters,
         deadline,
+        turn,
     )
     .await;
-    ctx.health.record_route(
-        &entry,
-        matches!(answer, Forwarded::Accepted { .. }),
-        ctx.clock.unix(),
-    );
+    // The entry hop's health: an answer of a busy peer is what it is, not a transport failure.
+    let now = ctx.clock.unix();
+    match &answer {
+        Forwarded::Accepted { .. } => ctx.health.record_route(&entry, true, now),
+        Forwarded::Refused { status, .. } => ctx.health.record_refused(&entry, *status, now),
+        Forwarded::Exhausted => ctx.health.record_route(&entry, false, now),
+    }
     let sealed = match answer {
         Forwarded::Accepted { receipt } => from_hex_vec(&receipt).ok_or(SendError::Refused)?,
-        Forwarded::Refused => return Err(SendError::Refused),
+        Forwarded::Refused { .. } => return Err(SendError::Refused),
         Forwarded::Exhausted => return Err(SendError::Unreachable),
     };
     let r = receipt::open(&sealed, &route.receipt_key)?;

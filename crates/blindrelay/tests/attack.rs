@@ -482,7 +482,8 @@ async fn a_hung_next_hop_costs_a_small_bounded_share() {
         if reason == "next_hop_busy" {
             busy += 1;
         } else {
-            assert_eq!(reason, "forward_failed", "{status}");
+            // Answered at B's deadline while its forward goes on (to twice the deadline).
+            assert_eq!(reason, "route_in_flight", "{status}");
         }
         seen.latencies.push(took);
     }

@@ -58,6 +58,9 @@ impl ApiError {
                         (StatusCode::BAD_REQUEST, "bad_request")
                     }
                     SendError::Backpressure => (StatusCode::TOO_MANY_REQUESTS, "backpressure"),
+                    SendError::QueueFull => {
+                        (StatusCode::SERVICE_UNAVAILABLE, "next_hop_queue_full")
+                    }
                     SendError::Refused => (StatusCode::BAD_GATEWAY, "refused"),
                     SendError::Unreachable => (StatusCode::BAD_GATEWAY, "unreachable"),
                     SendError::Receipt(_) => (StatusCode::BAD_GATEWAY, "receipt_invalid"),

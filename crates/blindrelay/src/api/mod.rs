@@ -11,6 +11,10 @@
 //! (a declared `Content-Length` over the largest envelope is refused at once with 413). A body
 //! that does not arrive in time is refused (`request_timeout`, 408) and its connection closed.
 //! The in-flight slot is taken only once the body is read and framed (`Pipeline::admit`).
+//! From there the request runs in its own task, holding its slot, to the end of its deadline at
+//! most: a client that disconnects does not cancel it, so its route is completed and its
+//! answer stored rather than left in flight. A request not over when its previous hop must
+//! have the answer is answered `503 route_in_flight` and goes on (`forward::late_deadline`).
 
 pub mod cookie;
 mod error;
@@ -132,8 +136,21 @@ async fn relay_request(
     };
     let admitted = pipeline.admit(&source, &body)?;
     drop(body);
-    let answer = pipeline.process(admitted).await?;
-    Ok(relay_answer(&answer))
+    // The request runs to its end in its own task, within its deadline, even if the client
+    // goes away: a reserved route is always completed (its answer stored for duplicates),
+    // never left in flight to the end of its window, and never run twice.
+    // Not over when the previous hop must have its answer: `route_in_flight`, which it may
+    // retry; the request goes on and its final answer is stored for that retry.
+    let answer_by = admitted.answer_by();
+    let p = Arc::clone(&pipeline);
+    let mut task = tokio::spawn(async move { p.process(admitted).await });
+    match tokio::time::timeout_at(answer_by, &mut task).await {
+        Ok(joined) => Ok(relay_answer(&joined.map_err(|_| ApiError::Internal)??)),
+        Err(_) => {
+            pipeline.ctx().counters.answered_in_flight.inc();
+            Err(ApiError::Refused(Reason::RouteInFlight))
+        }
+    }
 }
 
 /// An answer as the protocol has it (a replayed one exactly as first sent).

@@ -33,10 +33,7 @@ use crate::counters::Counters;
 use crate::proto::{NodeId, Prefix};
 use crate::reason::Reason;
 
-/// Requests one previous hop may send per window…
-pub const RATE_LIMIT: u32 = 120;
-/// …of this length.
-pub const RATE_WINDOW: Duration = Duration::from_secs(60);
+pub use crate::outbound::{HopRate, RATE_LIMIT, RATE_WINDOW};
 /// Scored failures that start a quarantine…
 pub const FAILURE_THRESHOLD: u32 = 12;
 /// …within this window.
@@ -80,7 +77,7 @@ enum Verdict {
 
 /// The rule over one identity's bucket.
 #[derive(Debug, Clone, Copy)]
-struct HopRule;
+struct HopRule(HopRate);
 
 impl Rule for HopRule {
     type State = HopState;
@@ -99,7 +96,7 @@ impl Rule for HopRule {
             return Verdict::Quarantined;
         }
         s.quarantine_until = None;
-        if s.rate.hit(now, RATE_WINDOW) > RATE_LIMIT {
+        if s.rate.hit(now, self.0.window) > self.0.limit {
             s.quarantine_until = Some(now + QUARANTINE);
             s.rate.clear();
             return Verdict::RateLimited;
@@ -109,7 +106,7 @@ impl Rule for HopRule {
 
     fn at_rest(&self, s: &HopState, now: Instant) -> bool {
         s.quarantine_until.is_none_or(|u| u <= now)
-            && s.rate.has_ended(now, RATE_WINDOW)
+            && s.rate.has_ended(now, self.0.window)
             && (s.failures.count() == 0 || s.failures.has_ended(now, FAILURE_WINDOW))
     }
 }
@@ -136,14 +133,19 @@ impl fmt::Debug for HopGuard {
 }
 
 impl HopGuard {
-    /// A guard remembering at most `max_buckets` identities.
+    /// A guard remembering at most `max_buckets` identities, at the design's rate.
     pub fn new(max_buckets: usize) -> Self {
+        Self::with_rate(max_buckets, HopRate::default())
+    }
+
+    /// A guard remembering at most `max_buckets` identities, at `rate`.
+    pub fn with_rate(max_buckets: usize, rate: HopRate) -> Self {
         HopGuard {
             buckets: Mutex::new(KeyedLimiter::new(
-                HopRule,
+                HopRule(rate),
                 Limits {
                     max_keys: max_buckets,
-                    forget: RATE_WINDOW,
+                    forget: rate.window,
                     sweep_gap: Duration::from_secs(1),
                 },
             )),

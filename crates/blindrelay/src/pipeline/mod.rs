@@ -48,8 +48,9 @@ use self::reserve::Reserved;
 use self::route::Routed;
 use crate::api::serve::Connections;
 use crate::context::{self, Context};
-use crate::forward::{self, Forwarded};
+use crate::forward::{self, Forwarded, NextHopSlot};
 use crate::health::Bucket;
+use crate::outbound::Turn;
 use crate::proto::answer::{Accepted, ErrorBody, Outcome};
 use crate::proto::envelope::Envelope;
 use crate::proto::{NodeId, Prefix, RouteId};
@@ -67,8 +68,21 @@ pub struct Admitted {
     _slot: gate::Admitted,
     env: Envelope,
     source: Source,
-    /// When everything this hop does for it must be over.
+    /// When the previous hop must have its answer ([`forward::hop_deadline`] of its TTL).
+    answer_by: tokio::time::Instant,
+    /// When everything this hop does for it must be over: a forward still waiting for its next
+    /// hop at `answer_by` goes on until then ([`forward::late_deadline`]), so the answer stored
+    /// is the next hop's, not a failure of this hop's impatience.
     deadline: tokio::time::Instant,
+}
+
+impl Admitted {
+    /// When the previous hop must have its answer: if the request is not over by then, it is
+    /// answered `503 route_in_flight` (retryable) while it goes on to its deadline, and its
+    /// final answer is stored for the retry.
+    pub fn answer_by(&self) -> tokio::time::Instant {
+        self.answer_by
+    }
 }
 
 /// What an admitted request is answered with, unless it is refused.
@@ -175,7 +189,7 @@ impl Pipeline {
             gate: RequestGate::new(gate, ctx.clock.instant()),
             sources: Classifier::new(grouping, Arc::clone(&ctx.peers)),
             connections,
-            hops: HopGuard::default(),
+            hops: HopGuard::with_rate(hop_guard::MAX_BUCKETS, ctx.hop_rate),
             ctx,
             replay,
             terminal,
@@ -246,7 +260,8 @@ impl Pipeline {
             .map_err(|r| self.refuse(r))?;
         Ok(Admitted {
             _slot: slot,
-            deadline: tokio::time::Instant::now() + forward::hop_deadline(env.ttl),
+            answer_by: tokio::time::Instant::now() + forward::hop_deadline(env.ttl),
+            deadline: tokio::time::Instant::now() + forward::late_deadline(env.ttl),
             env,
             source: *source,
         })
@@ -268,6 +283,7 @@ impl Pipeline {
             env,
             source,
             deadline,
+            ..
         } = admitted;
         let verdict = self.run(env, &source, deadline).await;
         self.record(&verdict);
@@ -292,16 +308,7 @@ impl Pipeline {
         .await
         .ok_or(Reason::ForwardFailed)?;
         let c = checked.inspect_err(|r| self.refused(prev, *r, instant))?;
-        // A next hop with its most requests in flight is refused before anything is reserved.
-        let _next_hop_slot = match &c.next {
-            Next::Forward { next_hop, .. } => Some(
-                self.ctx
-                    .next_hops
-                    .acquire(next_hop)
-                    .ok_or(Reason::NextHopBusy)?,
-            ),
-            Next::Terminal { .. } => None,
-        };
+        let (_next_hop_slot, turn) = self.next_hop(&c.next)?;
         // The end of step 7: the reservation, on disk, with no slot held.
         let reserved = reserve::reserve(
             &self.replay,
@@ -335,24 +342,29 @@ impl Pipeline {
             self.ctx.health.record_contact(&c.prev, now);
         }
         // Step 8, then the replay record.
-        let (verdict, completed_at) = match c.next {
-            Next::Forward {
-                endpoint,
-                next_hop,
-                envelope,
-            } => {
-                trace!(next = %Prefix(&next_hop), "forwarding");
+        let (verdict, completed_at) = match (c.next, turn) {
+            (
+                Next::Forward {
+                    endpoint, envelope, ..
+                },
+                Some(turn),
+            ) => {
+                trace!(next = %Prefix(turn.hop()), "forwarding");
                 let until = deadline.checked_sub(FINISH_MARGIN).unwrap_or(deadline);
                 let verdict = self
-                    .forward(&endpoint, &next_hop, &c.route_id, envelope, until)
+                    .forward(&endpoint, &c.route_id, envelope, until, turn)
                     .await;
                 (verdict, self.ctx.clock.unix())
             }
-            Next::Terminal {
-                payload,
-                receipt,
-                probe,
-            } => (
+            (Next::Forward { .. }, None) => (Err(Reason::ForwardFailed), c.now),
+            (
+                Next::Terminal {
+                    payload,
+                    receipt,
+                    probe,
+                },
+                _,
+            ) => (
                 self.deliver(payload, receipt, probe, c.now, source).await,
                 c.now,
             ),
@@ -366,6 +378,29 @@ impl Pipeline {
         )
         .await;
         verdict
+    }
+
+    /// A forward's slot to its next hop and its place in the next hop's queue: a next hop with
+    /// its most requests in flight, or a full queue of requests waiting for their turn to it,
+    /// is refused before anything is reserved.
+    fn next_hop(&self, next: &Next) -> Result<(Option<NextHopSlot>, Option<Turn>), Reason> {
+        let Next::Forward {
+            next_hop, envelope, ..
+        } = next
+        else {
+            return Ok((None, None));
+        };
+        let slot = self
+            .ctx
+            .next_hops
+            .acquire(next_hop)
+            .ok_or(Reason::NextHopBusy)?;
+        let turn = self
+            .ctx
+            .pacer
+            .join(next_hop, envelope.len())
+            .map_err(|_| Reason::NextHopQueueFull)?;
+        Ok((Some(slot), Some(turn)))
     }
 
     /// Steps 3–7 (up to the reservation) and the signing of step 8's output: CPU work only.
@@ -458,20 +493,21 @@ impl Pipeline {
     async fn forward(
         &self,
         endpoint: &str,
-        next_hop: &NodeId,
         route_id: &RouteId,
         envelope: Vec<u8>,
         deadline: tokio::time::Instant,
+        turn: Turn,
     ) -> Result<Answer, Reason> {
         let ctx = &self.ctx;
+        let next_hop = &{ *turn.hop() };
         let outcome = forward::post(
             &ctx.http,
             endpoint,
             &envelope,
             route_id,
-            next_hop,
             &ctx.counters,
             deadline,
+            turn,
         )
         .await;
         let now = ctx.clock.unix();
@@ -480,9 +516,8 @@ impl Pipeline {
                 ctx.health.record_route(next_hop, true, now);
                 Ok(Answer::Forwarded { receipt })
             }
-            Forwarded::Refused => {
-                ctx.health
-                    .record_route_reason(next_hop, false, Bucket::Refused, now);
+            Forwarded::Refused { status, .. } => {
+                ctx.health.record_refused(next_hop, status, now);
                 Err(Reason::ForwardFailed)
             }
             Forwarded::Exhausted => {

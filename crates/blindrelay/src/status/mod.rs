@@ -127,6 +127,21 @@ pub struct Runtime<C> {
     pub inbox: InboxInfo,
     /// The request gate and the relay listener.
     pub admission: AdmissionInfo,
+    /// Requests to next hops waiting for their turn under the previous-hop rate.
+    #[serde(default)]
+    pub outbound: OutboundInfo,
+}
+
+/// The outbound pacer, as counts (never a next hop).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct OutboundInfo {
+    /// The previous-hop limit assumed of next hops (this node's own)…
+    pub assumed_limit: u32,
+    /// …per window of this many seconds.
+    pub window_secs: u64,
+    /// Requests waiting for their turn now, and their bytes, and next hops remembered.
+    #[serde(flatten)]
+    pub queue: crate::outbound::QueueSnapshot,
 }
 
 impl<C> Document<C> {
@@ -194,6 +209,11 @@ pub fn document(pipeline: &Pipeline) -> Document {
             in_flight: pipeline.gate().in_flight(),
             connections: pipeline.connections().open(),
             sources: pipeline.gate().sources(),
+        },
+        outbound: OutboundInfo {
+            assumed_limit: ctx.pacer.rate().limit,
+            window_secs: ctx.pacer.rate().window.as_secs(),
+            queue: ctx.pacer.snapshot(),
         },
     };
     Document {

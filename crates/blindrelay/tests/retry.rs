@@ -1,0 +1,296 @@
+//! Retries, deadlines and the end of a request (issue 12, items 5 and 6), on real processes on
+//! loopback: a client that disconnects leaves no route in flight, a slow next hop within the
+//! deadline is not stored as a failure, and a busy peer is recorded as busy, not as a transport
+//! failure. Every loop is bounded in count and time.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use blindrelay::proto::descriptor::Descriptor;
+use blindrelay::proto::envelope::Envelope;
+use blindrelay::proto::onion::{self, Hop};
+use common::{Net, counter, http};
+use ed25519_dalek::SigningKey;
+use serde_json::Value;
+
+async fn descriptor(net: &Net, i: usize) -> Descriptor {
+    http()
+        .get(format!("{}/v1/descriptor", net.node(i).endpoint))
+        .send()
+        .await
+        .expect("descriptor")
+        .json()
+        .await
+        .expect("descriptor JSON")
+}
+
+/// A frame along `path`, signed by `key` as the first previous hop.
+fn craft(key: &SigningKey, path: &[&Descriptor], payload: &[u8]) -> Vec<u8> {
+    let hops: Vec<_> = path
+        .iter()
+        .map(|d| Hop {
+            node_id: d.node_id,
+            onion_key: d.onion_key,
+        })
+        .collect();
+    let route = onion::build(&hops, payload).expect("route");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("time")
+        .as_secs();
+    Envelope::sign(
+        route.first_route_id,
+        path[0].node_id,
+        (path.len() - 1) as u8,
+        now,
+        route.blob.clone(),
+        key,
+    )
+    .encode()
+}
+
+/// Polls node `i`'s status until `ok` holds (at most `within`); the last status.
+async fn wait_status(net: &Net, i: usize, within: Duration, ok: impl Fn(&Value) -> bool) -> Value {
+    let deadline = Instant::now() + within;
+    loop {
+        let s = net.status(i).await;
+        if ok(&s) || Instant::now() >= deadline {
+            return s;
+        }
+        tokio::time::sleep(common::POLL).await;
+    }
+}
+
+/// Item 5: a client that disconnects while its request is forwarded does not leave the route
+/// in flight for the whole window: the request runs to its end, its answer is stored, and the
+/// same request sent again gets that answer; the message is stored once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_disconnects_leaves_no_route_in_flight() {
+    let net = Net::start(2, &["--probe-interval", "0s"]).await;
+    let (b, c) = (descriptor(&net, 0).await, descriptor(&net, 1).await);
+    let body = craft(
+        &SigningKey::from_bytes(&rand::random()),
+        &[&b, &c],
+        b"the client went away",
+    );
+    // C hangs, so B's forward stays on the wire while the client goes away.
+    net.signal(1, "STOP");
+    let (client, endpoint, first) = (http(), b.endpoint.clone(), body.clone());
+    let gone = tokio::spawn(async move { common::post(&client, &endpoint, first).await });
+    let s = wait_status(&net, 0, Duration::from_secs(5), |s| {
+        s["admission"]["in_flight"].as_u64() == Some(1)
+    })
+    .await;
+    assert_eq!(s["admission"]["in_flight"], 1, "{s}");
+    gone.abort();
+    let _ = gone.await;
+    net.signal(1, "CONT");
+    // The same request again: answered (the stored answer), never `route_in_flight` for long.
+    let deadline = Instant::now() + Duration::from_secs(12);
+    let mut answers = Vec::new();
+    loop {
+        let (status, what) = common::post(&http(), &b.endpoint, body.clone()).await;
+        answers.push((status, what.clone()));
+        if status != 503 || Instant::now() >= deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let last = answers.last().cloned().unwrap_or_default();
+    assert_eq!(last, (200, "forwarded".to_string()), "{answers:?}");
+    assert_eq!(net.inbox_ids(1).await.len(), 1, "stored once");
+    let s = net.status(0).await;
+    assert_eq!(counter(&s, "forwarded"), 1, "run once: {s}");
+    assert_eq!(counter(&s, "forward_failed"), 0, "{s}");
+}
+
+/// Item 5: a next hop that is slow but answers within the deadline is waited for: the answer
+/// stored is the delivery, not `502 forward_failed`, and a duplicate gets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_next_hop_within_the_deadline_is_not_stored_as_a_failure() {
+    let net = Net::start(2, &["--probe-interval", "0s"]).await;
+    let (b, c) = (descriptor(&net, 0).await, descriptor(&net, 1).await);
+    let body = craft(
+        &SigningKey::from_bytes(&rand::random()),
+        &[&b, &c],
+        b"slow but fine",
+    );
+    net.signal(1, "STOP");
+    let (client, endpoint, first) = (http(), b.endpoint.clone(), body.clone());
+    let sent = tokio::spawn(async move {
+        let t = Instant::now();
+        (common::post(&client, &endpoint, first).await, t.elapsed())
+    });
+    // C is slow for most of its own deadline (3 s for the terminal), well within B's (6 s).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    net.signal(1, "CONT");
+    let (answer, took) = sent.await.expect("send");
+    assert_eq!(answer, (200, "forwarded".to_string()), "after {took:?}");
+    let again = common::post(&http(), &b.endpoint, body).await;
+    assert_eq!(again, (200, "forwarded".to_string()));
+    let s = net.status(0).await;
+    assert_eq!(counter(&s, "forward_failed"), 0, "{s}");
+    assert_eq!(
+        counter(&s, "replay_dropped"),
+        1,
+        "the duplicate got the stored answer"
+    );
+    assert_eq!(net.inbox_ids(1).await.len(), 1);
+}
+
+/// Item 6 (the sender's side): a peer that answers `429`/`503` (here: its one replay slot is
+/// taken, so a new route is over the source's share) is recorded in the sender's peer health
+/// as busy, not as a transport failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_peer_is_recorded_as_busy_not_as_a_transport_failure() {
+    let net = Net::start(2, &["--probe-interval", "0s", "--replay-capacity", "1"]).await;
+    let (ok, _, err) = net.send(0, 1, 1, b"fills B's one replay slot").await;
+    assert!(ok, "{err}");
+    let (ok, _, _) = net.send(0, 1, 1, b"refused: no replay room").await;
+    assert!(!ok);
+    let b = net.status(1).await;
+    assert_eq!(
+        counter(&b, "replay_capacity") + counter(&b, "replay_share_exceeded"),
+        1,
+        "{b}"
+    );
+    let a = net.status(0).await;
+    let row = common::peer_rows(&a)
+        .iter()
+        .find(|r| {
+            net.node(1)
+                .id
+                .starts_with(r["node"].as_str().unwrap_or("-"))
+        })
+        .cloned()
+        .expect("B's row at A");
+    assert_eq!(row["reasons"]["busy"], 1, "{row}");
+    assert!(row["reasons"].get("transport").is_none(), "{row}");
+    assert_eq!(row["route_failures"], 0, "{row}");
+    assert_eq!(row["health"], "healthy", "{row}");
+}
+
+/// A next hop answering from a script, one answer per request (no real node answers
+/// `route_in_flight` or `429` on demand): the statuses and bodies it answers with, in order;
+/// returns its URL and how many requests it got.
+async fn scripted(
+    script: Vec<(u16, &'static str)>,
+) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind((common::fresh_ip(), 0))
+        .await
+        .expect("bind");
+    let url = format!("http://{}/v1/relay", listener.local_addr().expect("addr"));
+    let got = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&got);
+    tokio::spawn(async move {
+        for (status, body) in script {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Head, then the body it declares; bounded in bytes and time.
+            let read = async {
+                loop {
+                    let n = conn.read(&mut buf).await.unwrap_or(0);
+                    if n == 0 {
+                        break;
+                    }
+                    req.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&req).to_lowercase();
+                    if let Some(end) = text.find("\r\n\r\n") {
+                        let len = text[..end]
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .unwrap_or(0);
+                        if req.len() >= end + 4 + len || req.len() > 1 << 20 {
+                            break;
+                        }
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+            seen.fetch_add(1, Ordering::SeqCst);
+            let answer = format!(
+                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = conn.write_all(answer.as_bytes()).await;
+            let _ = conn.shutdown().await;
+        }
+    });
+    (url, got)
+}
+
+/// Item 5: `503 route_in_flight` and a `429` of a moment are retried within the budget and the
+/// answer after them is taken; a `429` that lasts minutes (`quarantined`) is final.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn route_in_flight_and_busy_answers_are_retried_then_delivered() {
+    use blindrelay::counters::Counters;
+    use blindrelay::forward::{self, Forwarded};
+    use blindrelay::outbound::{HopRate, Pacer, QueueLimits};
+    use std::sync::atomic::Ordering;
+    let accepted = r#"{"outcome":"forwarded","receipt":"abcd"}"#;
+    let (url, got) = scripted(vec![
+        (503, r#"{"error":"route_in_flight"}"#),
+        (429, r#"{"error":"backpressure"}"#),
+        (503, r#"{"error":"route_in_flight"}"#),
+        (200, accepted),
+    ])
+    .await;
+    let pacer = Pacer::new(HopRate::default(), QueueLimits::default());
+    let counters = Counters::default();
+    let http = forward::client(None);
+    let deadline = tokio::time::Instant::now() + forward::hop_deadline(1);
+    let turn = pacer.join(&[5; 32], 10).expect("queue");
+    let out = forward::post(&http, &url, b"frame", &[1; 16], &counters, deadline, turn).await;
+    assert_eq!(
+        out,
+        Forwarded::Accepted {
+            receipt: "abcd".into()
+        }
+    );
+    assert_eq!(got.load(Ordering::SeqCst), 4);
+    assert_eq!(
+        (counters.busy_retried.get(), counters.retry_succeeded.get()),
+        (3, 1)
+    );
+    // Final: a quarantine lasts minutes.
+    let (url, got) = scripted(vec![(429, r#"{"error":"quarantined"}"#), (200, accepted)]).await;
+    let turn = pacer.join(&[6; 32], 10).expect("queue");
+    let out = forward::post(&http, &url, b"frame", &[2; 16], &counters, deadline, turn).await;
+    assert!(
+        matches!(out, Forwarded::Refused { status: 429, .. }),
+        "{out:?}"
+    );
+    assert_eq!(got.load(Ordering::SeqCst), 1);
+}
+
+/// Item 5: a hop slower than its deadline does not make the hop before it store a failure:
+/// that hop answers `route_in_flight` at its deadline and goes on; the sender retries and gets
+/// the delivery once the slow hop answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hop_slower_than_its_deadline_is_waited_for_not_stored_as_a_failure() {
+    let net = Net::start(3, &["--probe-interval", "0s"]).await;
+    // C, the terminal, hangs longer than B's deadline for the frame (6 s), then answers.
+    net.signal(2, "STOP");
+    let resume = async {
+        tokio::time::sleep(Duration::from_secs(7)).await;
+        net.signal(2, "CONT");
+    };
+    let (sent, ()) = tokio::join!(net.send(0, 2, 2, b"through a slow hop"), resume);
+    let (ok, _, err) = sent;
+    assert!(ok, "{err}");
+    let b = net.status(1).await;
+    assert_eq!(counter(&b, "forward_failed"), 0, "{b}");
+    assert!(counter(&b, "answered_in_flight") >= 1, "{b}");
+    assert_eq!(counter(&b, "forwarded"), 1, "{b}");
+    let a = net.status(0).await;
+    assert!(counter(&a, "busy_retried") >= 1, "{a}");
+    assert_eq!(net.inbox_ids(2).await.len(), 1);
+}
