@@ -101,6 +101,7 @@ async fn throughput(
             replay_store: ReplayStore::Sqlite,
             relay,
             clock: Clock::System,
+            accept_lost_state: false,
         })?);
     }
     let (a, b) = (

@@ -48,7 +48,7 @@ pub enum Command {
         endpoint: String,
     },
     /// Run the node.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Send a message through an onion route of known peers to a node; exit 0 only on a
     /// verified delivery.
     Send {
@@ -311,7 +311,7 @@ mod tests {
         ];
         argv.extend_from_slice(extra);
         match Cli::try_parse_from(argv).unwrap().command {
-            Command::Run(args) => args,
+            Command::Run(args) => *args,
             other => panic!("{other:?}"),
         }
     }

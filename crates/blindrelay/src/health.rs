@@ -318,7 +318,7 @@ impl Health {
     /// contact, not a route failure; any other refusal is a route failure (`refused`).
     pub fn record_refused(&self, peer: &NodeId, status: u16, now: u64) {
         if matches!(status, 429 | 503) {
-            self.with(peer, |s| {
+            self.with(peer, now, |s| {
                 s.last_contact = Some(now);
                 s.reasons[Bucket::Busy as usize] += 1;
             });

@@ -57,7 +57,7 @@ async fn run(cmd: Command) -> Result<(), String> {
             let _ = writeln!(std::io::stdout().lock(), "{}", hex::encode(id));
             Ok(())
         }
-        Command::Run(args) => run_node(args).await,
+        Command::Run(args) => run_node(*args).await,
         Command::Send { op, to, hops, file } => {
             client::use_cookie(&op.cookie_path())?;
             client::send(&op.operator, &to, hops, &file).await

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{Net, counter};
+use common::{Doc, Net, counter};
 use serde_json::Value;
 
 /// `POST /v1/send` of `n` messages from node `from` to node `to` over one hop, all at once:
@@ -121,7 +121,7 @@ async fn a_full_queue_is_refused_clearly_and_the_queued_are_delivered() {
     assert_eq!(counter(&b, "quarantine_started"), 0, "{b}");
     assert_eq!(net.inbox_ids(1).await.len(), 4);
     // The operator sees the assumption and an empty queue once it drained.
-    assert_eq!(a["outbound"]["assumed_limit"], 2, "{a}");
-    assert_eq!(a["outbound"]["window_secs"], 3, "{a}");
-    assert_eq!(a["outbound"]["waiting"], 0, "{a}");
+    assert_eq!(a.runtime()["outbound"]["assumed_limit"], 2, "{a}");
+    assert_eq!(a.runtime()["outbound"]["window_secs"], 3, "{a}");
+    assert_eq!(a.runtime()["outbound"]["waiting"], 0, "{a}");
 }

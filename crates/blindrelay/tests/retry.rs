@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use blindrelay::proto::descriptor::Descriptor;
 use blindrelay::proto::envelope::Envelope;
 use blindrelay::proto::onion::{self, Hop};
-use common::{Net, counter, http};
+use common::{Doc, Net, counter, http};
 use ed25519_dalek::SigningKey;
 use serde_json::Value;
 
@@ -79,10 +79,10 @@ async fn a_client_that_disconnects_leaves_no_route_in_flight() {
     let (client, endpoint, first) = (http(), b.endpoint.clone(), body.clone());
     let gone = tokio::spawn(async move { common::post(&client, &endpoint, first).await });
     let s = wait_status(&net, 0, Duration::from_secs(5), |s| {
-        s["admission"]["in_flight"].as_u64() == Some(1)
+        s.runtime()["admission"]["in_flight"].as_u64() == Some(1)
     })
     .await;
-    assert_eq!(s["admission"]["in_flight"], 1, "{s}");
+    assert_eq!(s.runtime()["admission"]["in_flight"], 1, "{s}");
     gone.abort();
     let _ = gone.await;
     net.signal(1, "CONT");
@@ -132,7 +132,7 @@ async fn a_slow_next_hop_within_the_deadline_is_not_stored_as_a_failure() {
     let s = net.status(0).await;
     assert_eq!(counter(&s, "forward_failed"), 0, "{s}");
     assert_eq!(
-        counter(&s, "replay_dropped"),
+        counter(&s, "duplicate_route"),
         1,
         "the duplicate got the stored answer"
     );
