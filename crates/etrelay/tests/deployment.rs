@@ -57,24 +57,39 @@ fn say(line: impl AsRef<str>) {
     println!("[deploy] {}", line.as_ref());
 }
 
-/// Runs `etrelay admin <args>` inside `ns`; returns success, stdout and stderr.
-async fn admin(ns: &Netns, args: &[&str]) -> (bool, String, String) {
+/// Runs `etrelay admin <args>` inside `ns`, in the directory holding the test's files (so
+/// they are named as in the README), and prints the transcript; returns success, stdout and
+/// stderr.
+async fn admin(w: &World, ns: &Netns, args: &[&str]) -> (bool, String, String) {
     let out = tokio::time::timeout(
         30 * S,
         ns.tokio_command(BIN)
             .arg("admin")
             .args(args)
+            .current_dir(w.dir.path())
             .kill_on_drop(true)
             .output(),
     )
     .await
     .expect("etrelay admin within 30 s")
     .expect("run etrelay admin");
-    (
-        out.status.success(),
+    let (stdout, stderr) = (
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    );
+    let host = ns.name().rsplit('-').next().unwrap_or_default();
+    say(format!("{host}$ etrelay admin {}", args.join(" ")));
+    if args.contains(&"--json") {
+        say(format!(
+            "    (the API's JSON, {} lines)",
+            stdout.lines().count()
+        ));
+    } else {
+        for line in stdout.lines().chain(stderr.lines()) {
+            say(format!("    {line}"));
+        }
+    }
+    (out.status.success(), stdout, stderr)
 }
 
 /// `quakestat -json -R -P -q3s <addr>` run inside `ns`.
@@ -224,7 +239,8 @@ async fn a_home_server_behind_nat_is_listed_played_and_defended_at_the_front() {
     let player = tunnel_down_and_up(&world, player, &mut fig).await;
     flood(&world, player, &mut fig).await;
 
-    // The relay stops on SIGTERM with a flatline; then everything goes.
+    // The server leaves the relay (a flatline), then the relay stops; then everything goes.
+    leave(&world).await;
     let World {
         mut relay,
         oa,
@@ -232,10 +248,6 @@ async fn a_home_server_behind_nat_is_listed_played_and_defended_at_the_front() {
         lab,
         dir,
     } = world;
-    let flatlines = master
-        .wait_heartbeats("ETFlatline-1", 99, Duration::ZERO)
-        .await
-        .len();
     let pid = relay.child.id().expect("the relay runs");
     netns::run("kill", &["-TERM", &pid.to_string()]).expect("SIGTERM");
     let status = tokio::time::timeout(10 * S, relay.child.wait())
@@ -243,14 +255,6 @@ async fn a_home_server_behind_nat_is_listed_played_and_defended_at_the_front() {
         .expect("the relay stops within 10 s")
         .expect("wait");
     assert!(status.success(), "{}", relay.text());
-    assert!(
-        master
-            .wait_heartbeats("ETFlatline-1", flatlines + 1, 5 * S)
-            .await
-            .len()
-            > flatlines,
-        "the flatline at the stop"
-    );
     assert!(
         master.listed().iter().all(|a| *a == front()),
         "only the front was ever listed: {:?}",
@@ -263,6 +267,32 @@ async fn a_home_server_behind_nat_is_listed_played_and_defended_at_the_front() {
     assert!(left.is_empty(), "namespaces left behind: {left:?}");
     say("teardown: every namespace, link and process of the run is gone");
     report(&fig, started.elapsed());
+}
+
+/// `leave`: the front's listing gets a flatline, the key is refused afterwards.
+async fn leave(w: &World) {
+    let flatlines = w
+        .master
+        .wait_heartbeats("ETFlatline-1", 99, Duration::ZERO)
+        .await
+        .len();
+    let (ok, _, err) = admin_home(w, &["leave"]).await;
+    assert!(ok, "{err}");
+    let got = w
+        .master
+        .wait_heartbeats("ETFlatline-1", flatlines + 1, 5 * S)
+        .await;
+    assert_eq!(
+        got.get(flatlines),
+        Some(&front()),
+        "the flatline of the leave"
+    );
+    let (ok, _, err) = admin_home(w, &["status"]).await;
+    assert!(!ok && err.contains("does not know this key"), "{err}");
+    assert!(
+        challenge_from(w, lab::player_ip(10)).await.is_empty(),
+        "nothing relayed"
+    );
 }
 
 /// The lab, the game server at home, the master on the Internet, the relay on the front, and
@@ -390,19 +420,15 @@ async fn listed_and_played(w: &World, fig: &mut Figures) -> Player {
 
     // Registration with proof, over the tunnel.
     let files = w.dir.path();
-    std::fs::write(files.join("home-token"), TOKEN).unwrap();
+    std::fs::write(files.join("token"), TOKEN).unwrap();
     std::fs::write(files.join("rcon.pw"), RCON).unwrap();
     let t = Instant::now();
-    let (ok, out, err) = register(w, "home-token", "server.key").await;
+    let (ok, out, err) = register(w, "token", "server.key").await;
     assert!(
         ok && out.contains("(new)"),
         "{out}{err}\n{}",
         w.relay.text()
     );
-    say(format!(
-        "home: etrelay admin register -> {}",
-        out.trim().replace('\n', " / ")
-    ));
 
     // The master lists the front's address, never the router's.
     assert!(
@@ -461,70 +487,56 @@ async fn listed_and_played(w: &World, fig: &mut Figures) -> Player {
 }
 
 async fn register(w: &World, token: &str, key: &str) -> (bool, String, String) {
-    let files = w.dir.path();
-    let (t, pw, k) = (
-        files.join(token).display().to_string(),
-        files.join("rcon.pw").display().to_string(),
-        files.join(key).display().to_string(),
-    );
     let (ctl, up) = (control(), upstream().to_string());
-    admin(
-        &w.lab.home,
-        &[
-            "register",
-            "--control",
-            &ctl,
-            "--token-file",
-            &t,
-            "--upstream",
-            &up,
-            "--rcon",
-            &up,
-            "--rcon-password-file",
-            &pw,
-            "--key-file",
-            &k,
-        ],
-    )
-    .await
+    #[rustfmt::skip]
+    let args = [
+        "register", "--control", &ctl, "--token-file", token, "--upstream", &up, "--rcon", &up,
+        "--rcon-password-file", "rcon.pw", "--key-file", key,
+    ];
+    admin(w, &w.lab.home, &args).await
+}
+
+/// `--control <tunnel address> --key-file <key>`.
+fn with_key(key: &str) -> [String; 4] {
+    [
+        "--control".into(),
+        control(),
+        "--key-file".into(),
+        key.into(),
+    ]
+}
+
+/// `etrelay admin <command> [extra…] --control … --key-file server.key` at home.
+async fn admin_home(w: &World, command: &[&str]) -> (bool, String, String) {
+    let k = with_key("server.key");
+    let mut args: Vec<&str> = command.to_vec();
+    args.extend(k.iter().map(String::as_str));
+    admin(w, &w.lab.home, &args).await
 }
 
 /// Assertion 2: the control API only over the tunnel; wrong token or key refused.
 async fn control_api(w: &World) {
-    let files = w.dir.path();
-    let key = files.join("server.key").display().to_string();
     // From the Internet: the tunnel address has no route, the public address no listener.
     for url in [control(), format!("http://{FRONT_PUBLIC}:8080")] {
         let (ok, _, err) = admin(
+            w,
             &w.lab.internet,
-            &["status", "--control", &url, "--key-file", &key],
+            &["status", "--control", &url, "--key-file", "server.key"],
         )
         .await;
         assert!(
             !ok && err.contains("cannot reach the control API"),
             "{url}: {err}"
         );
-        say(format!(
-            "internet: etrelay admin status --control {url} -> {}",
-            err.trim()
-        ));
     }
     // Over the tunnel it answers.
-    let ctl = control();
-    let (ok, out, err) = admin(
-        &w.lab.home,
-        &["status", "--control", &ctl, "--key-file", &key],
-    )
-    .await;
+    let (ok, out, err) = admin_home(w, &["status"]).await;
     assert!(
         ok && out.contains("probe") && out.contains("up"),
         "{out}{err}"
     );
-    say(format!(
-        "home: etrelay admin status -> {}",
-        out.trim().replace('\n', " / ")
-    ));
     // A wrong relay token registers nothing; a wrong key reaches nothing.
+    let files = w.dir.path();
     std::fs::write(
         files.join("bad-token"),
         "not-the-relay-token-0123456789abcdef",
@@ -535,23 +547,15 @@ async fn control_api(w: &World) {
         !ok && err.contains("the relay refused the relay token"),
         "{err}"
     );
-    say(format!(
-        "home: register with a wrong token -> {}",
-        err.trim().lines().last().unwrap_or_default()
-    ));
-    let wrong = files.join("wrong.key");
-    std::fs::write(&wrong, "ab".repeat(32)).unwrap();
-    let wrong = wrong.display().to_string();
-    let (ok, _, err) = admin(
-        &w.lab.home,
-        &["status", "--control", &ctl, "--key-file", &wrong],
-    )
-    .await;
+    std::fs::write(files.join("wrong.key"), "ab".repeat(32)).unwrap();
+    let k = with_key("wrong.key");
+    let mut args = vec!["status"];
+    args.extend(k.iter().map(String::as_str));
+    let (ok, _, err) = admin(w, &w.lab.home, &args).await;
     assert!(
         !ok && err.contains("the relay does not know this key"),
         "{err}"
     );
-    say(format!("home: status with a wrong key -> {}", err.trim()));
 }
 
 /// rcon spellings of docs/etrelay-filter.md, each glued to the password the way the
@@ -626,44 +630,26 @@ async fn rcon_ban_sessions(w: &World) {
     ));
 
     // sessions, then a ban.
-    let (mut victim, _) = join(&w.lab, lab::player_ip(20), 2020, 10 * S).await;
-    let me = victim.local_addr().unwrap().to_string();
-    let ctl = control();
-    let key = w.dir.path().join("server.key").display().to_string();
-    let c = ["--control", ctl.as_str(), "--key-file", key.as_str()];
-    let (ok, out, err) = admin(&w.lab.home, &["sessions", "--json", c[0], c[1], c[2], c[3]]).await;
+    let (victim, _) = join(&w.lab, lab::player_ip(20), 2020, 10 * S).await;
+    let me = victim.local_addr().expect("address").to_string();
+    let (victim, answered, _) = play(&w.lab, victim, 3).await;
+    assert!(answered > 0);
+    let (ok, table, err) = admin_home(w, &["sessions"]).await;
+    assert!(ok && table.contains(&me), "{me} not in {table}{err}");
+    let (ok, out, err) = admin_home(w, &["sessions", "--json"]).await;
     assert!(ok, "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).expect("sessions JSON");
-    let mine = v["sessions"]
+    let port = v["sessions"]
         .as_array()
         .expect("sessions")
         .iter()
         .find(|s| s["client"] == me.as_str())
-        .unwrap_or_else(|| panic!("{me} not in {out}"))
-        .clone();
-    say(format!(
-        "home: etrelay admin sessions -> {me} seen by the server as {FRONT_TUNNEL}:{}",
-        mine["upstream_port"]
-    ));
-    let (v2, answered, _) = play(&w.lab, victim, 3).await;
-    victim = v2;
-    assert!(answered > 0);
-    let (ok, out, err) = admin(
-        &w.lab.home,
-        &[
-            "ban",
-            "198.18.3.20",
-            "--reason",
-            "e2e",
-            "--duration",
-            "1h",
-            c[0],
-            c[1],
-            c[2],
-            c[3],
-        ],
-    )
-    .await;
+        .map(|s| s["upstream_port"].to_string())
+        .unwrap_or_else(|| panic!("{me} not in {out}"));
+    assert!(table.lines().any(|l| l.contains(&me) && l.contains(&port)));
+    #[rustfmt::skip]
+    let ban = ["ban", "198.18.3.20", "--reason", "aimbot", "--duration", "7days"];
+    let (ok, out, err) = admin_home(w, &ban).await;
     assert!(ok, "{out}{err}");
     // What the server sent before the ban may still be in the player's socket: drop it, then
     // every packet the player sends from now on goes unanswered.
@@ -674,27 +660,41 @@ async fn rcon_ban_sessions(w: &World) {
         (0, 0),
         "the banned player still gets packets"
     );
-    let again = w
-        .lab
+    assert!(
+        challenge_from(w, lab::player_ip(20)).await.is_empty(),
+        "answered while banned"
+    );
+    say("internet: the banned player's next packets get nothing");
+    let (ok, table, _) = admin_home(w, &["sessions"]).await;
+    assert!(ok && !table.contains(&me), "{table}");
+    let (ok, out, _) = admin_home(w, &["bans"]).await;
+    assert!(
+        ok && out.contains("198.18.3.20") && out.contains("aimbot"),
+        "{out}"
+    );
+    let (ok, _, err) = admin_home(w, &["unban", "198.18.3.20"]).await;
+    assert!(ok, "{err}");
+    assert_eq!(
+        challenge_from(w, lab::player_ip(20)).await.len(),
+        1,
+        "unbanned"
+    );
+    say("internet: unbanned, 198.18.3.20 gets its challenge again");
+    let (ok, out, _) = admin_home(w, &["bans"]).await;
+    assert!(ok && out.contains("no bans"), "{out}");
+    drop(victim);
+}
+
+/// The answers to one `getchallenge` sent to the front from `ip`.
+async fn challenge_from(w: &World, ip: Ipv4Addr) -> Vec<(SocketAddr, Vec<u8>)> {
+    w.lab
         .internet_rt
         .run(async move {
-            let sock = udp::bind(lab::player_ip(20)).await.expect("bind");
-            udp::exchange(
-                &sock,
-                front(),
-                &udp::oob(b"getchallenge 1 et"),
-                Duration::from_millis(300),
-                S,
-            )
-            .await
+            let sock = udp::bind(ip).await.expect("bind");
+            let packet = udp::oob(b"getchallenge 1 et");
+            udp::exchange(&sock, front(), &packet, Duration::from_millis(300), S).await
         })
-        .await;
-    assert!(again.is_empty(), "the banned address got an answer");
-    drop(victim);
-    say(format!(
-        "home: etrelay admin ban 198.18.3.20 -> {}; its next packets get nothing",
-        out.trim()
-    ));
+        .await
 }
 
 /// The server's rules once the direct rcon's cvar shows (it may take a server frame; at most
@@ -779,13 +779,7 @@ async fn tunnel_down_and_up(w: &World, player: Player, fig: &mut Figures) -> Pla
     let (player, answered, _) = play(&w.lab, player, 5).await;
     assert!(answered > 0, "no in-game packet after the reconnect");
     assert!(w.relay.alive(), "the relay runs");
-    let ctl = control();
-    let key = w.dir.path().join("server.key").display().to_string();
-    let (ok, out, err) = admin(
-        &w.lab.home,
-        &["status", "--control", &ctl, "--key-file", &key],
-    )
-    .await;
+    let (ok, out, err) = admin_home(w, &["status"]).await;
     assert!(ok && out.contains("up"), "{out}{err}");
     say(format!(
         "front: the server answers again {} ms after the link is back, heartbeat at {} ms, the player reconnected at {} ms; home now at {:?}; the relay never stopped",
