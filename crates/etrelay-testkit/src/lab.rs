@@ -83,6 +83,8 @@ pub struct Lab {
     /// The home's WireGuard interface (in `home`).
     pub home_wg: String,
     dir: PathBuf,
+    /// What [`netns::sweep_stale`] removed before the lab was built.
+    pub swept: Vec<String>,
 }
 
 impl Lab {
@@ -92,7 +94,7 @@ impl Lab {
     /// # Errors
     /// What failed, with the command's stderr.
     pub fn build(dir: &Path) -> io::Result<Lab> {
-        netns::sweep_stale();
+        let swept = netns::sweep_stale();
         let tag = format!("{PREFIX}-{}", std::process::id());
         let internet = Netns::create(&format!("{tag}-inet"))?;
         let front = Netns::create(&format!("{tag}-front"))?;
@@ -110,6 +112,7 @@ impl Lab {
             front_wg: format!("{tag}f"),
             home_wg: format!("{tag}h"),
             dir: dir.to_path_buf(),
+            swept,
         };
         lab.tunnel()?;
         Ok(lab)
@@ -357,9 +360,18 @@ fn wait_uapi(ns: &Netns, ifname: &str) -> io::Result<()> {
 
 impl Drop for Lab {
     fn drop(&mut self) {
-        for (_, child) in &mut self.wg {
-            netns::kill(child.id());
+        for (ifname, child) in &mut self.wg {
+            // SIGTERM lets wireguard-go remove its interface and control socket; bounded.
+            let _ = netns::run("kill", &["-TERM", &child.id().to_string()]);
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            if matches!(child.try_wait(), Ok(None)) {
+                netns::kill(child.id());
+            }
             let _ = child.wait();
+            let _ = std::fs::remove_file(netns::wg_socket(ifname));
         }
         // The namespaces drop next (fields in order): what still runs in them is killed.
     }

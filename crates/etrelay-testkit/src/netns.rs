@@ -288,6 +288,23 @@ pub fn existing(tag: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// wireguard-go's control socket for interface `ifname`.
+pub fn wg_socket(ifname: &str) -> std::path::PathBuf {
+    std::path::Path::new(WG_SOCK_DIR).join(format!("{ifname}.sock"))
+}
+
+/// The wireguard-go control sockets of interfaces whose name starts with `tag`.
+pub fn existing_wg_sockets(tag: &str) -> Vec<String> {
+    std::fs::read_dir(WG_SOCK_DIR)
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(tag))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// The pid encoded in a name `<PREFIX>-<pid>…` (`-inet`, `f`, … may follow).
 fn owner(name: &str) -> Option<u32> {
     let rest = name.strip_prefix(PREFIX)?.strip_prefix('-')?;
