@@ -458,6 +458,21 @@ async fn listed_and_played(w: &World, fig: &mut Figures) -> Player {
     ));
 
     // A browser through the front sees the real server, as one at home does directly.
+    let plain = w
+        .lab
+        .internet
+        .tokio_command("quakestat")
+        .args(["-q3s", &front().to_string()])
+        .kill_on_drop(true)
+        .output();
+    let plain = tokio::time::timeout(15 * S, plain)
+        .await
+        .expect("quakestat within 15 s")
+        .expect("run quakestat");
+    say(format!("inet$ quakestat -q3s {}", front()));
+    for line in String::from_utf8_lossy(&plain.stdout).lines() {
+        say(format!("    {line}"));
+    }
     let via_front = quakestat_in(&w.lab.internet, front()).await;
     let direct = quakestat_in(&w.lab.home, upstream()).await;
     assert_eq!(via_front["status"], "online", "{via_front}");
