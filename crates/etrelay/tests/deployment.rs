@@ -148,6 +148,8 @@ impl Relay {
 /// Everything the test runs, in the order it is torn down: the relay, the game server, the
 /// master, then the namespaces (with whatever still runs in them), then the files.
 struct World {
+    /// A runtime inside the front namespace, for `GET /metrics` as the operator there does.
+    front_rt: netns::NsRuntime,
     relay: Relay,
     oa: OpenArena,
     master: FakeMaster,
@@ -167,12 +169,58 @@ struct Figures {
     up_to_heartbeat: Duration,
     up_to_join: Duration,
     flood_sent: u64,
+    /// Client datagrams the relay counted during the flood (all sources).
+    flood_received: u64,
+    /// Drops during the flood, by reason, largest first.
+    flood_drops: Vec<(String, u64)>,
     flood_time: Duration,
     /// (rounds answered, rounds, in-game packets received)
     honest_before: (usize, usize, usize),
     honest_during: (usize, usize, usize),
     honest_after: (usize, usize, usize),
     new_join_during: Duration,
+}
+
+/// `GET /metrics` with the relay token, from the front host (the control API is on its tunnel
+/// address).
+async fn metrics(w: &World) -> String {
+    let url = format!("{}/metrics", control());
+    w.front_rt
+        .run(async move {
+            let client = reqwest::Client::builder()
+                .timeout(Duration::from_secs(10))
+                .build()
+                .expect("HTTP client");
+            let r = client
+                .get(&url)
+                .bearer_auth(TOKEN)
+                .send()
+                .await
+                .expect("GET /metrics");
+            assert_eq!(r.status().as_u16(), 200);
+            r.text().await.expect("metrics body")
+        })
+        .await
+}
+
+/// `etrelay_dropped_packets_total` of port 27960, by reason.
+fn drops(text: &str) -> Vec<(String, u64)> {
+    let prefix = format!("etrelay_dropped_packets_total{{port=\"{PORT}\",reason=\"");
+    text.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(&prefix)?;
+            let (reason, n) = rest.split_once("\"} ")?;
+            Some((reason.to_string(), n.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+/// The sample of `family` for port 27960.
+fn sample(text: &str, family: &str) -> u64 {
+    let prefix = format!("{family}{{port=\"{PORT}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&prefix)?.trim().parse().ok())
+        .unwrap_or(0)
 }
 
 /// A player on `ip` joins the front; returns it and how long it took.
@@ -242,6 +290,7 @@ async fn a_home_server_behind_nat_is_listed_played_and_defended_at_the_front() {
     // The server leaves the relay (a flatline), then the relay stops; then everything goes.
     leave(&world).await;
     let World {
+        front_rt,
         mut relay,
         oa,
         master,
@@ -260,7 +309,7 @@ async fn a_home_server_behind_nat_is_listed_played_and_defended_at_the_front() {
         "only the front was ever listed: {:?}",
         master.listed()
     );
-    drop((relay, oa, master));
+    drop((front_rt, relay, oa, master));
     drop(lab);
     drop(dir);
     let mut left = netns::existing(&tag);
@@ -342,6 +391,7 @@ async fn build(fig: &mut Figures) -> World {
     say(format!("internet: master on {}", master.addr()));
     let relay = start_relay(&lab, dir.path(), master.addr()).await;
     World {
+        front_rt: lab.front.runtime().expect("a runtime in front"),
         relay,
         oa,
         master,
@@ -643,8 +693,16 @@ async fn rcon_ban_sessions(w: &World) {
             "rcon {i} ran: {rules}"
         );
     }
+    let rcon = drops(&metrics(w).await)
+        .into_iter()
+        .find(|(r, _)| r == "rcon")
+        .map_or(0, |(_, n)| n);
+    assert!(
+        rcon >= RCON_SPELLINGS.len() as u64,
+        "rcon drops counted: {rcon}"
+    );
     say(format!(
-        "internet: {} rcon spellings with the right password through the front: none answered, none ran (the same rcon sent at home runs)",
+        "internet: {} rcon spellings with the right password through the front: none answered, none ran (the same rcon sent at home runs); front: etrelay_dropped_packets_total{{reason=\"rcon\"}} {rcon}",
         RCON_SPELLINGS.len()
     ));
 
@@ -818,6 +876,12 @@ const FLOOD_TIME: Duration = Duration::from_secs(4);
 async fn flood(w: &World, honest: Player, fig: &mut Figures) {
     let (honest, answered, got) = play(&w.lab, honest, 20).await;
     fig.honest_before = (answered, 20, got);
+    let before = metrics(w).await;
+    let flatlines = w
+        .master
+        .wait_heartbeats("ETFlatline-1", 99, Duration::ZERO)
+        .await
+        .len();
     // Spoofed-style floods: 2040 addresses over 8 /24s (in-game junk with every qport,
     // connect without a challenge, getstatus), and getchallenge from one /24.
     let sources: Vec<SocketAddr> = (0..8u8)
@@ -882,6 +946,35 @@ async fn flood(w: &World, honest: Player, fig: &mut Figures) {
         fig.honest_during
     );
     assert!(answered_after > 0);
+    // What the operator sees: the flood counted and dropped by reason, the game server still up
+    // for the probe (no false flatline).
+    let after = metrics(w).await;
+    fig.flood_received = sample(&after, "etrelay_client_packets_total")
+        - sample(&before, "etrelay_client_packets_total");
+    let was: std::collections::HashMap<String, u64> = drops(&before).into_iter().collect();
+    let mut by_reason: Vec<(String, u64)> = drops(&after)
+        .into_iter()
+        .map(|(r, n)| {
+            let d = n - was.get(&r).copied().unwrap_or(0);
+            (r, d)
+        })
+        .filter(|(_, d)| *d > 0)
+        .collect();
+    by_reason.sort_by(|a, b| b.1.cmp(&a.1));
+    fig.flood_drops = by_reason;
+    assert_eq!(
+        sample(&after, "etrelay_probe_state"),
+        1,
+        "the probe saw the server up"
+    );
+    assert_eq!(
+        w.master
+            .wait_heartbeats("ETFlatline-1", 99, Duration::ZERO)
+            .await
+            .len(),
+        flatlines,
+        "no flatline during the flood"
+    );
     assert!(w.relay.alive(), "the relay runs");
     say(format!(
         "internet: attacker sent {} packets from {} addresses; honest player answered {}/{} rounds during it; a new player joined in {} ms",
@@ -941,6 +1034,18 @@ fn report(fig: &Figures, total: Duration) {
         ("honest player before the flood", rounds(fig.honest_before)),
         ("honest player during the flood", rounds(fig.honest_during)),
         ("honest player after the flood", rounds(fig.honest_after)),
+        (
+            "flood: datagrams the relay received",
+            fig.flood_received.to_string(),
+        ),
+        (
+            "flood: dropped by reason",
+            fig.flood_drops
+                .iter()
+                .map(|(r, n)| format!("{r} {n}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
         (
             "new player join during the flood",
             format!("{} ms", ms(fig.new_join_during)),
