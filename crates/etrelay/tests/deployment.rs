@@ -960,7 +960,7 @@ async fn flood(w: &World, honest: Player, fig: &mut Figures) {
         })
         .filter(|(_, d)| *d > 0)
         .collect();
-    by_reason.sort_by(|a, b| b.1.cmp(&a.1));
+    by_reason.sort_by_key(|b| std::cmp::Reverse(b.1));
     fig.flood_drops = by_reason;
     assert_eq!(
         sample(&after, "etrelay_probe_state"),
