@@ -1,5 +1,7 @@
 //! Runs Debian's `openarena-server` (ioquake3 `ioq3ded`) as a real Quake 3
-//! engine peer on a loopback address (`et-protocol.md` §6.2).
+//! engine peer on a loopback address (`et-protocol.md` §6.2), or, with
+//! [`Options`], inside a network namespace on an address of its own, with more
+//! `+set`s (the deployment test runs it at "home" with `com_gamename et`).
 //!
 //! The server is started with heartbeats off (`dedicated 1`, `sv_master1..5`
 //! empty), bound to `<ip>:27960`, with a fresh `HOME`, its console on a pipe
