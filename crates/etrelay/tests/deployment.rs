@@ -769,7 +769,7 @@ async fn challenge_from(w: &World, ip: Ipv4Addr) -> Vec<(SocketAddr, Vec<u8>)> {
         .run(async move {
             let sock = udp::bind(ip).await.expect("bind");
             let packet = udp::oob(b"getchallenge 1 et");
-            udp::exchange(&sock, front(), &packet, Duration::from_millis(300), S).await
+            udp::exchange(&sock, front(), &packet, S, 2 * S).await
         })
         .await
 }
