@@ -1,7 +1,8 @@
 //! Test support for `etrelay`, a UDP relay in front of Wolfenstein: Enemy
 //! Territory / Quake 3 engine servers.
 //!
-//! Everything here talks to 127.0.0.0/8 only.
+//! Everything here talks to 127.0.0.0/8 only, but [`lab`], whose addresses exist only inside
+//! the network namespaces it makes.
 //!
 //! * [`q3model`]: a literal model of how the engines read a connectionless
 //!   packet (the reference oracle for the relay's classifier);
@@ -14,7 +15,10 @@
 //! * [`qstat`]: a runner for `quakestat`, a real server browser;
 //! * [`player`]: a client's connect handshake and in-game packets;
 //! * [`flood`]: bounded floods from many source addresses or ports;
-//! * [`procstat`]: a process's memory and file descriptors, sampled.
+//! * [`procstat`]: a process's memory and file descriptors, sampled;
+//! * [`netns`], [`lab`]: network namespaces, and the whole deployment built from them (home
+//!   server behind a NAT router, WireGuard tunnel, front host, Internet); the one exception to
+//!   loopback-only, on addresses that exist only inside the namespaces.
 
 pub mod addr;
 pub mod fake_server;
@@ -28,6 +32,9 @@ pub mod udp;
 pub mod flood;
 pub mod player;
 pub mod procstat;
+
+pub mod lab;
+pub mod netns;
 
 pub use addr::{unique_ip, unique_ips};
 pub use fake_server::{FakeEtConfig, FakeEtServer, Received};

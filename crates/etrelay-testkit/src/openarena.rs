@@ -1,5 +1,7 @@
 //! Runs Debian's `openarena-server` (ioquake3 `ioq3ded`) as a real Quake 3
-//! engine peer on a loopback address (`et-protocol.md` §6.2).
+//! engine peer on a loopback address (`et-protocol.md` §6.2), or, with
+//! [`Options`], inside a network namespace on an address of its own, with more
+//! `+set`s (the deployment test runs it at "home" with `com_gamename et`).
 //!
 //! The server is started with heartbeats off (`dedicated 1`, `sv_master1..5`
 //! empty), bound to `<ip>:27960`, with a fresh `HOME`, its console on a pipe
@@ -143,6 +145,56 @@ fn send_signal(pid: u32, signal: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// How to start a server: [`Options::new`], then the optional settings.
+#[derive(Debug)]
+pub struct Options {
+    ip: Ipv4Addr,
+    rcon_password: String,
+    hostname: String,
+    netns: Option<String>,
+    sets: Vec<(String, String)>,
+    probe: Option<UdpSocket>,
+}
+
+impl Options {
+    /// A server on `ip:27960` with `rconpassword` `rcon_password`, named `etrelay-test`.
+    pub fn new(ip: Ipv4Addr, rcon_password: &str) -> Options {
+        Options {
+            ip,
+            rcon_password: rcon_password.to_string(),
+            hostname: "etrelay-test".to_string(),
+            netns: None,
+            sets: Vec::new(),
+            probe: None,
+        }
+    }
+
+    /// `sv_hostname`.
+    pub fn hostname(mut self, name: &str) -> Options {
+        self.hostname = name.to_string();
+        self
+    }
+
+    /// Runs the server inside network namespace `name` (`ip netns exec`).
+    pub fn netns(mut self, name: &str) -> Options {
+        self.netns = Some(name.to_string());
+        self
+    }
+
+    /// One more `+set key value` on the command line (before the map loads).
+    pub fn set(mut self, key: &str, value: &str) -> Options {
+        self.sets.push((key.to_string(), value.to_string()));
+        self
+    }
+
+    /// The socket the readiness `getinfo` leaves from (default: a fresh loopback address);
+    /// needed when the server runs in a namespace.
+    pub fn probe_from(mut self, socket: UdpSocket) -> Options {
+        self.probe = Some(socket);
+        self
+    }
+}
+
 /// A running OpenArena dedicated server; see the module docs.
 #[derive(Debug)]
 pub struct OpenArena {
@@ -167,6 +219,11 @@ impl OpenArena {
     ///
     /// Blocks the calling thread while waiting (normally well under a second).
     pub fn start(ip: Ipv4Addr, rcon_password: &str) -> io::Result<OpenArena> {
+        OpenArena::start_with(Options::new(ip, rcon_password))
+    }
+
+    /// Starts a server as `options` say; see [`OpenArena::start`].
+    pub fn start_with(options: Options) -> io::Result<OpenArena> {
         let wrapper = wrapper().ok_or_else(|| {
             io::Error::new(io::ErrorKind::NotFound, "openarena-server is not installed")
         })?;
@@ -176,14 +233,23 @@ impl OpenArena {
         let log_path = dir.join("server.log");
         let log = File::create(&log_path)?;
 
-        let mut command = match setpriv() {
-            Some(setpriv) => {
-                let mut c = Command::new(setpriv);
-                c.args(["--pdeathsig", "KILL", "--"]).arg(&wrapper);
+        let mut prefix: Vec<String> = Vec::new();
+        if let Some(setpriv) = setpriv() {
+            prefix.push(setpriv.display().to_string());
+            prefix.extend(["--pdeathsig", "KILL", "--"].map(String::from));
+        }
+        if let Some(ns) = &options.netns {
+            prefix.extend(["ip", "netns", "exec", ns.as_str()].map(String::from));
+        }
+        let mut command = match prefix.split_first() {
+            Some((program, rest)) => {
+                let mut c = Command::new(program);
+                c.args(rest).arg(&wrapper);
                 c
             }
             None => Command::new(&wrapper),
         };
+        let ip = options.ip;
         let ip_text = ip.to_string();
         let port_text = PORT.to_string();
         let mut args: Vec<&str> = vec![
@@ -214,16 +280,18 @@ impl OpenArena {
         args.extend([
             "+set",
             "rconpassword",
-            rcon_password,
+            &options.rcon_password,
             "+set",
             "sv_hostname",
-            "etrelay-test",
+            &options.hostname,
             "+set",
             "ttycon",
             "0",
-            "+map",
-            "oa_dm1",
         ]);
+        for (key, value) in &options.sets {
+            args.extend(["+set", key.as_str(), value.as_str()]);
+        }
+        args.extend(["+map", "oa_dm1"]);
         command
             .args(&args)
             .env("HOME", &home)
@@ -242,14 +310,17 @@ impl OpenArena {
             dir,
             log_path,
         };
-        server.wait_ready()?; // on error, Drop stops the process
+        let probe = match options.probe {
+            Some(probe) => probe,
+            None => UdpSocket::bind(SocketAddr::from((unique_ip(), 0)))?,
+        };
+        server.wait_ready(probe)?; // on error, Drop stops the process
         Ok(server)
     }
 
     /// Polls `getinfo` from a dedicated source address until the server
     /// answers; bounded by [`READY_TIMEOUT`].
-    fn wait_ready(&mut self) -> io::Result<()> {
-        let probe = UdpSocket::bind(SocketAddr::from((unique_ip(), 0)))?;
+    fn wait_ready(&mut self, probe: UdpSocket) -> io::Result<()> {
         let start = Instant::now();
         let mut buf = vec![0u8; 65_536];
         // Per-attempt receive timeout: short at first (the server is usually
