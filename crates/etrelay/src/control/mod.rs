@@ -24,6 +24,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod listen;
 mod server_json;
 
@@ -308,12 +310,9 @@ struct PutServer {
     port: Option<u16>,
 }
 
-async fn put_server(
-    State(st): State<ControlState>,
-    headers: HeaderMap,
-    body: Body,
-) -> Result<(StatusCode, Json<ServerJson>), ApiError> {
-    require_relay_token(&st, &headers)?;
+/// A `PUT /server` body, checked as far as it can be without I/O: the key's length and the
+/// upstream address (canonical).
+fn read_put_server(body: &Body) -> Result<(PutServer, SocketAddr), ApiError> {
     let body = body.json::<PutServer>()?.ok_or_else(|| {
         ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -321,8 +320,7 @@ async fn put_server(
             "a body is required",
         )
     })?;
-    let key = body.key.expose();
-    if key.chars().count() < MIN_KEY {
+    if body.key.expose().chars().count() < MIN_KEY {
         return Err(ApiError::new(
             StatusCode::UNPROCESSABLE_ENTITY,
             "key_too_short",
@@ -341,6 +339,17 @@ async fn put_server(
                 "upstream must be a literal ip:port",
             )
         })?;
+    Ok((body, upstream))
+}
+
+async fn put_server(
+    State(st): State<ControlState>,
+    headers: HeaderMap,
+    body: Body,
+) -> Result<(StatusCode, Json<ServerJson>), ApiError> {
+    require_relay_token(&st, &headers)?;
+    let (body, upstream) = read_put_server(&body)?;
+    let key = body.key.expose();
     // Before the proof: a loop's proof would be answered by the relay itself.
     st.registry.check_upstream(upstream)?;
     if let Some(p) = body.port
@@ -462,6 +471,13 @@ fn parse_ip(s: &str) -> Result<IpAddr, ApiError> {
     })
 }
 
+/// A `PUT /bans/{ip}` request as the ban it asks for, at `now`.
+fn read_put_ban(ip: &str, body: &Body, now: SystemTime) -> Result<Ban, ApiError> {
+    let ip = parse_ip(ip)?;
+    let body = body.json::<PutBan>()?.unwrap_or_default();
+    Ok(Ban::new(ip, body.reason, body.duration_secs, now)?)
+}
+
 async fn put_ban(
     State(st): State<ControlState>,
     headers: HeaderMap,
@@ -469,9 +485,7 @@ async fn put_ban(
     body: Body,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let r = require_key(&st, &headers)?;
-    let ip = parse_ip(&ip)?;
-    let body = body.json::<PutBan>()?.unwrap_or_default();
-    let ban = Ban::new(ip, body.reason, body.duration_secs, SystemTime::now())?;
+    let ban = read_put_ban(&ip, &body, SystemTime::now())?;
     st.registry.ban(r.port, ban.clone()).await?;
     info!("port {}: {} banned", r.port, ban.ip);
     Ok(Json(ban_json(&ban)))
