@@ -89,7 +89,31 @@ fn a_route_delivers_and_every_frame_has_one_length() {
                 lens.iter().all(|&l| l == lens[0]),
                 "{n} hops, {len} B: {lens:?}"
             );
+            assert_nothing_in_clear(&frames, &route);
         }
+    }
+}
+
+/// No node id but each frame's own previous hop, no replay tag, expiry or hop count appears in
+/// any frame's bytes.
+fn assert_nothing_in_clear(frames: &[Frame], route: &[&Hop]) {
+    let expiry = EXPIRES.to_be_bytes();
+    for (i, f) in frames.iter().enumerate() {
+        let bytes = f.encode();
+        let has = |needle: &[u8]| bytes.windows(needle.len()).any(|w| w == needle);
+        for hop in route {
+            if hop.id() != f.previous_hop {
+                assert!(!has(&hop.id()), "frame {i} names a hop");
+            }
+            // Each hop's tag for this layer, where the layer opens for it.
+            let mut p = f.packet.clone();
+            if let Ok(peeled) = sphinx::peel_in_place(&[&hop.onion], &mut p) {
+                assert!(!has(&peeled.replay_tag), "frame {i} carries its tag");
+            }
+        }
+        assert!(!has(&expiry), "frame {i} carries its expiry");
+        // The only bytes in clear at a fixed place are the version and the class.
+        assert_eq!(bytes[0], sphinx::VERSION);
     }
 }
 
