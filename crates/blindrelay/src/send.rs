@@ -5,6 +5,8 @@
 //! receipt checking take a crypto slot from the whole budget, including the one inbound
 //! requests never get, so they proceed under an inbound burst.
 
+pub mod v2;
+
 use std::sync::Arc;
 
 use rand::Rng;

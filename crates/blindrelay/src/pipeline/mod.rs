@@ -21,6 +21,8 @@
 //! (the reservation, the inbox, the replay record, each a SQLite commit on a blocking thread)
 //! and before any network work (the forward).
 //!
+//! [`v2`] holds steps 3–7 for the v2 frame, tested but not yet wired (issue 13).
+//!
 //! Every step returns a decision: go on, or a [`Reason`]. A refusal after authentication is
 //! blamed as [`Reason::blame`] says: only what the previous hop signed itself is charged to it
 //! (the design's scored list, less what the sender sealed) or noted in its health.
@@ -35,6 +37,7 @@ pub mod hop_guard;
 pub mod metadata;
 pub mod reserve;
 pub mod route;
+pub mod v2;
 
 use std::net::IpAddr;
 use std::sync::Arc;

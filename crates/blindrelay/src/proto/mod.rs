@@ -6,6 +6,7 @@
 //! # Layout
 //! - [`envelope`]: the signed routing frame a hop `POST`s to the next (`BRE1` ‖ header ‖ blob ‖
 //!   signature), its decoder, signature and request digest.
+//! - [`frame`]: the v2 outer frame (packet ‖ previous hop ‖ signature), not yet on the wire.
 //! - [`onion`]: onion layers (X25519 + HKDF-SHA256 + XChaCha20-Poly1305), peeling one layer, and
 //!   building a whole route for a sender.
 //! - [`receipt`]: the terminal's signed delivery receipt, sealed back to the sender.
@@ -22,6 +23,7 @@
 pub mod answer;
 pub mod descriptor;
 pub mod envelope;
+pub mod frame;
 pub mod onion;
 pub mod probe;
 pub mod receipt;

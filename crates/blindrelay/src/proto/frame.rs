@@ -1,0 +1,259 @@
+//! The v2 outer frame: one v2 packet ([`super::sphinx`]) as one hop sends it to the next, with
+//! only the previous hop's id and its signature around it. **Not yet on the wire** (issue 13,
+//! phase 2 step 2): the node still speaks v1 [`super::envelope`].
+//!
+//! ```text
+//! offset  size  field
+//! 0       P     packet        a v2 packet (version 0x02 ‖ class ‖ …), exactly its class's length
+//! P       32    previous_hop  the signer's node id
+//! P+32    64    signature     Ed25519 by previous_hop
+//! ```
+//!
+//! Signed bytes: `blindrelay/frame/v2` ‖ packet ‖ previous_hop. Request digest:
+//! SHA-256(`blindrelay/request/v2` ‖ previous_hop ‖ packet): the same previous hop sending the same
+//! packet again is a retry (answered from the replay registry); the same packet under any other
+//! previous hop is a re-wrap (refused by its replay tag).
+//!
+//! Nothing in clear names the route: no route id, ttl, next hop or timestamp. The previous hop's
+//! id is the link's own peer (the link will carry it authenticated, issue 13 step 1), so the frame
+//! adds nothing a link observer does not already know once links are encrypted; without the link
+//! layer it is still the only id in clear. The frame's length is the class's packet length plus
+//! [`FRAME_OVERHEAD`], the same at every hop.
+//!
+//! [`Frame::decode`] checks the framing only (and tells a v1 envelope apart); [`Frame::verify`]
+//! checks the signature.
+
+use std::fmt;
+
+use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use sha2::{Digest, Sha256};
+
+use super::envelope::AuthError;
+use super::sphinx::{self, FramingError, SizeClass};
+use super::{NodeId, Prefix};
+
+/// Bytes after the packet: the previous hop's id and its signature.
+pub const FRAME_OVERHEAD: usize = 32 + 64;
+/// The largest frame (the largest class): a relay reads at most this many bytes of body.
+pub const MAX_FRAME: usize = 197_170 + FRAME_OVERHEAD;
+
+const SIGN_DOMAIN: &[u8] = b"blindrelay/frame/v2";
+const REQUEST_DOMAIN: &[u8] = b"blindrelay/request/v2";
+
+/// A decoded v2 frame. The packet is kept as received: the hop peels it in place.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Frame {
+    /// The v2 packet, exactly its class's length.
+    pub packet: Vec<u8>,
+    /// Its class, read by [`sphinx::classify`].
+    pub class: SizeClass,
+    /// The signer's node id.
+    pub previous_hop: NodeId,
+    /// Ed25519 by `previous_hop` over [`Frame::signing_bytes`].
+    pub signature: [u8; 64],
+}
+
+/// The length of a frame of `class`.
+pub fn frame_len(class: SizeClass) -> usize {
+    class.packet_len() + FRAME_OVERHEAD
+}
+
+impl Frame {
+    /// Parses one frame, checking only the framing: version, class and the exact length. Lengths
+    /// are checked before anything is copied.
+    ///
+    /// # Errors
+    /// [`FramingError::V1Envelope`] for a v1 envelope; the others for any other framing fault.
+    pub fn decode(bytes: &[u8]) -> Result<Frame, FramingError> {
+        if bytes.starts_with(&super::envelope::MAGIC) {
+            return Err(FramingError::V1Envelope);
+        }
+        let Some(packet_len) = bytes.len().checked_sub(FRAME_OVERHEAD) else {
+            return Err(match bytes.first() {
+                Some(&sphinx::VERSION) => FramingError::BadLength,
+                _ => FramingError::UnknownVersion,
+            });
+        };
+        let (packet, tail) = bytes.split_at(packet_len);
+        let class = sphinx::classify(packet)?;
+        let (previous_hop, signature) = tail.split_at(32);
+        Ok(Frame {
+            packet: packet.to_vec(),
+            class,
+            previous_hop: previous_hop
+                .try_into()
+                .expect("invariant: split at 32 bytes"),
+            signature: signature
+                .try_into()
+                .expect("invariant: the tail is 96 bytes"),
+        })
+    }
+
+    /// Frames and signs `packet` (a v2 packet) as `key`'s node.
+    ///
+    /// # Errors
+    /// The packet's [`FramingError`] when it is not a v2 packet.
+    pub fn sign(packet: Vec<u8>, key: &SigningKey) -> Result<Frame, FramingError> {
+        let class = sphinx::classify(&packet)?;
+        let mut frame = Frame {
+            packet,
+            class,
+            previous_hop: key.verifying_key().to_bytes(),
+            signature: [0; 64],
+        };
+        frame.signature = key.sign(&frame.signing_bytes()).to_bytes();
+        Ok(frame)
+    }
+
+    /// The wire form: packet ‖ previous_hop ‖ signature.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(self.packet.len() + FRAME_OVERHEAD);
+        out.extend_from_slice(&self.packet);
+        out.extend_from_slice(&self.previous_hop);
+        out.extend_from_slice(&self.signature);
+        out
+    }
+
+    /// What `previous_hop` signs: `blindrelay/frame/v2` ‖ packet ‖ previous_hop.
+    pub fn signing_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(SIGN_DOMAIN.len() + self.packet.len() + 32);
+        out.extend_from_slice(SIGN_DOMAIN);
+        out.extend_from_slice(&self.packet);
+        out.extend_from_slice(&self.previous_hop);
+        out
+    }
+
+    /// Checks the signature under `previous_hop` with `verify_strict`.
+    ///
+    /// # Errors
+    /// As [`super::Envelope::verify`].
+    pub fn verify(&self) -> Result<(), AuthError> {
+        let key = VerifyingKey::from_bytes(&self.previous_hop)
+            .map_err(|_| AuthError::InvalidPreviousHop)?;
+        if key.is_weak() {
+            return Err(AuthError::InvalidPreviousHop);
+        }
+        let signature = Signature::from_bytes(&self.signature);
+        key.verify_strict(&self.signing_bytes(), &signature)
+            .map_err(|_| AuthError::InvalidSignature)
+    }
+
+    /// SHA-256(`blindrelay/request/v2` ‖ previous_hop ‖ packet): equal for the same previous hop
+    /// sending the same packet again, different under any other previous hop.
+    pub fn request_digest(&self) -> [u8; 32] {
+        let mut hasher = Sha256::new();
+        hasher.update(REQUEST_DOMAIN);
+        hasher.update(self.previous_hop);
+        hasher.update(&self.packet);
+        hasher.finalize().into()
+    }
+}
+
+/// The previous hop's prefix and the class only.
+impl fmt::Debug for Frame {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Frame")
+            .field("class", &self.class)
+            .field("previous_hop", &Prefix(&self.previous_hop))
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use x25519_dalek::{PublicKey, StaticSecret};
+
+    use super::*;
+    use crate::proto::envelope::Envelope;
+    use crate::proto::sphinx::{Delivery, HopSpec, build};
+
+    fn packet(class: SizeClass) -> Vec<u8> {
+        let secret = StaticSecret::from([5; 32]);
+        let hop = HopSpec {
+            node_id: [7; 32],
+            onion_key: PublicKey::from(&secret).to_bytes(),
+            expires_at: 1_800_000_600,
+        };
+        let delivery = Delivery {
+            payload: b"hello",
+            probe: false,
+            receipt_key: [9; 32],
+        };
+        build(&[hop], &delivery, class)
+            .expect("a one-hop route builds")
+            .packet
+    }
+
+    #[test]
+    fn round_trip_every_class_and_fixed_length() {
+        let key = SigningKey::from_bytes(&[3; 32]);
+        for class in SizeClass::ALL {
+            let frame = Frame::sign(packet(class), &key).expect("a v2 packet frames");
+            let bytes = frame.encode();
+            assert_eq!(bytes.len(), frame_len(class));
+            let decoded = Frame::decode(&bytes).expect("decodes");
+            assert_eq!(decoded, frame);
+            assert_eq!(decoded.verify(), Ok(()));
+        }
+        assert_eq!(frame_len(SizeClass::Huge), MAX_FRAME);
+    }
+
+    #[test]
+    fn framing_faults_and_v1_are_told_apart() {
+        let key = SigningKey::from_bytes(&[3; 32]);
+        let v1 = Envelope::sign([1; 16], [2; 32], 0, 1, vec![0; 40], &key).encode();
+        assert_eq!(Frame::decode(&v1), Err(FramingError::V1Envelope));
+        assert_eq!(Frame::decode(&[]), Err(FramingError::UnknownVersion));
+        assert_eq!(Frame::decode(&[2, 0, 0]), Err(FramingError::BadLength));
+        let good = Frame::sign(packet(SizeClass::Small), &key)
+            .expect("frames")
+            .encode();
+        assert_eq!(
+            Frame::decode(&good[..good.len() - 1]),
+            Err(FramingError::BadLength)
+        );
+        let mut longer = good.clone();
+        longer.push(0);
+        assert_eq!(Frame::decode(&longer), Err(FramingError::BadLength));
+        let mut class = good.clone();
+        class[1] = 9;
+        assert_eq!(Frame::decode(&class), Err(FramingError::UnknownClass));
+        let mut version = good;
+        version[0] = 3;
+        assert_eq!(Frame::decode(&version), Err(FramingError::UnknownVersion));
+    }
+
+    #[test]
+    fn signature_covers_packet_and_previous_hop() {
+        let key = SigningKey::from_bytes(&[3; 32]);
+        let bytes = Frame::sign(packet(SizeClass::Small), &key)
+            .expect("frames")
+            .encode();
+        for at in [2, 600, bytes.len() - FRAME_OVERHEAD - 1, bytes.len() - 70] {
+            let mut tampered = bytes.clone();
+            tampered[at] ^= 1;
+            let frame = Frame::decode(&tampered).expect("still framed");
+            assert!(frame.verify().is_err(), "byte {at}");
+        }
+    }
+
+    #[test]
+    fn rewrap_changes_the_digest_not_the_packet() {
+        let p = packet(SizeClass::Small);
+        let a = Frame::sign(p.clone(), &SigningKey::from_bytes(&[3; 32])).expect("frames");
+        let again = Frame::sign(p.clone(), &SigningKey::from_bytes(&[3; 32])).expect("frames");
+        let b = Frame::sign(p, &SigningKey::from_bytes(&[4; 32])).expect("frames");
+        assert_eq!(a.request_digest(), again.request_digest());
+        assert_ne!(a.request_digest(), b.request_digest());
+        assert_eq!(a.packet, b.packet);
+    }
+
+    #[test]
+    fn debug_is_log_safe() {
+        let key = SigningKey::from_bytes(&[3; 32]);
+        let frame = Frame::sign(packet(SizeClass::Small), &key).expect("frames");
+        let text = format!("{frame:?}");
+        assert!(!text.contains(&hex::encode(frame.previous_hop)));
+        assert!(text.len() < 100);
+    }
+}
