@@ -26,7 +26,7 @@ use super::forward;
 use super::joins::{Joins, Offer, Pace};
 use super::metrics::Drop;
 use super::reflection::AnswerBudget;
-use super::session::{Phase, Refused};
+use super::session::{Forwarded, Phase, Refused};
 use super::shared::{Shared, State};
 use crate::clock::Instant;
 use crate::et::classify::{Command, Packet, Query, Reject, classify};
@@ -468,12 +468,19 @@ fn open_or_push(
     }
 }
 
-/// Queues `data` on session `s`, counting a refusal.
+/// Sends `data` to the game server on session `s` (or queues it), counting it or a refusal.
 fn push(shared: &Shared, s: &super::session::Session, data: &[u8], now_ms: u64) {
     match s.push(data, now_ms) {
-        Ok(()) => {}
+        Ok(Forwarded::Sent(n)) => {
+            shared.metrics.upstream_packets.inc();
+            shared.metrics.upstream_bytes.add(n as u64);
+            s.packets_up.inc();
+            s.bytes_up.add(n as u64);
+        }
+        Ok(Forwarded::Queued) => {}
         Err(Refused::QueueFull) => shared.metrics.drop(Drop::QueueFull),
         Err(Refused::OverBudget) => shared.metrics.drop(Drop::QueuedBytes),
+        Err(Refused::Upstream) => shared.metrics.drop(Drop::Upstream),
     }
 }
 

@@ -1,9 +1,12 @@
-//! A session: one client address, its bounded queue towards the game server, its counters and
-//! the time of its last packet. No I/O here: the session's task ([`super::forward`]) owns its
-//! upstream socket.
+//! A session: one client address, its upstream socket, its bounded queue towards the game
+//! server, its counters and the time of its last packet.
 //!
-//! The relay loop owns the decision to open a session and pushes the client's packets into its
-//! queue ([`Session::push`]); the task pops them ([`Session::pop`]). A session is **half-open**
+//! The relay loop owns the decision to open a session and hands it the client's packets
+//! ([`Session::push`]): while nothing is queued, a packet goes straight out on the upstream
+//! socket (one non-blocking `send`, no copy, no task wake-up); only when the socket's buffer
+//! is full is it copied into the queue, which the session's task ([`super::forward`]) sends
+//! once the socket is writable again ([`Session::send_queued`]). Both send under the queue's
+//! lock, so packets leave in the order they came. A session is **half-open**
 //! until the game server shows the client is real (a `connectResponse`, or in-game traffic to
 //! it), then **established** ([`Phase`]). It ends after its idle timeout (short while
 //! half-open) without a packet either way, when its server stops, when it is cut (a ban), or
@@ -13,12 +16,14 @@
 //! [`KEEP_SPARE`] small spare buffers, so an idle session holds almost nothing.
 
 use std::collections::VecDeque;
+use std::io;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use guard::counters::Counter;
+use tokio::net::UdpSocket;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -70,7 +75,9 @@ pub(super) struct Session {
     pub(super) packets_down: Counter,
     /// See [`Session::packets_down`].
     pub(super) bytes_down: Counter,
-    /// Packets waiting for the game server.
+    /// Connected to the game server; `None` only in unit tests (every packet is queued).
+    upstream: Option<UdpSocket>,
+    /// Packets waiting for the game server (its socket buffer was full).
     queue: Mutex<Queue>,
     /// Most packets `queue` holds.
     queue_limit: usize,
@@ -88,13 +95,37 @@ struct Queue {
     spare: Vec<Vec<u8>>,
 }
 
-/// Why a packet was not queued.
+/// Why a packet was not sent or queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Refused {
     /// The session's queue holds its limit.
     QueueFull,
     /// The process's queued-bytes budget is spent.
     OverBudget,
+    /// The upstream socket reported an error (an ICMP error from a game server that is down).
+    Upstream,
+}
+
+/// What became of a packet handed to [`Session::push`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Forwarded {
+    /// Sent to the game server at once: this many bytes.
+    Sent(usize),
+    /// Queued for the session's task.
+    Queued,
+}
+
+/// What [`Session::send_queued`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Flushed {
+    /// Packets and bytes sent.
+    pub(super) packets: u64,
+    /// See [`Flushed::packets`].
+    pub(super) bytes: u64,
+    /// Packets dropped on a socket error.
+    pub(super) errors: u64,
+    /// The socket's buffer was full: packets are still queued.
+    pub(super) blocked: bool,
 }
 
 /// Information on one open session, for the control API and tests.
@@ -146,12 +177,24 @@ impl Session {
             bytes_up: Counter::default(),
             packets_down: Counter::default(),
             bytes_down: Counter::default(),
+            upstream: None,
             queue: Mutex::new(Queue::default()),
             queue_limit,
             budget,
             wake: Notify::new(),
             cancel,
         }
+    }
+
+    /// The session with its socket connected to the game server.
+    pub(super) fn with_upstream(mut self, socket: UdpSocket) -> Self {
+        self.upstream = Some(socket);
+        self
+    }
+
+    /// The socket connected to the game server.
+    pub(super) fn upstream(&self) -> Option<&UdpSocket> {
+        self.upstream.as_ref()
     }
 
     /// The client's address now.
@@ -189,49 +232,82 @@ impl Session {
             .store(q.map_or(NO_QPORT, u32::from), Ordering::Release);
     }
 
-    /// Queues a client packet for the game server at `now_ms` and wakes the task.
+    /// Sends a client packet to the game server at `now_ms`, or queues it (and wakes the task)
+    /// when packets are already queued or the socket's buffer is full.
     ///
     /// # Errors
-    /// [`Refused`] when the queue holds its limit or the process's byte budget is spent.
-    pub(super) fn push(&self, data: &[u8], now_ms: u64) -> Result<(), Refused> {
-        {
+    /// [`Refused`] when the queue holds its limit, the process's byte budget is spent, or the
+    /// socket reported an error.
+    pub(super) fn push(&self, data: &[u8], now_ms: u64) -> Result<Forwarded, Refused> {
+        let forwarded = {
             let mut q = self.lock_queue();
-            if q.packets.len() >= self.queue_limit {
-                return Err(Refused::QueueFull);
-            }
-            let mut buf = match q.spare.pop() {
-                Some(b) if b.capacity() >= data.len() => b,
-                _ => Vec::with_capacity(data.len()),
+            let sent = match &self.upstream {
+                Some(sock) if q.packets.is_empty() => match sock.try_send(data) {
+                    Ok(n) => Some(n),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
+                    Err(_) => return Err(Refused::Upstream),
+                },
+                _ => None,
             };
-            if self.budget.reserve(buf.capacity()).is_err() {
-                q.spare.push(buf);
-                return Err(Refused::OverBudget);
+            match sent {
+                Some(n) => Forwarded::Sent(n),
+                None => {
+                    self.enqueue(&mut q, data)?;
+                    Forwarded::Queued
+                }
             }
-            buf.clear();
-            buf.extend_from_slice(data);
-            q.packets.push_back(buf);
-        }
+        };
         self.touch(now_ms);
         self.last_client_ms.fetch_max(now_ms, Ordering::Relaxed);
-        self.wake.notify_one();
+        if forwarded == Forwarded::Queued {
+            self.wake.notify_one();
+        }
+        Ok(forwarded)
+    }
+
+    /// Copies `data` into the queue, in a spare buffer when there is one.
+    fn enqueue(&self, q: &mut Queue, data: &[u8]) -> Result<(), Refused> {
+        if q.packets.len() >= self.queue_limit {
+            return Err(Refused::QueueFull);
+        }
+        let mut buf = match q.spare.pop() {
+            Some(b) if b.capacity() >= data.len() => b,
+            _ => Vec::with_capacity(data.len()),
+        };
+        if self.budget.reserve(buf.capacity()).is_err() {
+            q.spare.push(buf);
+            return Err(Refused::OverBudget);
+        }
+        buf.clear();
+        buf.extend_from_slice(data);
+        q.packets.push_back(buf);
         Ok(())
     }
 
-    /// The oldest queued packet; give its buffer back with [`Session::recycle`].
-    pub(super) fn pop(&self) -> Option<Vec<u8>> {
-        let buf = self.lock_queue().packets.pop_front()?;
-        self.budget.release(buf.capacity());
-        Some(buf)
-    }
-
-    /// Keeps a sent packet's buffer for a later [`Session::push`] (within bounds).
-    pub(super) fn recycle(&self, buf: Vec<u8>) {
-        if buf.capacity() <= KEEP_BUF {
-            let mut q = self.lock_queue();
-            if q.spare.len() < KEEP_SPARE {
+    /// Sends the queued packets with `send` (a non-blocking send on the upstream socket), in
+    /// order, until the queue is empty or the socket's buffer is full (`WouldBlock`).
+    pub(super) fn send_queued(&self, mut send: impl FnMut(&[u8]) -> io::Result<usize>) -> Flushed {
+        let mut done = Flushed::default();
+        let mut q = self.lock_queue();
+        while let Some(pkt) = q.packets.front() {
+            match send(pkt) {
+                Ok(n) => {
+                    done.packets += 1;
+                    done.bytes += n as u64;
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    done.blocked = true;
+                    break;
+                }
+                Err(_) => done.errors += 1,
+            }
+            let buf = q.packets.pop_front().expect("invariant: front exists");
+            self.budget.release(buf.capacity());
+            if buf.capacity() <= KEEP_BUF && q.spare.len() < KEEP_SPARE {
                 q.spare.push(buf);
             }
         }
+        done
     }
 
     /// Resolves when a packet was queued since the last call.
@@ -317,20 +393,49 @@ mod tests {
         )
     }
 
+    /// Sends what is queued into `out`, at most `room` packets before the socket is "full".
+    fn send(s: &Session, out: &mut Vec<Vec<u8>>, room: usize) -> Flushed {
+        s.send_queued(|d| {
+            if out.len() >= room {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            out.push(d.to_vec());
+            Ok(d.len())
+        })
+    }
+
     #[test]
     fn the_queue_is_bounded_and_keeps_the_order() {
         let s = session(2);
-        s.push(b"one", 20).unwrap();
+        assert_eq!(s.push(b"one", 20), Ok(Forwarded::Queued));
         s.push(b"two", 30).unwrap();
         assert_eq!(s.push(b"three", 40), Err(Refused::QueueFull));
         assert_eq!(s.last_active_ms(), 30, "a refused packet is no activity");
-        let one = s.pop().unwrap();
-        assert_eq!(one, b"one");
-        s.recycle(one);
+        let mut out = Vec::new();
+        let f = send(&s, &mut out, 1);
+        assert_eq!((f.packets, f.bytes, f.blocked), (1, 3, true));
+        assert_eq!(out, [b"one".to_vec()]);
         s.push(b"four", 50).unwrap();
-        assert_eq!(s.pop().unwrap(), b"two");
-        assert_eq!(s.pop().unwrap(), b"four");
-        assert!(s.pop().is_none());
+        let f = send(&s, &mut out, 10);
+        assert_eq!((f.packets, f.blocked), (2, false));
+        assert_eq!(out, [b"one".to_vec(), b"two".to_vec(), b"four".to_vec()]);
+        assert_eq!(send(&s, &mut out, 10), Flushed::default());
+    }
+
+    #[test]
+    fn a_send_error_drops_the_packet_and_goes_on() {
+        let s = session(4);
+        s.push(b"one", 1).unwrap();
+        s.push(b"two", 2).unwrap();
+        let mut first = true;
+        let f = s.send_queued(|d| {
+            if std::mem::take(&mut first) {
+                Err(io::ErrorKind::ConnectionRefused.into())
+            } else {
+                Ok(d.len())
+            }
+        });
+        assert_eq!((f.packets, f.errors, f.blocked), (1, 1, false));
     }
 
     #[test]
@@ -358,9 +463,9 @@ mod budget_tests {
         s.push(&[0; 60], 1).unwrap();
         assert_eq!(s.push(&[0; 60], 2), Err(Refused::OverBudget));
         assert!(budget.queued_bytes() >= 60);
-        let p = s.pop().unwrap();
+        let f = s.send_queued(|d| Ok(d.len()));
+        assert_eq!(f.packets, 1);
         assert_eq!(budget.queued_bytes(), 0);
-        s.recycle(p);
         s.push(&[0; 10], 3).unwrap();
         drop(s);
         assert_eq!(
