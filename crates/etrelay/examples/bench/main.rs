@@ -17,12 +17,16 @@
 //!   on its own /24) send 20 000 `getstatus` per second to it, started just before the run and
 //!   stopped just after.
 //!
+//! `bench --callgrind [ETRELAY_BINARY]` counts the relay's instructions per datagram instead
+//! (`profile.rs`).
+//!
 //! Everything runs on this machine: load, relays and sinks share the CPUs, so the ratios
 //! measured side by side matter, not the absolute numbers. Every loop is bounded in time and
 //! every process started is killed by PID.
 
 mod latency;
 mod load;
+mod profile;
 
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
@@ -302,7 +306,12 @@ fn latency_table(plan: &Plan, dir: &Path) {
 }
 
 fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--callgrind") {
+        profile::main(args.get(2).map(Into::into));
+        return;
+    }
+    let quick = args.iter().any(|a| a == "--quick");
     let plan = if quick {
         Plan {
             secs: 0.3,

@@ -36,8 +36,13 @@ use crate::net::{BatchRecv, canonical, upstream_socket};
 /// Batches read per wake-up before the loop yields, so the sessions can send what it queued
 /// (a batch is up to [`crate::net::BATCH`] datagrams: 64 per turn, one full session queue).
 const ROUNDS_PER_WAKE: usize = 2;
-/// How often idle limiter entries and late cache refreshes are looked at.
+/// How often late cache refreshes and queued joins are looked at.
 const TICK: Duration = Duration::from_millis(250);
+/// How often the limiters' idle entries are swept. A sweep scans every slot of a table
+/// (131 072 for the query limiter's 65 536 sources: ~1 ms), so it runs once a second, and only
+/// on a table that holds entries (each also sweeps itself when full, at most every
+/// [`SWEEP_GAP`]).
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Datagrams read from the cache socket per turn.
 const CACHE_READS: usize = 64;
 /// Shortest gap between two full limiter sweeps forced by a full table.
@@ -69,6 +74,8 @@ struct Handler {
     join_buf: Vec<u8>,
     /// How many queries are answered, per source prefix and in all.
     budget: AnswerBudget,
+    /// When the limiters were last swept.
+    swept: Instant,
 }
 
 /// The query cache and the socket its refreshes go out on and their answers come back on.
@@ -118,6 +125,7 @@ impl RelayLoop {
                 joins: Joins::new(&cfg.joins),
                 join_buf: Vec::with_capacity(128),
                 budget: AnswerBudget::new(&cfg.reflection),
+                swept: Instant::now(),
                 shared,
             },
         })
@@ -393,10 +401,15 @@ impl Handler {
     }
 
     fn tick(&mut self, now: Instant) {
-        self.limiter.sweep(now.into_std());
-        self.joins.sweep(now);
+        if now.saturating_duration_since(self.swept) >= SWEEP_EVERY {
+            self.swept = now;
+            if !self.limiter.is_empty() {
+                self.limiter.sweep(now.into_std());
+            }
+            self.joins.sweep(now);
+            self.budget.sweep(now.into_std());
+        }
         self.release_joins(now);
-        self.budget.sweep(now.into_std());
         self.shared
             .metrics
             .query_sources
