@@ -3,8 +3,8 @@
 //!
 //! [`open`] gives a new session its own upstream socket (an ephemeral port connected to the
 //! game server: how the server tells clients apart) and starts its task. The relay loop sends
-//! client packets on that socket itself while it can ([`Session::push`]); the task sends the
-//! queued ones once the socket is writable, and sends the server's answers back **through the public socket**, so they
+//! client packets on that socket itself, batched, while it can ([`Session::send_queued`]); the
+//! task sends what is left once the socket is writable, and sends the server's answers back **through the public socket**, so they
 //! come from the public port. It has no receive buffer of its own: when the upstream socket is
 //! readable it reads into the server's one buffer and sends on without waiting (a full socket
 //! buffer drops the answer). The first `connectResponse` or in-game packet from the server
@@ -26,7 +26,7 @@ use super::session::{Phase, Session};
 use super::shared::Shared;
 use crate::clock::Instant;
 use crate::et;
-use crate::net::upstream_socket;
+use crate::net::{send_batch, upstream_socket};
 
 /// Datagrams a session task reads from its upstream socket per turn.
 const READS_PER_TURN: usize = 32;
@@ -104,7 +104,7 @@ async fn run(shared: Arc<Shared>, session: Arc<Session>, permit: Permit) {
 /// Sends every queued packet to the game server, waiting while the socket's buffer is full.
 async fn flush(shared: &Shared, session: &Session, upstream: &UdpSocket) {
     loop {
-        let done = session.send_queued(|pkt| upstream.try_send(pkt));
+        let done = session.send_queued(|batch| send_batch(upstream, batch));
         let m = &shared.metrics;
         m.upstream_packets.add(done.packets);
         m.upstream_bytes.add(done.bytes);

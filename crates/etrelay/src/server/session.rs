@@ -1,22 +1,19 @@
 //! A session: one client address, its upstream socket, its bounded queue towards the game
 //! server, its counters and the time of its last packet.
 //!
-//! The relay loop owns the decision to open a session and hands it the client's packets
-//! ([`Session::push`]): while nothing is queued, a packet goes straight out on the upstream
-//! socket (one non-blocking `send`, no copy, no task wake-up); only when the socket's buffer
-//! is full is it copied into the queue, which the session's task ([`super::forward`]) sends
-//! once the socket is writable again ([`Session::send_queued`]). Both send under the queue's
-//! lock, so packets leave in the order they came. A session is **half-open**
-//! until the game server shows the client is real (a `connectResponse`, or in-game traffic to
-//! it), then **established** ([`Phase`]). It ends after its idle timeout (short while
-//! half-open) without a packet either way, when its server stops, when it is cut (a ban), or
-//! when a newcomer recycles it (half-open only).
+//! The relay loop owns the decision to open a session and queues the client's packets
+//! ([`Session::push`]: a copy into a spare buffer, no allocation once warm); at the end of each
+//! batch it read from the public socket it sends what each session got with one `sendmmsg` per
+//! session ([`Session::send_queued`]), so a burst of one client's packets costs one system call,
+//! not one each. Only when the upstream socket's buffer is full does the session's task
+//! ([`super::forward`]) take over, once the socket is writable again. Both send under the
+//! queue's lock, so packets leave in the order they came.
 //!
 //! Queued bytes are charged to the process-wide [`Budget`]; the queue keeps at most
-//! [`KEEP_SPARE`] small spare buffers, so an idle session holds almost nothing.
+//! [`KEEP_SPARE`] small spare buffers, so an idle session holds at most 12 KiB.
 
 use std::collections::VecDeque;
-use std::io;
+use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
@@ -28,12 +25,14 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::budget::Budget;
+use crate::net::BATCH;
 
 /// Queue buffers larger than this are not kept for reuse (bounds a session's idle memory:
 /// in-game packets stay under the engines' 1400-byte fragment size).
 const KEEP_BUF: usize = 1500;
-/// Spare buffers a session keeps for reuse.
-const KEEP_SPARE: usize = 2;
+/// Spare buffers a session keeps for reuse: a burst of a client's packets in one batch needs
+/// no allocation (at most 8 × [`KEEP_BUF`] = 12 KiB per session).
+const KEEP_SPARE: usize = 8;
 /// No qport pinned yet.
 const NO_QPORT: u32 = u32::MAX;
 
@@ -77,7 +76,8 @@ pub(super) struct Session {
     pub(super) bytes_down: Counter,
     /// Connected to the game server; `None` only in unit tests (every packet is queued).
     upstream: Option<UdpSocket>,
-    /// Packets waiting for the game server (its socket buffer was full).
+    /// Packets waiting for the game server: until the end of the relay loop's batch, or until
+    /// its socket's buffer has room again.
     queue: Mutex<Queue>,
     /// Most packets `queue` holds.
     queue_limit: usize,
@@ -95,24 +95,13 @@ struct Queue {
     spare: Vec<Vec<u8>>,
 }
 
-/// Why a packet was not sent or queued.
+/// Why a packet was not queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Refused {
     /// The session's queue holds its limit.
     QueueFull,
     /// The process's queued-bytes budget is spent.
     OverBudget,
-    /// The upstream socket reported an error (an ICMP error from a game server that is down).
-    Upstream,
-}
-
-/// What became of a packet handed to [`Session::push`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Forwarded {
-    /// Sent to the game server at once: this many bytes.
-    Sent(usize),
-    /// Queued for the session's task.
-    Queued,
 }
 
 /// What [`Session::send_queued`] did.
@@ -232,37 +221,21 @@ impl Session {
             .store(q.map_or(NO_QPORT, u32::from), Ordering::Release);
     }
 
-    /// Sends a client packet to the game server at `now_ms`, or queues it (and wakes the task)
-    /// when packets are already queued or the socket's buffer is full.
+    /// Queues a client packet for the game server at `now_ms`; the relay loop sends it at the
+    /// end of its batch ([`Session::send_queued`]).
     ///
     /// # Errors
-    /// [`Refused`] when the queue holds its limit, the process's byte budget is spent, or the
-    /// socket reported an error.
-    pub(super) fn push(&self, data: &[u8], now_ms: u64) -> Result<Forwarded, Refused> {
-        let forwarded = {
-            let mut q = self.lock_queue();
-            let sent = match &self.upstream {
-                Some(sock) if q.packets.is_empty() => match sock.try_send(data) {
-                    Ok(n) => Some(n),
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => None,
-                    Err(_) => return Err(Refused::Upstream),
-                },
-                _ => None,
-            };
-            match sent {
-                Some(n) => Forwarded::Sent(n),
-                None => {
-                    self.enqueue(&mut q, data)?;
-                    Forwarded::Queued
-                }
-            }
-        };
+    /// [`Refused`] when the queue holds its limit or the process's byte budget is spent.
+    pub(super) fn push(&self, data: &[u8], now_ms: u64) -> Result<(), Refused> {
+        self.enqueue(&mut self.lock_queue(), data)?;
         self.touch(now_ms);
         self.last_client_ms.fetch_max(now_ms, Ordering::Relaxed);
-        if forwarded == Forwarded::Queued {
-            self.wake.notify_one();
-        }
-        Ok(forwarded)
+        Ok(())
+    }
+
+    /// Wakes the task to send what is queued once the socket is writable.
+    pub(super) fn wake(&self) {
+        self.wake.notify_one();
     }
 
     /// Copies `data` into the queue, in a spare buffer when there is one.
@@ -284,27 +257,50 @@ impl Session {
         Ok(())
     }
 
-    /// Sends the queued packets with `send` (a non-blocking send on the upstream socket), in
-    /// order, until the queue is empty or the socket's buffer is full (`WouldBlock`).
-    pub(super) fn send_queued(&self, mut send: impl FnMut(&[u8]) -> io::Result<usize>) -> Flushed {
+    /// Sends the queued packets with `send` (one non-blocking `sendmmsg` of up to
+    /// [`crate::net::BATCH`] datagrams on the upstream socket, returning how many went out), in
+    /// order, until the queue is empty or the socket's buffer is full (`WouldBlock`). A
+    /// datagram the socket refuses with another error is dropped and counted.
+    pub(super) fn send_queued(
+        &self,
+        mut send: impl FnMut(&[IoSlice<'_>]) -> io::Result<usize>,
+    ) -> Flushed {
         let mut done = Flushed::default();
         let mut q = self.lock_queue();
-        while let Some(pkt) = q.packets.front() {
-            match send(pkt) {
-                Ok(n) => {
-                    done.packets += 1;
-                    done.bytes += n as u64;
+        while !q.packets.is_empty() {
+            let sent = {
+                let mut slices = [IoSlice::new(&[]); BATCH];
+                let mut n = 0;
+                for (slot, pkt) in slices.iter_mut().zip(&q.packets) {
+                    *slot = IoSlice::new(pkt);
+                    n += 1;
                 }
+                send(&slices[..n])
+            };
+            let (gone, ok) = match sent {
+                Ok(0) => break,
+                Ok(n) => (n, true),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     done.blocked = true;
                     break;
                 }
-                Err(_) => done.errors += 1,
-            }
-            let buf = q.packets.pop_front().expect("invariant: front exists");
-            self.budget.release(buf.capacity());
-            if buf.capacity() <= KEEP_BUF && q.spare.len() < KEEP_SPARE {
-                q.spare.push(buf);
+                Err(_) => (1, false),
+            };
+            for _ in 0..gone {
+                let buf = q
+                    .packets
+                    .pop_front()
+                    .expect("invariant: sent from the queue");
+                if ok {
+                    done.packets += 1;
+                    done.bytes += buf.len() as u64;
+                } else {
+                    done.errors += 1;
+                }
+                self.budget.release(buf.capacity());
+                if buf.capacity() <= KEEP_BUF && q.spare.len() < KEEP_SPARE {
+                    q.spare.push(buf);
+                }
             }
         }
         done
@@ -395,19 +391,20 @@ mod tests {
 
     /// Sends what is queued into `out`, at most `room` packets before the socket is "full".
     fn send(s: &Session, out: &mut Vec<Vec<u8>>, room: usize) -> Flushed {
-        s.send_queued(|d| {
-            if out.len() >= room {
+        s.send_queued(|batch| {
+            let n = batch.len().min(room - out.len().min(room));
+            if n == 0 {
                 return Err(io::ErrorKind::WouldBlock.into());
             }
-            out.push(d.to_vec());
-            Ok(d.len())
+            out.extend(batch[..n].iter().map(|d| d.to_vec()));
+            Ok(n)
         })
     }
 
     #[test]
     fn the_queue_is_bounded_and_keeps_the_order() {
         let s = session(2);
-        assert_eq!(s.push(b"one", 20), Ok(Forwarded::Queued));
+        s.push(b"one", 20).unwrap();
         s.push(b"two", 30).unwrap();
         assert_eq!(s.push(b"three", 40), Err(Refused::QueueFull));
         assert_eq!(s.last_active_ms(), 30, "a refused packet is no activity");
@@ -423,19 +420,19 @@ mod tests {
     }
 
     #[test]
-    fn a_send_error_drops_the_packet_and_goes_on() {
+    fn a_send_error_drops_one_packet_and_goes_on() {
         let s = session(4);
         s.push(b"one", 1).unwrap();
         s.push(b"two", 2).unwrap();
         let mut first = true;
-        let f = s.send_queued(|d| {
+        let f = s.send_queued(|batch| {
             if std::mem::take(&mut first) {
                 Err(io::ErrorKind::ConnectionRefused.into())
             } else {
-                Ok(d.len())
+                Ok(batch.len())
             }
         });
-        assert_eq!((f.packets, f.errors, f.blocked), (1, 1, false));
+        assert_eq!((f.packets, f.bytes, f.errors, f.blocked), (1, 3, 1, false));
     }
 
     #[test]
@@ -463,7 +460,7 @@ mod budget_tests {
         s.push(&[0; 60], 1).unwrap();
         assert_eq!(s.push(&[0; 60], 2), Err(Refused::OverBudget));
         assert!(budget.queued_bytes() >= 60);
-        let f = s.send_queued(|d| Ok(d.len()));
+        let f = s.send_queued(|batch| Ok(batch.len()));
         assert_eq!(f.packets, 1);
         assert_eq!(budget.queued_bytes(), 0);
         s.push(&[0; 10], 3).unwrap();
