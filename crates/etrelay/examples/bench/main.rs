@@ -39,11 +39,23 @@ use std::time::{Duration, Instant};
 use latency::Rtt;
 use load::SinkCounts;
 
-/// A process killed (and reaped) when dropped.
+/// A process ended (and reaped) when dropped: SIGTERM first, so nginx's master stops its
+/// worker (a SIGKILLed master leaves the worker running, holding the port), then SIGKILL if it
+/// is still there after 2 s.
 struct Guard(Child);
 
 impl Drop for Guard {
     fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
