@@ -1,9 +1,10 @@
-//! A session's task: its queue → upstream socket → game server, and the game server's answers →
-//! public socket → client.
+//! A session's task: the game server's answers → public socket → client, and what the relay
+//! loop had to queue (the upstream socket's buffer was full) → game server.
 //!
 //! [`open`] gives a new session its own upstream socket (an ephemeral port connected to the
-//! game server: how the server tells clients apart) and starts its task. The task sends the
-//! queued packets, and sends the server's answers back **through the public socket**, so they
+//! game server: how the server tells clients apart) and starts its task. The relay loop sends
+//! client packets on that socket itself, batched, while it can ([`Session::send_queued`]); the
+//! task sends what is left once the socket is writable, and sends the server's answers back **through the public socket**, so they
 //! come from the public port. It has no receive buffer of its own: when the upstream socket is
 //! readable it reads into the server's one buffer and sends on without waiting (a full socket
 //! buffer drops the answer). The first `connectResponse` or in-game packet from the server
@@ -25,7 +26,7 @@ use super::session::{Phase, Session};
 use super::shared::Shared;
 use crate::clock::Instant;
 use crate::et;
-use crate::net::upstream_socket;
+use crate::net::{send_batch, upstream_socket};
 
 /// Datagrams a session task reads from its upstream socket per turn.
 const READS_PER_TURN: usize = 32;
@@ -44,22 +45,28 @@ pub(super) fn open(
     permit: Permit,
 ) -> io::Result<Arc<Session>> {
     let socket = upstream_socket(shared.config.upstream)?;
-    let session = Arc::new(Session::new(
-        shared.next_session_id(),
-        client,
-        socket.local_addr()?,
-        now_ms,
-        shared.config.session.queue,
-        shared.budget.clone(),
-        shared.cancel.child_token(),
-    ));
-    let task = run(Arc::clone(shared), Arc::clone(&session), socket, permit);
+    let session = Arc::new(
+        Session::new(
+            shared.next_session_id(),
+            client,
+            socket.local_addr()?,
+            now_ms,
+            shared.config.session.queue,
+            shared.budget.clone(),
+            shared.cancel.child_token(),
+        )
+        .with_upstream(socket),
+    );
+    let task = run(Arc::clone(shared), Arc::clone(&session), permit);
     shared.tracker.spawn(task);
     Ok(session)
 }
 
 /// The session's task: queue → game server, game server → client, idle deadline.
-async fn run(shared: Arc<Shared>, session: Arc<Session>, upstream: UdpSocket, permit: Permit) {
+async fn run(shared: Arc<Shared>, session: Arc<Session>, permit: Permit) {
+    let upstream = session
+        .upstream()
+        .expect("invariant: open() gives every session its socket");
     let idle = tokio::time::sleep(shared.config.caps.half_open_timeout);
     tokio::pin!(idle);
     loop {
@@ -69,9 +76,9 @@ async fn run(shared: Arc<Shared>, session: Arc<Session>, upstream: UdpSocket, pe
         tokio::select! {
             biased;
             () = session.closed() => break,
-            () = session.queued() => flush(&shared, &session, &upstream).await,
+            () = session.queued() => flush(&shared, &session, upstream).await,
             r = upstream.readable() => match r {
-                Ok(()) => drain(&shared, &session, &upstream),
+                Ok(()) => drain(&shared, &session, upstream),
                 Err(e) => trace!(error = %e, "upstream readiness"),
             },
             () = &mut idle => {
@@ -94,22 +101,28 @@ async fn run(shared: Arc<Shared>, session: Arc<Session>, upstream: UdpSocket, pe
     debug!("session - {} ({open} active)", session.client());
 }
 
-/// Sends every queued packet to the game server.
+/// Sends every queued packet to the game server, waiting while the socket's buffer is full.
 async fn flush(shared: &Shared, session: &Session, upstream: &UdpSocket) {
-    while let Some(pkt) = session.pop() {
-        match upstream.send(&pkt).await {
-            Ok(n) => {
-                shared.metrics.upstream_packets.inc();
-                shared.metrics.upstream_bytes.add(n as u64);
-                session.packets_up.inc();
-                session.bytes_up.add(n as u64);
-            }
-            Err(e) => {
-                shared.metrics.drop(Drop::Upstream);
-                trace!(error = %e, "upstream send");
-            }
+    loop {
+        let done = session.send_queued(|batch| send_batch(upstream, batch));
+        let m = &shared.metrics;
+        m.upstream_packets.add(done.packets);
+        m.upstream_bytes.add(done.bytes);
+        session.packets_up.add(done.packets);
+        session.bytes_up.add(done.bytes);
+        for _ in 0..done.errors {
+            m.drop(Drop::Upstream);
         }
-        session.recycle(pkt);
+        if !done.blocked {
+            return;
+        }
+        tokio::select! {
+            () = session.closed() => return,
+            r = upstream.writable() => if let Err(e) = r {
+                trace!(error = %e, "upstream writable");
+                return;
+            },
+        }
     }
 }
 

@@ -237,7 +237,9 @@ impl Joins {
 
     /// Forgets sources at rest (the relay loop's tick).
     pub(super) fn sweep(&mut self, now: Instant) {
-        self.per_source.sweep(now.into_std());
+        if !self.per_source.is_empty() {
+            self.per_source.sweep(now.into_std());
+        }
     }
 
     /// Drops entries that waited [`QUEUE_WAIT`].

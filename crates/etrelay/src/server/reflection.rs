@@ -103,7 +103,9 @@ impl AnswerBudget {
 
     /// Forgets the prefixes at rest (call now and then).
     pub(super) fn sweep(&mut self, now: Instant) {
-        self.prefixes.sweep(now);
+        if !self.prefixes.is_empty() {
+            self.prefixes.sweep(now);
+        }
     }
 
     fn global_has_room(&self, now: Instant) -> bool {

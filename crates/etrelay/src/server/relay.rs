@@ -26,22 +26,30 @@ use super::forward;
 use super::joins::{Joins, Offer, Pace};
 use super::metrics::Drop;
 use super::reflection::AnswerBudget;
-use super::session::{Phase, Refused};
+use super::session::{Phase, Refused, Session};
 use super::shared::{Shared, State};
 use crate::clock::Instant;
 use crate::et::classify::{Command, Packet, Query, Reject, classify};
 use crate::et::{self, command_word};
-use crate::net::{BatchRecv, canonical, upstream_socket};
+use crate::net::{BatchRecv, canonical, send_batch, upstream_socket};
 
 /// Batches read per wake-up before the loop yields, so the sessions can send what it queued
 /// (a batch is up to [`crate::net::BATCH`] datagrams: 64 per turn, one full session queue).
 const ROUNDS_PER_WAKE: usize = 2;
-/// How often idle limiter entries and late cache refreshes are looked at.
+/// How often late cache refreshes and queued joins are looked at.
 const TICK: Duration = Duration::from_millis(250);
+/// How often the limiters' idle entries are swept. A sweep scans every slot of a table
+/// (131 072 for the query limiter's 65 536 sources: ~1 ms), so it runs once a second, and only
+/// on a table that holds entries (each also sweeps itself when full, at most every
+/// [`SWEEP_GAP`]).
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
 /// Datagrams read from the cache socket per turn.
 const CACHE_READS: usize = 64;
 /// Shortest gap between two full limiter sweeps forced by a full table.
 const SWEEP_GAP: Duration = Duration::from_millis(200);
+/// Sessions noted for sending before they are sent at once (a batch of GRO buffers can hold
+/// more datagrams than [`crate::net::BATCH`]).
+const TOUCHED: usize = 64;
 /// Tokens of the upstream pace the query cache leaves to `getchallenge`.
 const REFRESH_RESERVE: u32 = 3;
 
@@ -69,6 +77,10 @@ struct Handler {
     join_buf: Vec<u8>,
     /// How many queries are answered, per source prefix and in all.
     budget: AnswerBudget,
+    /// When the limiters were last swept.
+    swept: Instant,
+    /// Sessions with packets to send at the end of the batch.
+    touched: Touched,
 }
 
 /// The query cache and the socket its refreshes go out on and their answers come back on.
@@ -118,6 +130,8 @@ impl RelayLoop {
                 joins: Joins::new(&cfg.joins),
                 join_buf: Vec::with_capacity(128),
                 budget: AnswerBudget::new(&cfg.reflection),
+                swept: Instant::now(),
+                touched: Touched(Vec::with_capacity(TOUCHED)),
                 shared,
             },
         })
@@ -155,6 +169,7 @@ impl RelayLoop {
                 _ = tick.tick() => self.handler.tick(Instant::now()),
                 () = until(due) => self.handler.release_joins(Instant::now()),
             }
+            self.handler.send_touched();
         }
     }
 
@@ -166,8 +181,12 @@ impl RelayLoop {
                     let now = Instant::now();
                     for (src, data) in self.batch.datagrams() {
                         self.handler.client_packet(canonical(src), data, now);
+                        if self.handler.touched.is_full() {
+                            self.handler.send_touched();
+                        }
                     }
                     self.handler.release_joins(now);
+                    self.handler.send_touched();
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) => {
@@ -219,7 +238,7 @@ impl Handler {
                 }
                 let Some(cache) = self.cache.as_mut() else {
                     let mut st = self.shared.lock();
-                    open_or_push(&self.shared, &mut st, src, data, None);
+                    open_or_push(&self.shared, &mut self.touched, &mut st, src, data, None);
                     return;
                 };
                 let challenge = challenge.map(|r| &data[r]);
@@ -265,6 +284,28 @@ impl Handler {
         }
     }
 
+    /// Sends what the noted sessions queued: one `sendmmsg` per session and batch. A session
+    /// whose socket buffer is full is left to its task, woken to send once it is writable.
+    fn send_touched(&mut self) {
+        let m = &self.shared.metrics;
+        for s in self.touched.0.drain(..) {
+            let Some(upstream) = s.upstream() else {
+                continue;
+            };
+            let done = s.send_queued(|batch| send_batch(upstream, batch));
+            m.upstream_packets.add(done.packets);
+            m.upstream_bytes.add(done.bytes);
+            s.packets_up.add(done.packets);
+            s.bytes_up.add(done.bytes);
+            for _ in 0..done.errors {
+                m.drop(Drop::Upstream);
+            }
+            if done.blocked {
+                s.wake();
+            }
+        }
+    }
+
     fn banned(&self, ip: IpAddr, now: Instant) -> bool {
         self.shared.lock().bans.is_banned(ip, now)
     }
@@ -275,7 +316,7 @@ impl Handler {
         match self.joins.offer(src, data, now, &mut self.pace) {
             Offer::Pass => {
                 let mut st = self.shared.lock();
-                open_or_push(&self.shared, &mut st, src, data, None);
+                open_or_push(&self.shared, &mut self.touched, &mut st, src, data, None);
             }
             Offer::Queued => {}
             Offer::Refused(reason) => {
@@ -293,7 +334,14 @@ impl Handler {
     fn release_joins(&mut self, now: Instant) {
         while let Some(src) = self.joins.release(now, &mut self.pace, &mut self.join_buf) {
             let mut st = self.shared.lock();
-            open_or_push(&self.shared, &mut st, src, &self.join_buf, None);
+            open_or_push(
+                &self.shared,
+                &mut self.touched,
+                &mut st,
+                src,
+                &self.join_buf,
+                None,
+            );
         }
         self.shared
             .metrics
@@ -308,7 +356,7 @@ impl Handler {
         let shared = &self.shared;
         let st = shared.lock();
         match st.sessions.get(&src) {
-            Some(s) => push(shared, s, data, shared.now_ms()),
+            Some(s) => push(shared, &mut self.touched, s, data, shared.now_ms()),
             None => {
                 debug!("{src} dropped (no_session)");
                 shared.metrics.drop(Drop::NoSession);
@@ -330,13 +378,13 @@ impl Handler {
         let mut st = shared.lock();
         if let Some(s) = st.sessions.get(&src).cloned() {
             match st.sessions.check_qport(&s, qport) {
-                Ok(()) => push(shared, &s, data, now_ms),
+                Ok(()) => push(shared, &mut self.touched, &s, data, now_ms),
                 Err(reason) => shared.metrics.drop(reason),
             }
             return;
         }
         let Some(holder) = st.sessions.qport_holder(qport).cloned() else {
-            open_or_push(shared, &mut st, src, data, Some(qport));
+            open_or_push(shared, &mut self.touched, &mut st, src, data, Some(qport));
             return;
         };
         let quiet = now_ms.saturating_sub(holder.last_client_ms());
@@ -348,7 +396,7 @@ impl Handler {
             st.sessions.rebind(&holder, src);
             shared.metrics.sessions_rebound.inc();
             debug!("session {from} moved to {src} (qport {qport})");
-            push(shared, &holder, data, now_ms);
+            push(shared, &mut self.touched, &holder, data, now_ms);
         } else {
             shared.metrics.drop(Drop::QportConflict);
         }
@@ -393,10 +441,15 @@ impl Handler {
     }
 
     fn tick(&mut self, now: Instant) {
-        self.limiter.sweep(now.into_std());
-        self.joins.sweep(now);
+        if now.saturating_duration_since(self.swept) >= SWEEP_EVERY {
+            self.swept = now;
+            if !self.limiter.is_empty() {
+                self.limiter.sweep(now.into_std());
+            }
+            self.joins.sweep(now);
+            self.budget.sweep(now.into_std());
+        }
         self.release_joins(now);
-        self.budget.sweep(now.into_std());
         self.shared
             .metrics
             .query_sources
@@ -422,6 +475,7 @@ impl Handler {
 /// new session.
 fn open_or_push(
     shared: &Arc<Shared>,
+    touched: &mut Touched,
     st: &mut State,
     src: SocketAddr,
     data: &[u8],
@@ -429,7 +483,7 @@ fn open_or_push(
 ) {
     let now_ms = shared.now_ms();
     if let Some(s) = st.sessions.get(&src) {
-        push(shared, s, data, now_ms);
+        push(shared, touched, s, data, now_ms);
         return;
     }
     match st.sessions.admit(src.ip()) {
@@ -454,7 +508,7 @@ fn open_or_push(
                 // A new session takes a free qport (the caller checked it is free).
                 let _ = st.sessions.check_qport(&s, q);
             }
-            push(shared, &s, data, now_ms);
+            push(shared, touched, &s, data, now_ms);
             shared.metrics.sessions_opened.inc();
             shared.gauges(&st.sessions);
             debug!("session + {src} ({} active)", st.sessions.len());
@@ -468,12 +522,31 @@ fn open_or_push(
     }
 }
 
-/// Queues `data` on session `s`, counting a refusal.
-fn push(shared: &Shared, s: &super::session::Session, data: &[u8], now_ms: u64) {
+/// Queues `data` on session `s` and notes the session in `touched` (sent at the end of the
+/// batch, [`Handler::send_touched`]), counting a refusal.
+fn push(shared: &Shared, touched: &mut Touched, s: &Arc<Session>, data: &[u8], now_ms: u64) {
     match s.push(data, now_ms) {
-        Ok(()) => {}
+        Ok(()) => touched.note(s),
         Err(Refused::QueueFull) => shared.metrics.drop(Drop::QueueFull),
         Err(Refused::OverBudget) => shared.metrics.drop(Drop::QueuedBytes),
+    }
+}
+
+/// The sessions that got packets since the last [`Handler::send_touched`], each once in a row
+/// (a session noted again after another is sent twice; the second send finds little or
+/// nothing). Bounded: past [`TOUCHED`] entries the caller sends at once.
+#[derive(Debug, Default)]
+struct Touched(Vec<Arc<Session>>);
+
+impl Touched {
+    fn note(&mut self, s: &Arc<Session>) {
+        if !self.0.last().is_some_and(|l| Arc::ptr_eq(l, s)) {
+            self.0.push(Arc::clone(s));
+        }
+    }
+
+    fn is_full(&self) -> bool {
+        self.0.len() >= TOUCHED
     }
 }
 

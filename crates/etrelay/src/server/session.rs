@@ -1,34 +1,38 @@
-//! A session: one client address, its bounded queue towards the game server, its counters and
-//! the time of its last packet. No I/O here: the session's task ([`super::forward`]) owns its
-//! upstream socket.
+//! A session: one client address, its upstream socket, its bounded queue towards the game
+//! server, its counters and the time of its last packet.
 //!
-//! The relay loop owns the decision to open a session and pushes the client's packets into its
-//! queue ([`Session::push`]); the task pops them ([`Session::pop`]). A session is **half-open**
-//! until the game server shows the client is real (a `connectResponse`, or in-game traffic to
-//! it), then **established** ([`Phase`]). It ends after its idle timeout (short while
-//! half-open) without a packet either way, when its server stops, when it is cut (a ban), or
-//! when a newcomer recycles it (half-open only).
+//! The relay loop owns the decision to open a session and queues the client's packets
+//! ([`Session::push`]: a copy into a spare buffer, no allocation once warm); at the end of each
+//! batch it read from the public socket it sends what each session got with one `sendmmsg` per
+//! session ([`Session::send_queued`]), so a burst of one client's packets costs one system call,
+//! not one each. Only when the upstream socket's buffer is full does the session's task
+//! ([`super::forward`]) take over, once the socket is writable again. Both send under the
+//! queue's lock, so packets leave in the order they came.
 //!
 //! Queued bytes are charged to the process-wide [`Budget`]; the queue keeps at most
-//! [`KEEP_SPARE`] small spare buffers, so an idle session holds almost nothing.
+//! [`KEEP_SPARE`] small spare buffers, so an idle session holds at most 12 KiB.
 
 use std::collections::VecDeque;
+use std::io::{self, IoSlice};
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use guard::counters::Counter;
+use tokio::net::UdpSocket;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::budget::Budget;
+use crate::net::BATCH;
 
 /// Queue buffers larger than this are not kept for reuse (bounds a session's idle memory:
 /// in-game packets stay under the engines' 1400-byte fragment size).
 const KEEP_BUF: usize = 1500;
-/// Spare buffers a session keeps for reuse.
-const KEEP_SPARE: usize = 2;
+/// Spare buffers a session keeps for reuse: a burst of a client's packets in one batch needs
+/// no allocation (at most 8 × [`KEEP_BUF`] = 12 KiB per session).
+const KEEP_SPARE: usize = 8;
 /// No qport pinned yet.
 const NO_QPORT: u32 = u32::MAX;
 
@@ -70,7 +74,10 @@ pub(super) struct Session {
     pub(super) packets_down: Counter,
     /// See [`Session::packets_down`].
     pub(super) bytes_down: Counter,
-    /// Packets waiting for the game server.
+    /// Connected to the game server; `None` only in unit tests (every packet is queued).
+    upstream: Option<UdpSocket>,
+    /// Packets waiting for the game server: until the end of the relay loop's batch, or until
+    /// its socket's buffer has room again.
     queue: Mutex<Queue>,
     /// Most packets `queue` holds.
     queue_limit: usize,
@@ -95,6 +102,19 @@ pub(super) enum Refused {
     QueueFull,
     /// The process's queued-bytes budget is spent.
     OverBudget,
+}
+
+/// What [`Session::send_queued`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Flushed {
+    /// Packets and bytes sent.
+    pub(super) packets: u64,
+    /// See [`Flushed::packets`].
+    pub(super) bytes: u64,
+    /// Packets dropped on a socket error.
+    pub(super) errors: u64,
+    /// The socket's buffer was full: packets are still queued.
+    pub(super) blocked: bool,
 }
 
 /// Information on one open session, for the control API and tests.
@@ -146,12 +166,24 @@ impl Session {
             bytes_up: Counter::default(),
             packets_down: Counter::default(),
             bytes_down: Counter::default(),
+            upstream: None,
             queue: Mutex::new(Queue::default()),
             queue_limit,
             budget,
             wake: Notify::new(),
             cancel,
         }
+    }
+
+    /// The session with its socket connected to the game server.
+    pub(super) fn with_upstream(mut self, socket: UdpSocket) -> Self {
+        self.upstream = Some(socket);
+        self
+    }
+
+    /// The socket connected to the game server.
+    pub(super) fn upstream(&self) -> Option<&UdpSocket> {
+        self.upstream.as_ref()
     }
 
     /// The client's address now.
@@ -189,49 +221,89 @@ impl Session {
             .store(q.map_or(NO_QPORT, u32::from), Ordering::Release);
     }
 
-    /// Queues a client packet for the game server at `now_ms` and wakes the task.
+    /// Queues a client packet for the game server at `now_ms`; the relay loop sends it at the
+    /// end of its batch ([`Session::send_queued`]).
     ///
     /// # Errors
     /// [`Refused`] when the queue holds its limit or the process's byte budget is spent.
     pub(super) fn push(&self, data: &[u8], now_ms: u64) -> Result<(), Refused> {
-        {
-            let mut q = self.lock_queue();
-            if q.packets.len() >= self.queue_limit {
-                return Err(Refused::QueueFull);
-            }
-            let mut buf = match q.spare.pop() {
-                Some(b) if b.capacity() >= data.len() => b,
-                _ => Vec::with_capacity(data.len()),
-            };
-            if self.budget.reserve(buf.capacity()).is_err() {
-                q.spare.push(buf);
-                return Err(Refused::OverBudget);
-            }
-            buf.clear();
-            buf.extend_from_slice(data);
-            q.packets.push_back(buf);
-        }
+        self.enqueue(&mut self.lock_queue(), data)?;
         self.touch(now_ms);
         self.last_client_ms.fetch_max(now_ms, Ordering::Relaxed);
-        self.wake.notify_one();
         Ok(())
     }
 
-    /// The oldest queued packet; give its buffer back with [`Session::recycle`].
-    pub(super) fn pop(&self) -> Option<Vec<u8>> {
-        let buf = self.lock_queue().packets.pop_front()?;
-        self.budget.release(buf.capacity());
-        Some(buf)
+    /// Wakes the task to send what is queued once the socket is writable.
+    pub(super) fn wake(&self) {
+        self.wake.notify_one();
     }
 
-    /// Keeps a sent packet's buffer for a later [`Session::push`] (within bounds).
-    pub(super) fn recycle(&self, buf: Vec<u8>) {
-        if buf.capacity() <= KEEP_BUF {
-            let mut q = self.lock_queue();
-            if q.spare.len() < KEEP_SPARE {
-                q.spare.push(buf);
+    /// Copies `data` into the queue, in a spare buffer when there is one.
+    fn enqueue(&self, q: &mut Queue, data: &[u8]) -> Result<(), Refused> {
+        if q.packets.len() >= self.queue_limit {
+            return Err(Refused::QueueFull);
+        }
+        let mut buf = match q.spare.pop() {
+            Some(b) if b.capacity() >= data.len() => b,
+            _ => Vec::with_capacity(data.len()),
+        };
+        if self.budget.reserve(buf.capacity()).is_err() {
+            q.spare.push(buf);
+            return Err(Refused::OverBudget);
+        }
+        buf.clear();
+        buf.extend_from_slice(data);
+        q.packets.push_back(buf);
+        Ok(())
+    }
+
+    /// Sends the queued packets with `send` (one non-blocking `sendmmsg` of up to
+    /// [`crate::net::BATCH`] datagrams on the upstream socket, returning how many went out), in
+    /// order, until the queue is empty or the socket's buffer is full (`WouldBlock`). A
+    /// datagram the socket refuses with another error is dropped and counted.
+    pub(super) fn send_queued(
+        &self,
+        mut send: impl FnMut(&[IoSlice<'_>]) -> io::Result<usize>,
+    ) -> Flushed {
+        let mut done = Flushed::default();
+        let mut q = self.lock_queue();
+        while !q.packets.is_empty() {
+            let sent = {
+                let mut slices = [IoSlice::new(&[]); BATCH];
+                let mut n = 0;
+                for (slot, pkt) in slices.iter_mut().zip(&q.packets) {
+                    *slot = IoSlice::new(pkt);
+                    n += 1;
+                }
+                send(&slices[..n])
+            };
+            let (gone, ok) = match sent {
+                Ok(0) => break,
+                Ok(n) => (n, true),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    done.blocked = true;
+                    break;
+                }
+                Err(_) => (1, false),
+            };
+            for _ in 0..gone {
+                let buf = q
+                    .packets
+                    .pop_front()
+                    .expect("invariant: sent from the queue");
+                if ok {
+                    done.packets += 1;
+                    done.bytes += buf.len() as u64;
+                } else {
+                    done.errors += 1;
+                }
+                self.budget.release(buf.capacity());
+                if buf.capacity() <= KEEP_BUF && q.spare.len() < KEEP_SPARE {
+                    q.spare.push(buf);
+                }
             }
         }
+        done
     }
 
     /// Resolves when a packet was queued since the last call.
@@ -317,6 +389,18 @@ mod tests {
         )
     }
 
+    /// Sends what is queued into `out`, at most `room` packets before the socket is "full".
+    fn send(s: &Session, out: &mut Vec<Vec<u8>>, room: usize) -> Flushed {
+        s.send_queued(|batch| {
+            let n = batch.len().min(room - out.len().min(room));
+            if n == 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            out.extend(batch[..n].iter().map(|d| d.to_vec()));
+            Ok(n)
+        })
+    }
+
     #[test]
     fn the_queue_is_bounded_and_keeps_the_order() {
         let s = session(2);
@@ -324,13 +408,31 @@ mod tests {
         s.push(b"two", 30).unwrap();
         assert_eq!(s.push(b"three", 40), Err(Refused::QueueFull));
         assert_eq!(s.last_active_ms(), 30, "a refused packet is no activity");
-        let one = s.pop().unwrap();
-        assert_eq!(one, b"one");
-        s.recycle(one);
+        let mut out = Vec::new();
+        let f = send(&s, &mut out, 1);
+        assert_eq!((f.packets, f.bytes, f.blocked), (1, 3, true));
+        assert_eq!(out, [b"one".to_vec()]);
         s.push(b"four", 50).unwrap();
-        assert_eq!(s.pop().unwrap(), b"two");
-        assert_eq!(s.pop().unwrap(), b"four");
-        assert!(s.pop().is_none());
+        let f = send(&s, &mut out, 10);
+        assert_eq!((f.packets, f.blocked), (2, false));
+        assert_eq!(out, [b"one".to_vec(), b"two".to_vec(), b"four".to_vec()]);
+        assert_eq!(send(&s, &mut out, 10), Flushed::default());
+    }
+
+    #[test]
+    fn a_send_error_drops_one_packet_and_goes_on() {
+        let s = session(4);
+        s.push(b"one", 1).unwrap();
+        s.push(b"two", 2).unwrap();
+        let mut first = true;
+        let f = s.send_queued(|batch| {
+            if std::mem::take(&mut first) {
+                Err(io::ErrorKind::ConnectionRefused.into())
+            } else {
+                Ok(batch.len())
+            }
+        });
+        assert_eq!((f.packets, f.bytes, f.errors, f.blocked), (1, 3, 1, false));
     }
 
     #[test]
@@ -358,9 +460,9 @@ mod budget_tests {
         s.push(&[0; 60], 1).unwrap();
         assert_eq!(s.push(&[0; 60], 2), Err(Refused::OverBudget));
         assert!(budget.queued_bytes() >= 60);
-        let p = s.pop().unwrap();
+        let f = s.send_queued(|batch| Ok(batch.len()));
+        assert_eq!(f.packets, 1);
         assert_eq!(budget.queued_bytes(), 0);
-        s.recycle(p);
         s.push(&[0; 10], 3).unwrap();
         drop(s);
         assert_eq!(

@@ -1,0 +1,354 @@
+//! etrelay next to nginx's `stream` UDP proxy on loopback: throughput, round-trip latency, and
+//! latency under a spoofed-source `getstatus` flood.
+//!
+//! Run with `scripts/bench` (it builds in release mode and installs nginx when missing), or
+//! `target/release/examples/bench [--quick]`.
+//!
+//! - **Throughput**: one-way at saturation, 64 B and 1 400 B in-game datagrams (no
+//!   `FF FF FF FF` prefix, so they go through etrelay's sessions as a player's would), 1, 32 and
+//!   256 clients (each its own 127.x address and qport), one load thread sending with
+//!   `sendmmsg`, a sink counting with `recvmmsg`: direct to the sink, through nginx (one
+//!   worker, `../shared/research/anchors.md` §1.2), through etrelay (defaults, `--masters ""`).
+//!   The paths take turns, round after round.
+//! - **Latency**: round trip to an echo server at an ET-like load (64 clients, 10 000
+//!   datagrams/s in all, 64 B), direct, nginx, etrelay in turn, round after round; the median
+//!   of the rounds of each percentile.
+//! - **Under attack**: the same etrelay latency while 1 000 loopback sources (127.88.x.y, each
+//!   on its own /24) send 20 000 `getstatus` per second to it, started just before the run and
+//!   stopped just after.
+//!
+//! `bench --callgrind [ETRELAY_BINARY]` counts the relay's instructions per datagram instead
+//! (`profile.rs`).
+//!
+//! Everything runs on this machine: load, relays and sinks share the CPUs, so the ratios
+//! measured side by side matter, not the absolute numbers. Every loop is bounded in time and
+//! every process started is killed by PID.
+
+mod latency;
+mod load;
+mod profile;
+
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use latency::Rtt;
+use load::SinkCounts;
+
+/// A process ended (and reaped) when dropped: SIGTERM first, so nginx's master stops its
+/// worker (a SIGKILLed master leaves the worker running, holding the port), then SIGKILL if it
+/// is still there after 2 s.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// How long and how often.
+struct Plan {
+    secs: f64,
+    rounds: usize,
+    lat_secs: f64,
+    lat_rounds: usize,
+}
+
+fn start_nginx(dir: &Path, listen: SocketAddr, upstream: SocketAddr) -> Guard {
+    std::fs::create_dir_all(dir).expect("nginx dir");
+    let conf = format!(
+        "load_module /usr/lib/nginx/modules/ngx_stream_module.so;\n\
+         daemon off;\nworker_processes 1;\npid {dir}/nginx.pid;\nerror_log {dir}/error.log warn;\n\
+         events {{ worker_connections 4096; }}\n\
+         stream {{ server {{ listen {listen} udp; proxy_pass {upstream}; proxy_timeout 30s; }} }}\n",
+        dir = dir.display()
+    );
+    std::fs::write(dir.join("nginx.conf"), conf).expect("write nginx.conf");
+    let child = Command::new("nginx")
+        .args(["-p", &dir.display().to_string(), "-c", "nginx.conf"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start nginx (apt-get install nginx libnginx-mod-stream)");
+    Guard(child)
+}
+
+fn start_etrelay(listen: SocketAddr, upstream: SocketAddr) -> Guard {
+    let bin = std::env::current_exe()
+        .ok()
+        .and_then(|p| Some(p.parent()?.parent()?.join("etrelay")))
+        .expect("etrelay next to the example");
+    let mut child = Command::new(bin)
+        .args([
+            "--listen",
+            &listen.to_string(),
+            "--masters",
+            "",
+            "--heartbeat-interval",
+            "1h",
+            &upstream.to_string(),
+        ])
+        .env("RUST_LOG", "warn,etrelay=info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start etrelay (cargo build --release -p etrelay)");
+    // Ready once it logs that it relays (bounded: the log ends if it exits).
+    let stderr = child.stderr.take().expect("piped");
+    let mut lines = BufReader::new(stderr).lines();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < deadline {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("relaying") => break,
+            Some(_) => {}
+            None => break,
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    Guard(child)
+}
+
+/// One throughput cell: delivered datagrams per second.
+fn throughput(
+    socks: &[UdpSocket],
+    target: SocketAddr,
+    size: usize,
+    secs: f64,
+    counts: &SinkCounts,
+) -> f64 {
+    if !load::warm_up(socks, target, counts) {
+        eprintln!("warning: not every client got through {target} in the warm-up");
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    let before = counts.delivered.load(Ordering::Relaxed);
+    load::saturate(socks, target, size, secs);
+    // What is in flight arrives within this.
+    std::thread::sleep(Duration::from_millis(100));
+    (counts.delivered.load(Ordering::Relaxed) - before) as f64 / secs
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn machine() -> String {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split(':').nth(1))
+                .map(|m| m.trim().to_string())
+        })
+        .unwrap_or_default();
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!(
+        "{cores} CPUs ({cpu}), kernel {}, load average at start {}",
+        kernel.trim(),
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    )
+}
+
+fn throughput_table(plan: &Plan, dir: &Path) {
+    let counts = Arc::new(SinkCounts::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let sink_sock = UdpSocket::bind((Ipv4Addr::new(127, 77, 0, 2), 0)).expect("bind sink");
+    let _ = socket2::SockRef::from(&sink_sock).set_recv_buffer_size(8 << 20);
+    let sink_addr = sink_sock.local_addr().expect("sink address");
+    let sink = load::sink(sink_sock, Arc::clone(&counts), Arc::clone(&stop));
+    let nginx_addr: SocketAddr = (Ipv4Addr::new(127, 77, 0, 3), 27961).into();
+    let relay_addr: SocketAddr = (Ipv4Addr::new(127, 77, 0, 4), 27960).into();
+    let nginx = start_nginx(&dir.join("nginx-t"), nginx_addr, sink_addr);
+    let relay = start_etrelay(relay_addr, sink_addr);
+    // Bound once: etrelay's sessions (keyed by the client's address) live across runs.
+    let socks = load::clients(77, 256);
+    let paths = [
+        ("direct", sink_addr),
+        ("nginx", nginx_addr),
+        ("etrelay", relay_addr),
+    ];
+
+    println!("\n### Throughput: one-way at saturation, delivered datagrams/s\n");
+    println!("| size | clients | round | direct | nginx 1 worker | etrelay | etrelay / nginx |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    let mut summary = Vec::new();
+    for size in [64, 1400] {
+        for clients in [1, 32, 256] {
+            let mut ratios = Vec::new();
+            let mut cells = [Vec::new(), Vec::new(), Vec::new()];
+            for round in 1..=plan.rounds {
+                let mut got = [0.0; 3];
+                for (k, (_, addr)) in paths.iter().enumerate() {
+                    got[k] = throughput(&socks[..clients], *addr, size, plan.secs, &counts);
+                    cells[k].push(got[k]);
+                }
+                let r = got[2] / got[1].max(1.0);
+                ratios.push(r);
+                println!(
+                    "| {size} | {clients} | {round} | {:.0} | {:.0} | {:.0} | {r:.2} |",
+                    got[0], got[1], got[2]
+                );
+            }
+            let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+            summary.push((size, clients, cells.map(median), median(ratios), min));
+        }
+    }
+    println!("\nMedians of the rounds:\n");
+    println!(
+        "| size | clients | direct | nginx 1 worker | etrelay | etrelay / nginx (median) | lowest round |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for (size, clients, m, r, min) in summary {
+        println!(
+            "| {size} | {clients} | {:.0} | {:.0} | {:.0} | **{r:.2}** | {min:.2} |",
+            m[0], m[1], m[2]
+        );
+    }
+    drop(relay);
+    drop(nginx);
+    stop.store(true, Ordering::Relaxed);
+    let _ = sink.join();
+}
+
+fn latency_table(plan: &Plan, dir: &Path) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let echo_sock = UdpSocket::bind((Ipv4Addr::new(127, 78, 0, 2), 0)).expect("bind echo");
+    let _ = socket2::SockRef::from(&echo_sock).set_recv_buffer_size(8 << 20);
+    let echo_addr = echo_sock.local_addr().expect("echo address");
+    let echo = load::echo(echo_sock, Arc::clone(&stop));
+    let nginx_addr: SocketAddr = (Ipv4Addr::new(127, 78, 0, 3), 27961).into();
+    let relay_addr: SocketAddr = (Ipv4Addr::new(127, 78, 0, 4), 27960).into();
+    let nginx = start_nginx(&dir.join("nginx-l"), nginx_addr, echo_addr);
+    let relay = start_etrelay(relay_addr, echo_addr);
+    let socks = latency::clients();
+    // Sessions open and settle before the first counted run.
+    for (_, addr) in [("nginx", nginx_addr), ("etrelay", relay_addr)] {
+        let _ = latency::run(&socks, addr, 0.3);
+    }
+
+    println!(
+        "\n### Round trip at the ET-like load ({} clients, {} datagrams/s in all, 64 B), µs\n",
+        latency::CLIENTS,
+        latency::RATE
+    );
+    println!("| round | path | p50 | p99 | p99.9 | came back |");
+    println!("|---:|---|---:|---:|---:|---:|");
+    let names = [
+        "direct",
+        "nginx 1 worker",
+        "etrelay",
+        "etrelay, getstatus flood",
+    ];
+    let mut all: [Vec<Rtt>; 4] = Default::default();
+    let mut flood_sent = 0;
+    for round in 1..=plan.lat_rounds {
+        for (k, name) in names.iter().enumerate() {
+            let target = [echo_addr, nginx_addr, relay_addr, relay_addr][k];
+            let r = if k == 3 {
+                let fstop = Arc::new(AtomicBool::new(false));
+                let (t, sent) = latency::flood(relay_addr, plan.lat_secs + 1.0, Arc::clone(&fstop));
+                std::thread::sleep(Duration::from_millis(100));
+                let r = latency::run(&socks, target, plan.lat_secs);
+                fstop.store(true, Ordering::Relaxed);
+                let _ = t.join();
+                flood_sent += sent.load(Ordering::Relaxed);
+                r
+            } else {
+                latency::run(&socks, target, plan.lat_secs)
+            };
+            println!(
+                "| {round} | {name} | {:.0} | {:.0} | {:.0} | {:.1} % |",
+                r.p50,
+                r.p99,
+                r.p999,
+                r.returned * 100.0
+            );
+            all[k].push(r);
+        }
+    }
+    println!(
+        "\nFlood: {} `getstatus` sent in all ({} per second while it ran, {} sources).\n",
+        flood_sent,
+        latency::FLOOD_RATE,
+        latency::FLOOD_SOURCES
+    );
+    println!("Medians of the rounds:\n");
+    println!("| path | p50 | p99 | p99.9 | p99 / nginx's |");
+    println!("|---|---:|---:|---:|---:|");
+    let med = |k: usize, f: fn(&Rtt) -> f64| median(all[k].iter().map(f).collect());
+    let nginx_p99 = med(1, |r| r.p99);
+    for (k, name) in names.iter().enumerate() {
+        println!(
+            "| {name} | {:.0} | {:.0} | {:.0} | {:.2} |",
+            med(k, |r| r.p50),
+            med(k, |r| r.p99),
+            med(k, |r| r.p999),
+            med(k, |r| r.p99) / nginx_p99
+        );
+    }
+    println!(
+        "\netrelay's p99 under the flood ÷ without: **{:.2}**",
+        med(3, |r| r.p99) / med(2, |r| r.p99)
+    );
+    drop(relay);
+    drop(nginx);
+    stop.store(true, Ordering::Relaxed);
+    let _ = echo.join();
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--callgrind") {
+        profile::main(args.get(2).map(Into::into));
+        return;
+    }
+    let quick = args.iter().any(|a| a == "--quick");
+    let plan = if quick {
+        Plan {
+            secs: 0.3,
+            rounds: 1,
+            lat_secs: 0.5,
+            lat_rounds: 1,
+        }
+    } else {
+        Plan {
+            secs: 2.0,
+            rounds: 3,
+            lat_secs: 3.0,
+            lat_rounds: 5,
+        }
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    println!(
+        "## etrelay vs nginx (`scripts/bench{}`)\n",
+        if quick { " --quick" } else { "" }
+    );
+    println!("Machine: {}.", machine());
+    println!(
+        "Throughput: {} s per cell, {} rounds; latency: {} s per run, {} rounds.",
+        plan.secs, plan.rounds, plan.lat_secs, plan.lat_rounds
+    );
+    throughput_table(&plan, dir.path());
+    latency_table(&plan, dir.path());
+}

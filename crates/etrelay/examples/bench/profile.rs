@@ -1,0 +1,181 @@
+//! Instructions per datagram under valgrind's callgrind (stable on a noisy shared machine,
+//! where timings are not): `bench --callgrind [ETRELAY_BINARY]`.
+//!
+//! Fresh relays run under `valgrind --tool=callgrind`, each for one workload after the same
+//! warm-up (8 clients open their sessions): 2 s and 6 s of quiet (what time itself costs:
+//! timers, sweeps; and what start and warm-up cost); 4 000 in-game datagrams of 64 B sent one
+//! at a time, each once the sink counted the one before (one wake-up of the relay each, as at
+//! an ET server's load); the same in bursts of 32 (one `recvmmsg` each, as under a flood);
+//! 4 000 `getstatus` from 1 000 sources at 1 000 per second. The relay ends on SIGTERM, so
+//! callgrind writes its totals; (instructions − start − time's share) ÷ datagrams is the cost
+//! of one datagram in user space, everything included: system call wrappers, the runtime, the
+//! relay's own code (the kernel's share is not counted).
+
+use std::io::{BufRead, BufReader};
+use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::load::{self, SinkCounts};
+
+const DATAGRAMS: usize = 4_000;
+const RATE: u64 = 1_000;
+
+#[derive(Clone, Copy, PartialEq)]
+enum Work {
+    /// The warm-up, then this many seconds of quiet.
+    Quiet(u64),
+    /// In-game datagrams in bursts of this many, each burst sent once the sink counted the
+    /// last one: every burst is one wake-up of the relay, whatever the machine's speed.
+    Game(usize),
+    /// `getstatus` from 1 000 sources, paced.
+    GetStatus,
+}
+
+/// Runs the relay binary `bin` under callgrind for `work`; returns (instructions, datagrams
+/// counted: delivered to the sink for in-game ones, sent for `getstatus`, seconds from the
+/// end of the warm-up to SIGTERM).
+fn one(bin: &Path, dir: &Path, work: Work, name: &str) -> (u64, u64, f64) {
+    let counts = Arc::new(SinkCounts::default());
+    let stop = Arc::new(AtomicBool::new(false));
+    let sink_sock = UdpSocket::bind((Ipv4Addr::new(127, 79, 0, 2), 0)).expect("bind sink");
+    let sink_addr = sink_sock.local_addr().expect("sink address");
+    let sink = load::sink(sink_sock, Arc::clone(&counts), Arc::clone(&stop));
+    let relay_addr: SocketAddr = (Ipv4Addr::new(127, 79, 0, 4), 27960).into();
+    let out = dir.join(format!("callgrind.{name}.out"));
+    let mut child = Command::new("valgrind")
+        .args(["--tool=callgrind", "-q"])
+        .arg(format!("--callgrind-out-file={}", out.display()))
+        .arg(bin)
+        .args(["--listen", &relay_addr.to_string(), "--masters", ""])
+        .args(["--heartbeat-interval", "1h", &sink_addr.to_string()])
+        .env("RUST_LOG", "warn,etrelay=info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start valgrind (apt-get install valgrind)");
+    let mut lines = BufReader::new(child.stderr.take().expect("piped")).lines();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while Instant::now() < deadline {
+        match lines.next() {
+            Some(Ok(l)) if l.contains("relaying") => break,
+            Some(_) => {}
+            None => break,
+        }
+    }
+    std::thread::spawn(move || for _ in lines {});
+    let socks = load::clients(79, 8);
+    load::warm_up(&socks, relay_addr, &counts);
+    std::thread::sleep(Duration::from_millis(300));
+    let before = counts.delivered.load(Ordering::Relaxed);
+    let pkts: Vec<Vec<u8>> = (0..socks.len()).map(|i| load::packet(i, 64)).collect();
+    let start = Instant::now();
+    let mut sent = 0;
+    match work {
+        Work::Quiet(secs) => std::thread::sleep(Duration::from_secs(secs)),
+        Work::Game(burst) => {
+            while sent < DATAGRAMS && start.elapsed() < Duration::from_secs(60) {
+                for _ in 0..burst {
+                    let _ = socks[sent % 8].send_to(&pkts[sent % 8], relay_addr);
+                    sent += 1;
+                }
+                let wait = Instant::now() + Duration::from_secs(1);
+                while counts.delivered.load(Ordering::Relaxed) - before < sent as u64
+                    && Instant::now() < wait
+                {
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+        }
+        Work::GetStatus => {
+            let flood: Vec<UdpSocket> = (0..1000)
+                .map(|i| {
+                    let ip = Ipv4Addr::new(127, 89, (i % 250) as u8, (1 + i / 250) as u8);
+                    UdpSocket::bind((ip, 0)).expect("bind a source")
+                })
+                .collect();
+            while sent < DATAGRAMS && start.elapsed() < Duration::from_secs(60) {
+                let due = (start.elapsed().as_micros() as u64 * RATE / 1_000_000) as usize;
+                if sent >= due {
+                    std::thread::sleep(Duration::from_micros(500));
+                    continue;
+                }
+                let probe = b"\xff\xff\xff\xffgetstatus\n";
+                if flood[sent % flood.len()].send_to(probe, relay_addr).is_ok() {
+                    sent += 1;
+                }
+            }
+        }
+    }
+    // Wait until the sink stops counting (bounded), then end the relay with SIGTERM.
+    let mut last = u64::MAX;
+    let settle = Instant::now() + Duration::from_secs(10);
+    while Instant::now() < settle {
+        std::thread::sleep(Duration::from_millis(300));
+        let now = counts.delivered.load(Ordering::Relaxed);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    let delivered = counts.delivered.load(Ordering::Relaxed) - before;
+    let elapsed = start.elapsed().as_secs_f64();
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    stop.store(true, Ordering::Relaxed);
+    let _ = sink.join();
+    let text = std::fs::read_to_string(&out).expect("callgrind output");
+    let total = text
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("summary:")
+                .or_else(|| l.strip_prefix("totals:"))
+        })
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .expect("callgrind totals");
+    let counted = match work {
+        Work::Game(_) => delivered,
+        _ => sent as u64,
+    };
+    (total, counted, elapsed)
+}
+
+pub(crate) fn main(bin: Option<PathBuf>) {
+    let bin = bin.unwrap_or_else(|| {
+        std::env::current_exe()
+            .ok()
+            .and_then(|p| Some(p.parent()?.parent()?.join("etrelay")))
+            .expect("etrelay next to the example")
+    });
+    let tmp = tempfile::tempdir().expect("temp dir");
+    // CALLGRIND_KEEP=<dir> keeps the profiles (callgrind_annotate <dir>/callgrind.game1.out).
+    let keep = std::env::var_os("CALLGRIND_KEEP").map(PathBuf::from);
+    let dir = keep.as_deref().unwrap_or(tmp.path());
+    // Two quiet runs give the cost of time itself (timers, sweeps) and of start + warm-up.
+    let (q2, _, e2) = one(&bin, dir, Work::Quiet(2), "quiet2");
+    let (q6, _, e6) = one(&bin, dir, Work::Quiet(6), "quiet6");
+    let per_sec = q6.saturating_sub(q2) as f64 / (e6 - e2);
+    let fixed = q2 as f64 - per_sec * e2;
+    println!("callgrind, {}:\n", bin.display());
+    println!("Quiet relay (8 sessions open): {per_sec:.0} instructions per second.\n");
+    println!("| workload | instructions | datagrams | seconds | instructions per datagram |");
+    println!("|---|---:|---:|---:|---:|");
+    for (work, name, what) in [
+        (Work::Game(1), "game1", "in-game 64 B, one per wake-up"),
+        (Work::Game(32), "game32", "in-game 64 B, bursts of 32"),
+        (
+            Work::GetStatus,
+            "getstatus",
+            "getstatus from 1 000 sources (limited, dropped)",
+        ),
+    ] {
+        let (total, n, secs) = one(&bin, dir, work, name);
+        let per = (total as f64 - fixed - per_sec * secs) / n.max(1) as f64;
+        println!("| {what} | {total} | {n} | {secs:.1} | {per:.0} |");
+    }
+}
