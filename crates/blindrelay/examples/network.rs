@@ -42,7 +42,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let endpoints: Vec<String> = listeners
         .iter()
-        .map(|(p, _)| p.local_addr().map(|a: SocketAddr| format!("http://{a}")))
+        .map(|(p, _)| p.local_addr().map(|a: SocketAddr| format!("https://{a}")))
         .collect::<Result<_, _>>()?;
 
     println!("\n# three nodes on loopback, each with the other two as peers\n");

@@ -79,7 +79,7 @@ async fn throughput(
     }
     let endpoints: Vec<String> = listeners
         .iter()
-        .map(|(p, _)| p.local_addr().map(|a| format!("http://{a}")))
+        .map(|(p, _)| p.local_addr().map(|a| format!("https://{a}")))
         .collect::<Result<_, _>>()?;
     let now = Clock::System.unix();
     let mut built = Vec::new();

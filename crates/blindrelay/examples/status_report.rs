@@ -54,7 +54,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let state = tempfile::tempdir()?;
     let dir = state.path().join("node");
     let now = Clock::System.unix();
-    blindrelay::node::init(&dir, "http://127.0.0.1:7001", now)?;
+    blindrelay::node::init(&dir, "https://127.0.0.1:7001", now)?;
     let built = daemon::build(RunConfig {
         state_dir: dir,
         peers: vec![],
@@ -73,6 +73,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         axum::routing::post(|_: axum::body::Bytes| async { axum::http::StatusCode::NO_CONTENT }),
     );
     tokio::spawn(async move { axum::serve(listener, app).await });
+    blindrelay::links::install_provider();
     let http = reqwest::Client::builder()
         .timeout(blindrelay::report::DEFAULT_TIMEOUT)
         .no_proxy()

@@ -43,7 +43,7 @@ pub enum Command {
         /// The node's state dir.
         #[arg(long)]
         state_dir: PathBuf,
-        /// The public URL peers reach this node at, `http://IP:PORT`.
+        /// The public URL peers reach this node at, `https://IP:PORT`.
         #[arg(long)]
         endpoint: String,
     },

@@ -323,6 +323,7 @@ fn http() -> reqwest::Client {
     {
         headers.insert(reqwest::header::AUTHORIZATION, v);
     }
+    crate::links::install_provider();
     reqwest::Client::builder()
         .no_proxy()
         .default_headers(headers)

@@ -20,6 +20,7 @@ use crate::clock::Clock;
 use crate::counters::Counters;
 use crate::forward::{self, NextHopSlots};
 use crate::health::Health;
+use crate::links::Links;
 use crate::node::Node;
 use crate::outbound::{HopRate, Pacer, QueueLimits};
 use crate::peers::Peers;
@@ -64,7 +65,7 @@ pub struct Context {
     /// Every request to a next hop waits its turn here.
     pub pacer: Arc<Pacer>,
     /// The HTTP client for next hops and descriptor fetches.
-    pub http: reqwest::Client,
+    pub http: Links,
 }
 
 /// The settings of a [`Context`].
@@ -126,6 +127,7 @@ impl Context {
         clock: Clock,
         config: ContextConfig,
     ) -> Self {
+        let http = Links::new(config.bind, peers.identity_counter());
         Context {
             node,
             peers,
@@ -138,7 +140,7 @@ impl Context {
             next_hops: NextHopSlots::new(config.per_next_hop),
             hop_rate: config.hop_rate,
             pacer: Pacer::new(config.hop_rate, config.queue),
-            http: forward::client(config.bind),
+            http,
         }
     }
 
@@ -192,7 +194,7 @@ mod tests {
     fn context(slots: usize) -> (tempfile::TempDir, Context) {
         let dir = tempfile::tempdir().unwrap();
         let clock = Clock::Manual(crate::clock::ManualClock::new(1_800_000_000));
-        crate::node::init(dir.path(), "http://127.0.0.1:7001", 1_800_000_000).unwrap();
+        crate::node::init(dir.path(), "https://127.0.0.1:7001", 1_800_000_000).unwrap();
         let node = Arc::new(Node::load(dir.path()).unwrap());
         let peers = Arc::new(Peers::new(vec![], true, clock.clone(), *node.id()));
         let ctx = Context::new(node, peers, clock, slots);

@@ -296,6 +296,13 @@ pub async fn serve(
         report,
     } = node;
     let ctx = Arc::clone(pipeline.ctx());
+    let tls = match crate::links::server_config(ctx.node.signing_key()) {
+        Ok(c) => tokio_rustls::TlsAcceptor::from(c),
+        Err(e) => {
+            tracing::error!(%e, "cannot make the links' TLS identity; not serving");
+            return;
+        }
+    };
     let cancel = CancellationToken::new();
     let probes = tokio::spawn(probe::run(Arc::clone(&ctx), probe_interval, cancel.clone()));
     let peers = tokio::spawn(Arc::clone(&ctx.peers).run(ctx.http.clone(), cancel.clone()));
@@ -312,6 +319,7 @@ pub async fn serve(
         Arc::clone(&pipeline),
         listen,
         pipeline.connections().clone(),
+        Some(tls),
         cancel.clone(),
     ));
     let b = tokio::spawn(serve::serve(
@@ -320,6 +328,7 @@ pub async fn serve(
         pipeline,
         listen,
         serve::connections(&listen),
+        None,
         cancel.clone(),
     ));
     info!(node = %Prefix(ctx.node.id()), "node ready");

@@ -37,6 +37,7 @@ use sha2::{Digest, Sha256};
 use tracing::debug;
 
 use crate::counters::Counters;
+use crate::links::Links;
 use crate::outbound::Turn;
 use crate::proto::answer::Accepted;
 use crate::proto::{NodeId, Prefix, RouteId};
@@ -142,8 +143,13 @@ pub fn retry_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32) -> Durat
 
 /// The HTTP client for next hops: no proxy, no redirects, bounded timeouts; connections made
 /// from `bind` when given.
-pub fn client(bind: Option<IpAddr>) -> reqwest::Client {
+/// `tls` is the link's pinned TLS configuration (`crate::links`).
+pub fn client(bind: Option<IpAddr>, tls: rustls::ClientConfig) -> reqwest::Client {
+    crate::links::install_provider();
     reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .tls_info(true)
+        .https_only(true)
         .no_proxy()
         .local_address(bind)
         .redirect(reqwest::redirect::Policy::none())
@@ -246,7 +252,7 @@ pub fn busy_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32, n: u32) -
 /// turn (`crate::outbound`), with retries on transport errors and on a busy next hop's
 /// retryable `429`.
 pub async fn post(
-    http: &reqwest::Client,
+    links: &Links,
     url: &str,
     envelope: &[u8],
     route_id: &RouteId,
@@ -256,6 +262,7 @@ pub async fn post(
 ) -> Forwarded {
     let hop = *turn.hop();
     let next_hop = &hop;
+    let http = &links.client(Some(next_hop));
     let (mut failures, mut busy_retries, mut retry) = (0u32, 0u32, 0u32);
     loop {
         if !turn.try_now() {

@@ -19,6 +19,7 @@
 //! - [`pipeline`]: the admission pipeline, one file per design step, run in order by its
 //!   `mod.rs`.
 //! - [`forward`]: the next hop's client and the retry policy.
+//! - [`links`]: node-to-node TLS 1.3, pinned to the peer's identity key.
 //! - [`outbound`]: every request to a next hop waits its turn under the next hop's
 //!   previous-hop rate, in a bounded queue.
 //! - [`terminal`]: the terminal hop: the inbox and receipt signing.
@@ -103,6 +104,7 @@ pub mod counters;
 pub mod daemon;
 pub mod forward;
 pub mod health;
+pub mod links;
 pub mod node;
 pub mod outbound;
 pub mod peers;

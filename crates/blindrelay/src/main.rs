@@ -12,8 +12,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 /// Libraries whose logs could name addresses or URLs: silenced, whatever `RUST_LOG` says.
-const QUIET: &str =
-    "hyper=off,hyper_util=off,reqwest=off,h2=off,axum=off,tower=off,tower_http=off,rusqlite=off";
+const QUIET: &str = "hyper=off,hyper_util=off,reqwest=off,rustls=off,tokio_rustls=off,h2=off,axum=off,tower=off,tower_http=off,rusqlite=off";
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

@@ -145,7 +145,7 @@ fn paths(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
 /// Creates the node's identity and first onion key in `dir`; returns the node id.
 ///
 /// # Errors
-/// An identity exists already, the endpoint is not `http://IP:PORT`, or the files cannot be
+/// An identity exists already, the endpoint is not `https://IP:PORT`, or the files cannot be
 /// written.
 pub fn init(dir: &Path, endpoint: &str, now: u64) -> Result<NodeId, NodeError> {
     crate::proto::descriptor::parse_endpoint(endpoint)
@@ -302,9 +302,9 @@ mod tests {
     fn init_load_rotate_and_restart_keep_keys() {
         let dir = tempfile::tempdir().unwrap();
         let t0 = 1_764_450_000;
-        let id = init(dir.path(), "http://127.0.0.5:7001", t0).unwrap();
+        let id = init(dir.path(), "https://127.0.0.5:7001", t0).unwrap();
         assert!(matches!(
-            init(dir.path(), "http://127.0.0.5:7001", t0),
+            init(dir.path(), "https://127.0.0.5:7001", t0),
             Err(NodeError::AlreadyInitialized(_))
         ));
         let node = Node::load(dir.path()).unwrap();
@@ -353,6 +353,6 @@ mod tests {
     fn bad_endpoints_are_refused() {
         let dir = tempfile::tempdir().unwrap();
         assert!(init(dir.path(), "relay.example:7001", 0).is_err());
-        assert!(init(dir.path(), "https://127.0.0.1:1", 0).is_err());
+        assert!(init(dir.path(), "http://127.0.0.1:1", 0).is_err());
     }
 }

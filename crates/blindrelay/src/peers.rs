@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::clock::Clock;
+use crate::links::{self, Links};
 use crate::proto::descriptor::{self, Descriptor};
 use crate::proto::{NodeId, Prefix};
 
@@ -69,6 +70,9 @@ impl PeerSpec {
         if url.is_empty() {
             return Err("empty peer URL".into());
         }
+        if !url.starts_with("https://") {
+            return Err("a peer URL must be https:// (links are TLS pinned to the node id)".into());
+        }
         Ok(PeerSpec {
             pinned,
             url: url.trim_end_matches('/').to_string(),
@@ -107,7 +111,7 @@ pub struct Peers {
     /// Each `--peer` and the id it is pinned to (on the command line, or on first use).
     urls: Mutex<Vec<PeerSpec>>,
     /// Descriptors refused because a URL answered with another identity than its pinned one.
-    identity_changes: AtomicU64,
+    identity_changes: Arc<AtomicU64>,
     allow_private: bool,
     clock: Clock,
     self_id: NodeId,
@@ -131,7 +135,7 @@ impl Peers {
             map: Mutex::new(HashMap::new()),
             endpoint_ips: Mutex::new(HashSet::new()),
             urls: Mutex::new(urls),
-            identity_changes: AtomicU64::new(0),
+            identity_changes: Arc::new(AtomicU64::new(0)),
             allow_private,
             clock,
             self_id,
@@ -144,6 +148,12 @@ impl Peers {
 
     /// Descriptors refused so far because a URL answered with another identity than the one
     /// pinned to it.
+    /// The counter of identity refusals, shared with the links' TLS verifier.
+    pub fn identity_counter(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.identity_changes)
+    }
+
+    /// Descriptors and TLS handshakes refused for another identity than the pinned one.
     pub fn identity_changes(&self) -> u64 {
         self.identity_changes.load(Ordering::Relaxed)
     }
@@ -247,7 +257,7 @@ impl Peers {
 
     /// Fetches every `--peer` URL whose pinned identity's descriptor is missing or about to
     /// expire; refuses a descriptor of another identity than the one pinned to its URL.
-    async fn refresh(&self, http: &reqwest::Client) -> bool {
+    async fn refresh(&self, links: &Links) -> bool {
         let mut complete = true;
         for (i, spec) in self.urls().into_iter().enumerate() {
             let now = self.clock.unix();
@@ -259,11 +269,21 @@ impl Peers {
             if fresh {
                 continue;
             }
-            let Some(d) = fetch(http, &spec.url).await else {
+            let http = links.client(spec.pinned.as_ref());
+            let Some((d, tls_key)) = fetch(&http, &spec.url).await else {
                 complete = false;
                 continue;
             };
             let id = d.node_id;
+            if tls_key != Some(id) {
+                self.identity_changes.fetch_add(1, Ordering::Relaxed);
+                warn!(
+                    got = %Prefix(&id),
+                    "a peer's descriptor names another identity than its TLS key; refused"
+                );
+                complete = false;
+                continue;
+            }
             if d.verify(self.clock.unix()).is_err() {
                 complete = false;
                 continue;
@@ -295,7 +315,7 @@ impl Peers {
     }
 
     /// Keeps the table fresh until `cancel`.
-    pub async fn run(self: Arc<Self>, http: reqwest::Client, cancel: CancellationToken) {
+    pub async fn run(self: Arc<Self>, http: Links, cancel: CancellationToken) {
         let mut announced = false;
         loop {
             let complete = self.refresh(&http).await;
@@ -315,9 +335,14 @@ impl Peers {
 
 /// Fetches a descriptor: the body read chunk by chunk, dropped as soon as it passes
 /// [`MAX_DESCRIPTOR_BODY`] (declared or not), all within [`FETCH_TIMEOUT`].
-async fn fetch(http: &reqwest::Client, url: &str) -> Option<Descriptor> {
+async fn fetch(http: &reqwest::Client, url: &str) -> Option<(Descriptor, Option<NodeId>)> {
     let read = async {
         let mut resp = http.get(format!("{url}/v1/descriptor")).send().await.ok()?;
+        let tls_key = resp
+            .extensions()
+            .get::<reqwest::tls::TlsInfo>()
+            .and_then(|t| t.peer_certificate())
+            .and_then(links::peer_key);
         if !resp.status().is_success()
             || resp
                 .content_length()
@@ -332,7 +357,7 @@ async fn fetch(http: &reqwest::Client, url: &str) -> Option<Descriptor> {
             }
             body.extend_from_slice(&chunk);
         }
-        serde_json::from_slice(&body).ok()
+        Some((serde_json::from_slice(&body).ok()?, tls_key))
     };
     tokio::time::timeout(FETCH_TIMEOUT, read).await.ok()?
 }
@@ -356,7 +381,7 @@ mod tests {
         let peers = Peers::new(vec![], true, clock, [0; 32]);
         let key = SigningKey::from_bytes(&[1; 32]);
         let id = key.verifying_key().to_bytes();
-        let d = Descriptor::sign(&key, onion_key(), "http://127.0.0.9:7001", T0, 3600);
+        let d = Descriptor::sign(&key, onion_key(), "https://127.0.0.9:7001", T0, 3600);
         let mut forged = d.clone();
         forged.issued_at += 1;
         assert!(
@@ -368,7 +393,7 @@ mod tests {
         assert_eq!(peers.descriptor(&id, T0 + 3599), Ok(d));
         assert_eq!(
             peers.route(&id, T0).as_deref(),
-            Ok("http://127.0.0.9:7001/v1/relay")
+            Ok("https://127.0.0.9:7001/v1/relay")
         );
         assert_eq!(peers.descriptor(&id, T0 + 3600), Err(PeerError::Expired));
         assert!(peers.routable(T0 + 3600).is_empty());
@@ -380,7 +405,7 @@ mod tests {
         let clock = Clock::Manual(ManualClock::new(T0));
         let strict = Peers::new(vec![], false, clock, [0; 32]);
         let key = SigningKey::from_bytes(&[2; 32]);
-        let d = Descriptor::sign(&key, onion_key(), "http://127.0.0.9:7001", T0, 3600);
+        let d = Descriptor::sign(&key, onion_key(), "https://127.0.0.9:7001", T0, 3600);
         assert!(strict.insert(d.clone()));
         assert_eq!(strict.descriptor(&d.node_id, T0), Err(PeerError::Endpoint));
     }

@@ -107,7 +107,7 @@ mod tests {
         Descriptor::sign(
             &SigningKey::from_bytes(&[seed; 32]),
             onion.to_bytes(),
-            "http://127.0.0.1:7001",
+            "https://127.0.0.1:7001",
             0,
             3600,
         )

@@ -93,6 +93,7 @@ async fn push(pipeline: &Arc<Pipeline>, http: &reqwest::Client, url: &str) -> Re
 
 /// Pushes the document per `config` until `cancel`.
 pub async fn run(pipeline: Arc<Pipeline>, config: ReportConfig, cancel: CancellationToken) {
+    crate::links::install_provider();
     let http = match reqwest::Client::builder()
         .timeout(config.timeout)
         .connect_timeout(config.timeout)

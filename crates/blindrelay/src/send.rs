@@ -261,7 +261,7 @@ mod tests {
         Descriptor::sign(
             &SigningKey::from_bytes(&[seed; 32]),
             onion.to_bytes(),
-            format!("http://127.0.0.{seed}:7001"),
+            format!("https://127.0.0.{seed}:7001"),
             T0,
             3600,
         )
@@ -270,7 +270,7 @@ mod tests {
     /// A context over a fresh node: no SQLite, no listener, no HTTP.
     fn context(dir: &tempfile::TempDir, crypto_slots: usize) -> Arc<Context> {
         let clock = Clock::Manual(ManualClock::new(T0));
-        node::init(dir.path(), "http://127.0.0.1:7001", T0).unwrap();
+        node::init(dir.path(), "https://127.0.0.1:7001", T0).unwrap();
         let node = Arc::new(Node::load(dir.path()).unwrap());
         let peers = Arc::new(Peers::new(vec![], true, clock.clone(), *node.id()));
         Arc::new(Context::new(node, peers, clock, crypto_slots))

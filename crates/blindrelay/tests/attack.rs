@@ -213,15 +213,32 @@ async fn a_junk_flood_from_eight_sources() {
 async fn connect(from: Ipv4Addr, to: &str) -> Option<tokio::net::TcpStream> {
     let sock = tokio::net::TcpSocket::new_v4().ok()?;
     sock.bind((from, 0).into()).ok()?;
-    let addr = to.trim_start_matches("http://").parse().ok()?;
+    let addr = to.trim_start_matches("https://").parse().ok()?;
     tokio::time::timeout(Duration::from_secs(5), sock.connect(addr))
         .await
         .ok()?
         .ok()
 }
 
+/// Opens a connection from `from` to `to` and completes the TLS handshake (any node's key).
+async fn connect_tls(
+    from: Ipv4Addr,
+    to: &str,
+) -> Option<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let tcp = connect(from, to).await?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(blindrelay::links::unpinned_config()));
+    let name = rustls::pki_types::ServerName::try_from("blindrelay").ok()?;
+    tokio::time::timeout(Duration::from_secs(5), tls.connect(name, tcp))
+        .await
+        .ok()?
+        .ok()
+}
+
 /// Waits (at most `limit`) until the server closes `s`; how long it took, `None` if it did not.
-async fn closed_within(mut s: tokio::net::TcpStream, limit: Duration) -> Option<Duration> {
+async fn closed_within(
+    mut s: impl tokio::io::AsyncRead + Unpin,
+    limit: Duration,
+) -> Option<Duration> {
     let t = Instant::now();
     let mut buf = [0u8; 1024];
     loop {
@@ -260,9 +277,9 @@ async fn slow_bodies_and_idle_connections_are_closed_and_honest_traffic_flows() 
     // 200 slow bodies from 10 sources (20 each), 1000 idle connections from 40 (25 each).
     let mut slow = Vec::new();
     for i in 0..SLOW {
-        if let Some(mut s) = connect(attacker(12, i % 10), &d).await {
+        if let Some(mut s) = connect_tls(attacker(12, i % 10), &d).await {
             let head = "POST /v1/relay HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nBRE1";
-            if s.write_all(head.as_bytes()).await.is_ok() {
+            if s.write_all(head.as_bytes()).await.is_ok() && s.flush().await.is_ok() {
                 slow.push(s);
             }
         }

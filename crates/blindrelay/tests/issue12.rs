@@ -114,8 +114,12 @@ async fn sealed_loops_and_ttl_cannot_get_an_honest_relay_quarantined() {
 /// A `--peer` URL that is not an honest peer (no real peer behaves like this, so the test
 /// serves it): `/sybil` answers each fetch with a new identity, `/huge` with an endless body,
 /// `/forever` with a descriptor valid until 2⁶³−1.
-#[derive(Debug, Clone, Default)]
+/// Over TLS as the node whose key is `key`: `/sybil`'s first answer to each source is that
+/// identity (trusted on first use), every later one another (refused: it is not the link's key).
+#[derive(Debug, Clone)]
 struct Liar {
+    key: Arc<SigningKey>,
+    first: Arc<Mutex<std::collections::HashSet<std::net::IpAddr>>>,
     sybil_fetches: Arc<AtomicU64>,
     /// Bytes written to each `/huge` connection before the reader went away.
     huge: Arc<Mutex<Vec<u64>>>,
@@ -130,21 +134,40 @@ impl Liar {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        let liar = Liar::default();
+        let key = SigningKey::from_bytes(&rand::random());
+        let tls =
+            tokio_rustls::TlsAcceptor::from(blindrelay::links::server_config(&key).expect("tls"));
+        let liar = Liar {
+            key: Arc::new(key),
+            first: Arc::default(),
+            sybil_fetches: Arc::default(),
+            huge: Arc::default(),
+        };
         let me = liar.clone();
         tokio::spawn(async move {
             // Bounded: a test's nodes fetch a few times a second.
             for _ in 0..2000 {
-                let Ok((conn, _)) = listener.accept().await else {
+                let Ok((conn, from)) = listener.accept().await else {
                     return;
                 };
-                tokio::spawn(me.clone().answer(conn));
+                let (me, tls) = (me.clone(), tls.clone());
+                tokio::spawn(async move {
+                    if let Ok(Ok(conn)) =
+                        tokio::time::timeout(Duration::from_secs(5), tls.accept(conn)).await
+                    {
+                        me.answer(conn, from.ip()).await;
+                    }
+                });
             }
         });
         (liar, addr)
     }
 
-    async fn answer(self, mut conn: tokio::net::TcpStream) {
+    async fn answer(
+        self,
+        mut conn: tokio_rustls::server::TlsStream<tokio::net::TcpStream>,
+        from: std::net::IpAddr,
+    ) {
         let mut head = Vec::with_capacity(1024);
         let mut buf = [0u8; 1024];
         while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 8192 {
@@ -163,6 +186,11 @@ impl Liar {
         let now = unix();
         let body = if head.starts_with("GET /sybil/") {
             self.sybil_fetches.fetch_add(1, Ordering::Relaxed);
+            let key = if self.first.lock().unwrap().insert(from) {
+                (*self.key).clone()
+            } else {
+                key
+            };
             // Short-lived: refetched every round once within the refresh margin.
             Descriptor::sign(&key, onion, "not routable", now, 602)
         } else if head.starts_with("GET /forever/") {
@@ -192,6 +220,8 @@ impl Liar {
         );
         let _ = conn.write_all(head.as_bytes()).await;
         let _ = conn.write_all(&body).await;
+        let _ = conn.flush().await;
+        let _ = conn.shutdown().await;
     }
 }
 
@@ -202,9 +232,9 @@ impl Liar {
 async fn a_peer_url_cannot_hand_out_identities_or_memory() {
     let (liar, addr) = Liar::start().await;
     let (sybil, huge, forever) = (
-        format!("http://{addr}/sybil"),
-        format!("http://{addr}/huge"),
-        format!("http://{addr}/forever"),
+        format!("https://{addr}/sybil"),
+        format!("https://{addr}/huge"),
+        format!("https://{addr}/forever"),
     );
     let net = Net::start(
         2,

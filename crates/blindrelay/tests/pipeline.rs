@@ -58,6 +58,34 @@ impl Drop for Node {
     }
 }
 
+/// A client for a node's public (TLS) and operator (plain) listeners.
+fn tls_http() -> reqwest::Client {
+    blindrelay::links::install_provider();
+    reqwest::Client::builder()
+        .use_preconfigured_tls(blindrelay::links::unpinned_config())
+        .build()
+        .unwrap()
+}
+
+/// Serves `app` on `listener` over TLS as the node whose identity is `key` (a fake next hop).
+fn serve_tls(listener: TcpListener, app: axum::Router, key: &SigningKey) {
+    let tls = tokio_rustls::TlsAcceptor::from(blindrelay::links::server_config(key).unwrap());
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let (tls, app) = (tls.clone(), app.clone());
+            tokio::spawn(async move {
+                let Ok(stream) = tls.accept(stream).await else {
+                    return;
+                };
+                let service = hyper_util::service::TowerToHyperService::new(app);
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                    .await;
+            });
+        }
+    });
+}
+
 async fn start_in(
     dir: &Path,
     clock: &Clock,
@@ -70,7 +98,7 @@ async fn start_in(
     let addr = public.local_addr().unwrap();
     let operator_addr = operator.local_addr().unwrap();
     if init {
-        blindrelay::node::init(dir, &format!("http://{addr}"), clock.unix()).unwrap();
+        blindrelay::node::init(dir, &format!("https://{addr}"), clock.unix()).unwrap();
     }
     let mut cfg = RelayConfig::new(true);
     // The clock is frozen: a rate would never refill. The gate's own test sets its rate.
@@ -456,10 +484,10 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
     );
 
     // Over HTTP, a body over the cap is refused before it is parsed.
-    let http = reqwest::Client::new();
+    let http = tls_http();
     let big = vec![0u8; blindrelay::proto::envelope::MAX_ENVELOPE + 1];
     let r = http
-        .post(format!("http://{}/v1/relay", n.addr))
+        .post(format!("https://{}/v1/relay", n.addr))
         .body(big)
         .send()
         .await
@@ -481,11 +509,13 @@ async fn every_error_of_both_listeners_is_json() {
         reqwest::header::AUTHORIZATION,
         format!("Bearer {cookie}").parse().unwrap(),
     );
+    blindrelay::links::install_provider();
     let http = reqwest::Client::builder()
+        .use_preconfigured_tls(blindrelay::links::unpinned_config())
         .default_headers(headers)
         .build()
         .unwrap();
-    let stranger = reqwest::Client::new();
+    let stranger = tls_http();
     let (op, public) = (n.operator, n.addr);
     let to = hex::encode([1u8; 32]);
     let big = vec![0u8; blindrelay::proto::envelope::MAX_ENVELOPE + 1];
@@ -541,13 +571,13 @@ async fn every_error_of_both_listeners_is_json() {
         ),
         (
             "public unknown path",
-            http.get(format!("http://{public}/v1/nothing")),
+            http.get(format!("https://{public}/v1/nothing")),
             404,
             "not_found",
         ),
         (
             "public wrong method",
-            http.get(format!("http://{public}/v1/relay")),
+            http.get(format!("https://{public}/v1/relay")),
             405,
             "method_not_allowed",
         ),
@@ -650,8 +680,8 @@ async fn the_request_gate_shares_its_totals_per_source() {
         held.push(n.pipeline.admit(&known, &body).expect("a reserved slot"));
     }
     // Over HTTP too: 429 at once.
-    let r = reqwest::Client::new()
-        .post(format!("http://{}/v1/relay", n.addr))
+    let r = tls_http()
+        .post(format!("https://{}/v1/relay", n.addr))
         .body(body.clone())
         .send()
         .await
@@ -1083,12 +1113,12 @@ async fn a_definitive_answer_is_not_retried() {
     );
     let listener = TcpListener::bind((fresh_ip(), 0)).await.unwrap();
     let fake_addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
     let fake = SigningKey::from_bytes(&rand::random());
+    serve_tls(listener, app, &fake);
     let d = blindrelay::proto::descriptor::Descriptor::sign(
         &fake,
         x25519_pub(),
-        format!("http://{fake_addr}"),
+        format!("https://{fake_addr}"),
         clock.unix(),
         3600,
     );
@@ -1167,12 +1197,12 @@ async fn the_sender_verifies_the_terminal_receipt() {
     );
     let listener = TcpListener::bind((fresh_ip(), 0)).await.unwrap();
     let fake_addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await });
     let liar = SigningKey::from_bytes(&rand::random());
+    serve_tls(listener, app, &liar);
     let desc = blindrelay::proto::descriptor::Descriptor::sign(
         &liar,
         x25519_pub(),
-        format!("http://{fake_addr}"),
+        format!("https://{fake_addr}"),
         clock.unix(),
         3600,
     );

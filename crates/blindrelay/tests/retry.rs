@@ -176,19 +176,29 @@ async fn a_busy_peer_is_recorded_as_busy_not_as_a_transport_failure() {
 /// returns its URL and how many requests it got.
 async fn scripted(
     script: Vec<(u16, &'static str)>,
-) -> (String, std::sync::Arc<std::sync::atomic::AtomicUsize>) {
+) -> (
+    String,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    [u8; 32],
+) {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind((common::fresh_ip(), 0))
         .await
         .expect("bind");
-    let url = format!("http://{}/v1/relay", listener.local_addr().expect("addr"));
+    let url = format!("https://{}/v1/relay", listener.local_addr().expect("addr"));
+    let key = ed25519_dalek::SigningKey::from_bytes(&rand::random());
+    let id = key.verifying_key().to_bytes();
+    let tls = tokio_rustls::TlsAcceptor::from(blindrelay::links::server_config(&key).expect("tls"));
     let got = Arc::new(AtomicUsize::new(0));
     let seen = Arc::clone(&got);
     tokio::spawn(async move {
         for (status, body) in script {
-            let Ok((mut conn, _)) = listener.accept().await else {
+            let Ok((conn, _)) = listener.accept().await else {
+                return;
+            };
+            let Ok(mut conn) = tls.accept(conn).await else {
                 return;
             };
             let mut req = Vec::new();
@@ -224,7 +234,7 @@ async fn scripted(
             let _ = conn.shutdown().await;
         }
     });
-    (url, got)
+    (url, got, id)
 }
 
 /// Item 5: `503 route_in_flight` and a `429` of a moment are retried within the budget and the
@@ -236,7 +246,7 @@ async fn route_in_flight_and_busy_answers_are_retried_then_delivered() {
     use blindrelay::outbound::{HopRate, Pacer, QueueLimits};
     use std::sync::atomic::Ordering;
     let accepted = r#"{"outcome":"forwarded","receipt":"abcd"}"#;
-    let (url, got) = scripted(vec![
+    let (url, got, hop) = scripted(vec![
         (503, r#"{"error":"route_in_flight"}"#),
         (429, r#"{"error":"backpressure"}"#),
         (503, r#"{"error":"route_in_flight"}"#),
@@ -245,9 +255,9 @@ async fn route_in_flight_and_busy_answers_are_retried_then_delivered() {
     .await;
     let pacer = Pacer::new(HopRate::default(), QueueLimits::default());
     let counters = Counters::default();
-    let http = forward::client(None);
+    let http = blindrelay::links::Links::new(None, std::sync::Arc::default());
     let deadline = tokio::time::Instant::now() + forward::hop_deadline(1);
-    let turn = pacer.join(&[5; 32], 10).expect("queue");
+    let turn = pacer.join(&hop, 10).expect("queue");
     let out = forward::post(&http, &url, b"frame", &[1; 16], &counters, deadline, turn).await;
     assert_eq!(
         out,
@@ -261,8 +271,9 @@ async fn route_in_flight_and_busy_answers_are_retried_then_delivered() {
         (3, 1)
     );
     // Final: a quarantine lasts minutes.
-    let (url, got) = scripted(vec![(429, r#"{"error":"quarantined"}"#), (200, accepted)]).await;
-    let turn = pacer.join(&[6; 32], 10).expect("queue");
+    let (url, got, hop) =
+        scripted(vec![(429, r#"{"error":"quarantined"}"#), (200, accepted)]).await;
+    let turn = pacer.join(&hop, 10).expect("queue");
     let out = forward::post(&http, &url, b"frame", &[2; 16], &counters, deadline, turn).await;
     assert!(
         matches!(out, Forwarded::Refused { status: 429, .. }),

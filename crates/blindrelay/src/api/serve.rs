@@ -10,6 +10,9 @@
 //!   sources (`crate::sources`). A connection over a cap is closed at once, before anything is
 //!   read (`connections_refused`).
 //! - The body's deadline is the relay handler's (`api::relay_request`).
+//! - **TLS** (the public listener, `crate::links`): the TLS 1.3 handshake must end within the
+//!   header timeout too; a slow or half-open handshake is closed then and counted as a timed
+//!   out connection. The connection caps above are taken before the handshake starts.
 //!
 //! Each request carries its peer's address ([`PeerAddr`]) for the handler to classify; nothing
 //! here logs an address.
@@ -23,7 +26,9 @@ use axum::Router;
 use axum::extract::Request;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::TcpListener;
+use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tower::ServiceExt;
@@ -89,6 +94,7 @@ pub async fn serve(
     pipeline: Arc<Pipeline>,
     config: ListenConfig,
     connections: Connections,
+    tls: Option<TlsAcceptor>,
     cancel: CancellationToken,
 ) {
     let tracker = TaskTracker::new();
@@ -112,8 +118,22 @@ pub async fn serve(
             continue;
         };
         let (router, pipeline, cancel) = (router.clone(), Arc::clone(&pipeline), cancel.clone());
+        let tls = tls.clone();
         tracker.spawn(async move {
-            if !connection(stream, addr, router, config, cancel).await {
+            let _ = stream.set_nodelay(true);
+            let served = match tls {
+                None => connection(stream, addr, router, config, cancel).await,
+                Some(tls) => {
+                    match tokio::time::timeout(config.header_timeout, tls.accept(stream)).await {
+                        Ok(Ok(stream)) => connection(stream, addr, router, config, cancel).await,
+                        // A failed handshake is not a timeout: the peer went away or spoke
+                        // something else.
+                        Ok(Err(_)) => true,
+                        Err(_) => false,
+                    }
+                }
+            };
+            if !served {
                 pipeline.ctx().counters.connections_timed_out.inc();
             }
             drop(held);
@@ -124,14 +144,16 @@ pub async fn serve(
 }
 
 /// One connection until it closes; false if it was closed for its header timeout.
-async fn connection(
-    stream: TcpStream,
+async fn connection<S>(
+    stream: S,
     addr: SocketAddr,
     router: Router,
     config: ListenConfig,
     cancel: CancellationToken,
-) -> bool {
-    let _ = stream.set_nodelay(true);
+) -> bool
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let peer = PeerAddr(addr.ip());
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(peer);

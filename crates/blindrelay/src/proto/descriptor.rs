@@ -1,7 +1,7 @@
 //! Node descriptors (`GET /v1/descriptor`) and the endpoint address policy.
 //!
 //! ```json
-//! {"node_id": "<64 hex>", "onion_key": "<64 hex>", "endpoint": "http://192.0.2.10:7001",
+//! {"node_id": "<64 hex>", "onion_key": "<64 hex>", "endpoint": "https://192.0.2.10:7001",
 //!  "issued_at": 1764450000, "expires_at": 1764453600, "signature": "<128 hex>"}
 //! ```
 //!
@@ -9,7 +9,7 @@
 //! endpoint (UTF-8) ‖ issued_at u64 ‖ expires_at u64, all big-endian. Valid when the signature
 //! verifies under `node_id` and `issued_at − 120 s ≤ now < expires_at`.
 //!
-//! An endpoint is `http://IPv4:PORT` or `http://[IPv6]:PORT`, optionally followed by `/`. Whether
+//! An endpoint is `https://IPv4:PORT` or `https://[IPv6]:PORT`, optionally followed by `/`. Whether
 //! a private address is acceptable is the caller's policy: [`parse_endpoint`] parses,
 //! [`is_public`] classifies, [`endpoint_ip_is_public`] does both.
 
@@ -45,7 +45,7 @@ pub struct Descriptor {
     /// The node's current X25519 onion public key.
     #[serde(with = "hex_array")]
     pub onion_key: [u8; 32],
-    /// Where to `POST` envelopes: `http://IP:PORT`.
+    /// Where to `POST` envelopes: `https://IP:PORT`.
     pub endpoint: String,
     /// Unix seconds at which the node signed this descriptor.
     pub issued_at: u64,
@@ -200,8 +200,8 @@ mod hex_array {
 /// Why an endpoint URL is not acceptable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum EndpointError {
-    /// The scheme is not `http://`.
-    #[error("endpoint is not http")]
+    /// The scheme is not `https://`.
+    #[error("endpoint is not https (links are TLS)")]
     NotHttp,
     /// The host is not an IP literal (DNS names are not accepted).
     #[error("endpoint host is not an IP address")]
@@ -214,12 +214,12 @@ pub enum EndpointError {
     NotPublic,
 }
 
-/// Parses `http://IPv4:PORT` or `http://[IPv6]:PORT`, with an optional trailing `/`.
+/// Parses `https://IPv4:PORT` or `https://[IPv6]:PORT`, with an optional trailing `/`.
 ///
 /// # Errors
 /// [`EndpointError::NotHttp`], [`EndpointError::NotAnIp`] or [`EndpointError::Malformed`].
 pub fn parse_endpoint(url: &str) -> Result<SocketAddr, EndpointError> {
-    let rest = url.strip_prefix("http://").ok_or(EndpointError::NotHttp)?;
+    let rest = url.strip_prefix("https://").ok_or(EndpointError::NotHttp)?;
     let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
     let (authority, tail) = rest.split_at(end);
     if !(tail.is_empty() || tail == "/") || authority.contains('@') {
@@ -332,7 +332,7 @@ mod tests {
         Descriptor::sign(
             &key(),
             onion_key(),
-            "http://192.0.2.10:7001",
+            "https://192.0.2.10:7001",
             NOW,
             DESCRIPTOR_TTL,
         )
@@ -355,7 +355,7 @@ mod tests {
         assert_eq!(d.verify(u64::MAX), Err(DescriptorError::Expired));
         assert_eq!(d.verify(NOW - 121), Err(DescriptorError::NotYetValid));
         assert_eq!(d.verify(0), Err(DescriptorError::NotYetValid));
-        let zero = Descriptor::sign(&key(), onion_key(), "http://8.8.8.8:1", 0, 0);
+        let zero = Descriptor::sign(&key(), onion_key(), "https://8.8.8.8:1", 0, 0);
         assert_eq!(zero.verify(0), Err(DescriptorError::Expired));
     }
 
@@ -363,7 +363,7 @@ mod tests {
     fn tampering_fails() {
         let d = sample();
         let mut t = d.clone();
-        t.endpoint = "http://192.0.2.11:7001".into();
+        t.endpoint = "https://192.0.2.11:7001".into();
         assert_eq!(t.verify(NOW), Err(DescriptorError::BadSignature));
         let mut t = d.clone();
         t.onion_key[0] ^= 1;
@@ -390,14 +390,14 @@ mod tests {
 
     #[test]
     fn endpoint_length_and_weak_onion_key() {
-        let long = format!("http://8.8.8.8:80/{}", "a".repeat(240));
+        let long = format!("https://8.8.8.8:80/{}", "a".repeat(239));
         assert_eq!(long.len(), 258);
         let d = Descriptor::sign(&key(), onion_key(), long, NOW, DESCRIPTOR_TTL);
         assert_eq!(d.verify(NOW), Err(DescriptorError::EndpointTooLong));
         let max = "a".repeat(255);
         let d = Descriptor::sign(&key(), onion_key(), max, NOW, DESCRIPTOR_TTL);
         assert_eq!(d.verify(NOW), Ok(()));
-        let d = Descriptor::sign(&key(), [0; 32], "http://8.8.8.8:80", NOW, DESCRIPTOR_TTL);
+        let d = Descriptor::sign(&key(), [0; 32], "https://8.8.8.8:80", NOW, DESCRIPTOR_TTL);
         assert_eq!(d.verify(NOW), Err(DescriptorError::WeakOnionKey));
     }
 
@@ -407,8 +407,8 @@ mod tests {
         let mut expected = b"blindrelay/descriptor/v1".to_vec();
         expected.extend_from_slice(&d.node_id);
         expected.extend_from_slice(&d.onion_key);
-        expected.extend_from_slice(&[0, 22]);
-        expected.extend_from_slice(b"http://192.0.2.10:7001");
+        expected.extend_from_slice(&[0, 23]);
+        expected.extend_from_slice(b"https://192.0.2.10:7001");
         expected.extend_from_slice(&NOW.to_be_bytes());
         expected.extend_from_slice(&(NOW + 3600).to_be_bytes());
         assert_eq!(d.signing_bytes(), expected);
@@ -422,7 +422,7 @@ mod tests {
         assert_eq!(value["node_id"], hex::encode(d.node_id));
         assert_eq!(value["signature"].as_str().map(str::len), Some(128));
         assert_eq!(value["issued_at"], NOW);
-        assert_eq!(value["endpoint"], "http://192.0.2.10:7001");
+        assert_eq!(value["endpoint"], "https://192.0.2.10:7001");
         let back: Descriptor = serde_json::from_str(&json).expect("deserializes");
         assert_eq!(back, d);
         assert_eq!(back.verify(NOW), Ok(()));
@@ -462,97 +462,97 @@ mod tests {
         use EndpointError::*;
         let cases: &[(&str, Result<&str, EndpointError>)] = &[
             // Public.
-            ("http://8.8.8.8:80", Ok("8.8.8.8:80")),
-            ("http://8.8.8.8:80/", Ok("8.8.8.8:80")),
-            ("http://1.1.1.1:65535", Ok("1.1.1.1:65535")),
-            ("http://[2606:4700::1]:443", Ok("[2606:4700::1]:443")),
-            ("http://[::ffff:8.8.8.8]:80", Ok("[::ffff:8.8.8.8]:80")),
-            ("http://100.63.255.255:1", Ok("100.63.255.255:1")),
-            ("http://100.128.0.0:1", Ok("100.128.0.0:1")),
-            ("http://172.15.255.255:1", Ok("172.15.255.255:1")),
-            ("http://172.32.0.0:1", Ok("172.32.0.0:1")),
-            ("http://198.17.255.255:1", Ok("198.17.255.255:1")),
-            ("http://198.20.0.0:1", Ok("198.20.0.0:1")),
-            ("http://192.0.1.1:1", Ok("192.0.1.1:1")),
-            ("http://223.255.255.255:1", Ok("223.255.255.255:1")),
-            ("http://[2002:808:808::1]:1", Ok("[2002:808:808::1]:1")),
+            ("https://8.8.8.8:80", Ok("8.8.8.8:80")),
+            ("https://8.8.8.8:80/", Ok("8.8.8.8:80")),
+            ("https://1.1.1.1:65535", Ok("1.1.1.1:65535")),
+            ("https://[2606:4700::1]:443", Ok("[2606:4700::1]:443")),
+            ("https://[::ffff:8.8.8.8]:80", Ok("[::ffff:8.8.8.8]:80")),
+            ("https://100.63.255.255:1", Ok("100.63.255.255:1")),
+            ("https://100.128.0.0:1", Ok("100.128.0.0:1")),
+            ("https://172.15.255.255:1", Ok("172.15.255.255:1")),
+            ("https://172.32.0.0:1", Ok("172.32.0.0:1")),
+            ("https://198.17.255.255:1", Ok("198.17.255.255:1")),
+            ("https://198.20.0.0:1", Ok("198.20.0.0:1")),
+            ("https://192.0.1.1:1", Ok("192.0.1.1:1")),
+            ("https://223.255.255.255:1", Ok("223.255.255.255:1")),
+            ("https://[2002:808:808::1]:1", Ok("[2002:808:808::1]:1")),
             // Reserved IPv4 ranges, first and last address of each.
-            ("http://0.0.0.0:1", Err(NotPublic)),
-            ("http://0.255.255.255:1", Err(NotPublic)),
-            ("http://10.0.0.0:1", Err(NotPublic)),
-            ("http://10.255.255.255:1", Err(NotPublic)),
-            ("http://127.0.0.1:1", Err(NotPublic)),
-            ("http://127.255.255.255:1", Err(NotPublic)),
-            ("http://100.64.0.0:1", Err(NotPublic)),
-            ("http://100.127.255.255:1", Err(NotPublic)),
-            ("http://169.254.0.0:1", Err(NotPublic)),
-            ("http://169.254.255.255:1", Err(NotPublic)),
-            ("http://172.16.0.0:1", Err(NotPublic)),
-            ("http://172.31.255.255:1", Err(NotPublic)),
-            ("http://192.0.0.0:1", Err(NotPublic)),
-            ("http://192.0.0.255:1", Err(NotPublic)),
-            ("http://192.0.2.1:1", Err(NotPublic)),
-            ("http://192.0.2.255:1", Err(NotPublic)),
-            ("http://192.168.0.0:1", Err(NotPublic)),
-            ("http://192.168.255.255:1", Err(NotPublic)),
-            ("http://198.18.0.0:1", Err(NotPublic)),
-            ("http://198.19.255.255:1", Err(NotPublic)),
-            ("http://198.51.100.0:1", Err(NotPublic)),
-            ("http://198.51.100.255:1", Err(NotPublic)),
-            ("http://203.0.113.0:1", Err(NotPublic)),
-            ("http://203.0.113.255:1", Err(NotPublic)),
-            ("http://224.0.0.1:1", Err(NotPublic)),
-            ("http://239.255.255.255:1", Err(NotPublic)),
-            ("http://240.0.0.1:1", Err(NotPublic)),
-            ("http://255.255.255.255:1", Err(NotPublic)),
+            ("https://0.0.0.0:1", Err(NotPublic)),
+            ("https://0.255.255.255:1", Err(NotPublic)),
+            ("https://10.0.0.0:1", Err(NotPublic)),
+            ("https://10.255.255.255:1", Err(NotPublic)),
+            ("https://127.0.0.1:1", Err(NotPublic)),
+            ("https://127.255.255.255:1", Err(NotPublic)),
+            ("https://100.64.0.0:1", Err(NotPublic)),
+            ("https://100.127.255.255:1", Err(NotPublic)),
+            ("https://169.254.0.0:1", Err(NotPublic)),
+            ("https://169.254.255.255:1", Err(NotPublic)),
+            ("https://172.16.0.0:1", Err(NotPublic)),
+            ("https://172.31.255.255:1", Err(NotPublic)),
+            ("https://192.0.0.0:1", Err(NotPublic)),
+            ("https://192.0.0.255:1", Err(NotPublic)),
+            ("https://192.0.2.1:1", Err(NotPublic)),
+            ("https://192.0.2.255:1", Err(NotPublic)),
+            ("https://192.168.0.0:1", Err(NotPublic)),
+            ("https://192.168.255.255:1", Err(NotPublic)),
+            ("https://198.18.0.0:1", Err(NotPublic)),
+            ("https://198.19.255.255:1", Err(NotPublic)),
+            ("https://198.51.100.0:1", Err(NotPublic)),
+            ("https://198.51.100.255:1", Err(NotPublic)),
+            ("https://203.0.113.0:1", Err(NotPublic)),
+            ("https://203.0.113.255:1", Err(NotPublic)),
+            ("https://224.0.0.1:1", Err(NotPublic)),
+            ("https://239.255.255.255:1", Err(NotPublic)),
+            ("https://240.0.0.1:1", Err(NotPublic)),
+            ("https://255.255.255.255:1", Err(NotPublic)),
             // IPv6 outside 2000::/3, documentation, mapped and 6to4 private.
-            ("http://[::1]:1", Err(NotPublic)),
-            ("http://[::]:1", Err(NotPublic)),
-            ("http://[fe80::1]:1", Err(NotPublic)),
-            ("http://[fc00::1]:1", Err(NotPublic)),
-            ("http://[fd12:3456::1]:1", Err(NotPublic)),
-            ("http://[ff02::1]:1", Err(NotPublic)),
-            ("http://[64:ff9b::7f00:1]:1", Err(NotPublic)),
-            ("http://[2001:db8::1]:1", Err(NotPublic)),
-            ("http://[2001:db8:ffff::1]:1", Err(NotPublic)),
-            ("http://[::ffff:127.0.0.1]:1", Err(NotPublic)),
-            ("http://[::ffff:10.1.2.3]:1", Err(NotPublic)),
-            ("http://[2002:7f00:1::1]:1", Err(NotPublic)),
-            ("http://[2002:c0a8:101::1]:1", Err(NotPublic)),
+            ("https://[::1]:1", Err(NotPublic)),
+            ("https://[::]:1", Err(NotPublic)),
+            ("https://[fe80::1]:1", Err(NotPublic)),
+            ("https://[fc00::1]:1", Err(NotPublic)),
+            ("https://[fd12:3456::1]:1", Err(NotPublic)),
+            ("https://[ff02::1]:1", Err(NotPublic)),
+            ("https://[64:ff9b::7f00:1]:1", Err(NotPublic)),
+            ("https://[2001:db8::1]:1", Err(NotPublic)),
+            ("https://[2001:db8:ffff::1]:1", Err(NotPublic)),
+            ("https://[::ffff:127.0.0.1]:1", Err(NotPublic)),
+            ("https://[::ffff:10.1.2.3]:1", Err(NotPublic)),
+            ("https://[2002:7f00:1::1]:1", Err(NotPublic)),
+            ("https://[2002:c0a8:101::1]:1", Err(NotPublic)),
             // Scheme.
-            ("https://8.8.8.8:443", Err(NotHttp)),
+            ("http://8.8.8.8:443", Err(NotHttp)),
             ("HTTP://8.8.8.8:80", Err(NotHttp)),
             ("ftp://8.8.8.8:21", Err(NotHttp)),
             ("8.8.8.8:80", Err(NotHttp)),
             ("", Err(NotHttp)),
             // Host must be an IP literal.
-            ("http://example.com:80", Err(NotAnIp)),
-            ("http://localhost:80", Err(NotAnIp)),
-            ("http://example.com", Err(NotAnIp)),
-            ("http://8.8.8.8.nip.io:80", Err(NotAnIp)),
-            ("http://010.0.0.1:80", Err(NotAnIp)),
-            ("http://127.1:80", Err(NotAnIp)),
-            ("http://2130706433:80", Err(NotAnIp)),
-            ("http://::1:80", Err(NotAnIp)),
-            ("http://[8.8.8.8]:80", Err(NotAnIp)),
-            ("http://[fe80::1%eth0]:80", Err(NotAnIp)),
-            ("http://:80", Err(NotAnIp)),
+            ("https://example.com:80", Err(NotAnIp)),
+            ("https://localhost:80", Err(NotAnIp)),
+            ("https://example.com", Err(NotAnIp)),
+            ("https://8.8.8.8.nip.io:80", Err(NotAnIp)),
+            ("https://010.0.0.1:80", Err(NotAnIp)),
+            ("https://127.1:80", Err(NotAnIp)),
+            ("https://2130706433:80", Err(NotAnIp)),
+            ("https://::1:80", Err(NotAnIp)),
+            ("https://[8.8.8.8]:80", Err(NotAnIp)),
+            ("https://[fe80::1%eth0]:80", Err(NotAnIp)),
+            ("https://:80", Err(NotAnIp)),
             // Malformed.
-            ("http://user@8.8.8.8:80", Err(Malformed)),
-            ("http://user:pw@8.8.8.8:80", Err(Malformed)),
-            ("http://8.8.8.8", Err(Malformed)),
-            ("http://8.8.8.8:", Err(Malformed)),
-            ("http://8.8.8.8:0", Err(Malformed)),
-            ("http://8.8.8.8:65536", Err(Malformed)),
-            ("http://8.8.8.8:+80", Err(Malformed)),
-            ("http://8.8.8.8:080080", Err(Malformed)),
-            ("http://8.8.8.8:80/path", Err(Malformed)),
-            ("http://8.8.8.8:80//", Err(Malformed)),
-            ("http://8.8.8.8:80?q", Err(Malformed)),
-            ("http://8.8.8.8:80#f", Err(Malformed)),
-            ("http://[2606:4700::1]", Err(Malformed)),
-            ("http://[2606:4700::1]80", Err(Malformed)),
-            ("http://[2606:4700::1:80", Err(Malformed)),
+            ("https://user@8.8.8.8:80", Err(Malformed)),
+            ("https://user:pw@8.8.8.8:80", Err(Malformed)),
+            ("https://8.8.8.8", Err(Malformed)),
+            ("https://8.8.8.8:", Err(Malformed)),
+            ("https://8.8.8.8:0", Err(Malformed)),
+            ("https://8.8.8.8:65536", Err(Malformed)),
+            ("https://8.8.8.8:+80", Err(Malformed)),
+            ("https://8.8.8.8:080080", Err(Malformed)),
+            ("https://8.8.8.8:80/path", Err(Malformed)),
+            ("https://8.8.8.8:80//", Err(Malformed)),
+            ("https://8.8.8.8:80?q", Err(Malformed)),
+            ("https://8.8.8.8:80#f", Err(Malformed)),
+            ("https://[2606:4700::1]", Err(Malformed)),
+            ("https://[2606:4700::1]80", Err(Malformed)),
+            ("https://[2606:4700::1:80", Err(Malformed)),
         ];
         for (url, expected) in cases {
             let got = endpoint_ip_is_public(url);
@@ -564,7 +564,7 @@ mod tests {
     #[test]
     fn private_endpoints_still_parse() {
         assert_eq!(
-            parse_endpoint("http://127.0.0.1:7001"),
+            parse_endpoint("https://127.0.0.1:7001"),
             Ok("127.0.0.1:7001".parse().expect("addr"))
         );
         assert!(!is_public("127.0.0.1".parse().expect("ip")));

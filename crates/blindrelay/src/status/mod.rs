@@ -52,8 +52,9 @@ pub struct PeersInfo {
     pub known: usize,
     /// Peers with a current descriptor and an allowed endpoint.
     pub routable: usize,
-    /// Descriptors refused because a `--peer` URL answered with another identity than the one
-    /// pinned to it (on the command line or on first use). Not zero: look at the log.
+    /// Descriptors and TLS handshakes refused because a `--peer` URL or a next hop answered
+    /// with another identity than the one pinned to it (on the command line, on first use, or
+    /// by the descriptor naming it). Not zero: look at the log.
     pub identity_changes: u64,
 }
 

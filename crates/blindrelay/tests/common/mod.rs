@@ -10,7 +10,7 @@
 //!   fail; `kill_on_drop(true)` is a second line of defence.
 #![allow(dead_code, unreachable_pub)]
 
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -58,7 +58,9 @@ pub fn fresh_ip() -> Ipv4Addr {
 
 /// An HTTP client for the tests: no proxy, bounded time.
 pub fn http() -> reqwest::Client {
+    blindrelay::links::install_provider();
     reqwest::Client::builder()
+        .use_preconfigured_tls(blindrelay::links::unpinned_config())
         .no_proxy()
         .timeout(Duration::from_secs(20))
         .build()
@@ -67,7 +69,9 @@ pub fn http() -> reqwest::Client {
 
 /// An HTTP client whose connections come from `ip`.
 pub fn http_from(ip: Ipv4Addr) -> reqwest::Client {
+    blindrelay::links::install_provider();
     reqwest::Client::builder()
+        .use_preconfigured_tls(blindrelay::links::unpinned_config())
         .no_proxy()
         .local_address(IpAddr::V4(ip))
         .timeout(Duration::from_secs(20))
@@ -205,6 +209,75 @@ pub async fn run_cli(args: &[&str], rust_log: Option<&str>) -> CliOutput {
     }
 }
 
+/// Most bytes a [`Tap`] records.
+const TAP_BYTES: usize = 16 << 20;
+
+/// A recording TCP proxy on loopback: forwards each connection to `upstream` and keeps the
+/// bytes of both directions (at most [`TAP_BYTES`]).
+#[derive(Debug, Clone)]
+pub struct Tap {
+    /// Where it listens.
+    pub addr: SocketAddr,
+    bytes: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Tap {
+    async fn start(upstream: SocketAddr) -> Tap {
+        let listener = tokio::net::TcpListener::bind((fresh_ip(), RELAY_PORT))
+            .await
+            .expect("bind tap");
+        let addr = listener.local_addr().expect("addr");
+        let bytes = Arc::new(Mutex::new(Vec::new()));
+        let seen = Arc::clone(&bytes);
+        tokio::spawn(async move {
+            while let Ok((down, _)) = listener.accept().await {
+                let seen = Arc::clone(&seen);
+                tokio::spawn(async move {
+                    let Ok(up) = tokio::net::TcpStream::connect(upstream).await else {
+                        return;
+                    };
+                    let (dr, dw) = down.into_split();
+                    let (ur, uw) = up.into_split();
+                    let a = tokio::spawn(pump(dr, uw, Arc::clone(&seen)));
+                    let b = tokio::spawn(pump(ur, dw, seen));
+                    let _ = tokio::join!(a, b);
+                });
+            }
+        });
+        Tap { addr, bytes }
+    }
+
+    /// Everything seen so far, both directions.
+    pub fn bytes(&self) -> Vec<u8> {
+        self.bytes.lock().unwrap().clone()
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    seen: Arc<Mutex<Vec<u8>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        {
+            let mut s = seen.lock().unwrap();
+            if s.len() + n <= TAP_BYTES {
+                s.extend_from_slice(&buf[..n]);
+            }
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
 /// One node of a [`Net`].
 #[derive(Debug, Clone)]
 pub struct Node {
@@ -212,7 +285,7 @@ pub struct Node {
     pub id: String,
     /// Its loopback address.
     pub ip: Ipv4Addr,
-    /// `http://IP:7001`.
+    /// `https://IP:7001`.
     pub endpoint: String,
     /// `http://IP:7070`.
     pub operator: String,
@@ -283,12 +356,38 @@ impl Net {
 
     /// [`Net::start`] with `RUST_LOG` set for every node and every CLI run.
     pub async fn start_with(n: usize, extra_args: &[&str], rust_log: Option<&str>) -> Net {
+        Net::start_inner(n, extra_args, rust_log, &mut None).await
+    }
+
+    /// [`Net::start`] with a recording TCP proxy in front of every node's relay port: each
+    /// node's endpoint (in its descriptor and in the others' `--peer`) is its proxy's address,
+    /// so every link message and descriptor fetch passes a [`Tap`].
+    pub async fn start_tapped(n: usize, extra_args: &[&str]) -> (Net, Vec<Tap>) {
+        let mut taps = Some(Vec::new());
+        let net = Net::start_inner(n, extra_args, None, &mut taps).await;
+        (net, taps.unwrap_or_default())
+    }
+
+    async fn start_inner(
+        n: usize,
+        extra_args: &[&str],
+        rust_log: Option<&str>,
+        taps: &mut Option<Vec<Tap>>,
+    ) -> Net {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut nodes = Vec::with_capacity(n);
         for i in 0..n {
             let ip = fresh_ip();
             let state_dir = dir.path().join(format!("node{i}"));
-            let endpoint = format!("http://{ip}:{RELAY_PORT}");
+            let endpoint = match taps {
+                Some(taps) => {
+                    let tap = Tap::start(SocketAddr::from((ip, RELAY_PORT))).await;
+                    let endpoint = format!("https://{}", tap.addr);
+                    taps.push(tap);
+                    endpoint
+                }
+                None => format!("https://{ip}:{RELAY_PORT}"),
+            };
             let out = Command::new(BIN)
                 .args(["init", "--state-dir"])
                 .arg(&state_dir)
@@ -493,6 +592,7 @@ impl Net {
             reqwest::header::AUTHORIZATION,
             self.bearer(i).parse().expect("header"),
         );
+        blindrelay::links::install_provider();
         reqwest::Client::builder()
             .no_proxy()
             .default_headers(headers)

@@ -1,0 +1,271 @@
+//! Node-to-node links: TLS 1.3 (rustls, the `ring` provider), authenticated to the peer's
+//! identity key, no web PKI.
+//!
+//! - **Server**: each node presents a self-signed certificate made at start (rcgen) whose
+//!   key *is* its Ed25519 identity key (the node id). Nothing else in the certificate is
+//!   read by anyone.
+//! - **Client**: one `reqwest::Client` per pinned node id, whose [`PinnedKey`] verifier
+//!   accepts exactly that id: the certificate's Ed25519 key must equal it, and the TLS 1.3
+//!   `CertificateVerify` signature (over the handshake transcript) must verify with it. A
+//!   peer holding another key is refused at the handshake, counted (`identity_changes` in
+//!   the status document) and logged at `warn` with 8-hex prefixes. A bare `--peer URL`
+//!   (trust on first use) fetches with an unpinned client that requires an Ed25519 key and a
+//!   valid handshake signature, and the descriptor's node id must equal the TLS key
+//!   ([`peer_key`]).
+//! - Peer URLs and descriptor endpoints are `https://IP:PORT`; `http://` is refused.
+//!
+//! The envelope's previous-hop signature is kept: the link authenticates who holds the
+//! connection, the signature binds the envelope to its sender; both hold.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use ed25519_dalek::{Signature, SigningKey, VerifyingKey};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use tracing::warn;
+
+use crate::peers::MAX_PEERS;
+use crate::proto::{NodeId, Prefix};
+
+/// The DER prefix of an Ed25519 SubjectPublicKeyInfo; the 32-byte key follows.
+const ED25519_SPKI: [u8; 12] = [
+    0x30, 0x2a, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x03, 0x21, 0x00,
+];
+/// The DER prefix of a PKCS#8 v1 Ed25519 private key; the 32-byte seed follows.
+const ED25519_PKCS8: [u8; 16] = [
+    0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04, 0x20,
+];
+
+/// Why the TLS identity could not be made.
+#[derive(Debug, thiserror::Error)]
+#[error("TLS identity: {0}")]
+pub struct LinkError(String);
+
+/// Installs `ring` as the process's default rustls provider (once; later calls do nothing).
+/// reqwest needs one to build any client, also the plain-HTTP ones of the operator API.
+pub fn install_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn pkcs8(key: &SigningKey) -> Vec<u8> {
+    let mut der = ED25519_PKCS8.to_vec();
+    der.extend_from_slice(key.as_bytes());
+    der
+}
+
+/// The Ed25519 key of a certificate made by a node (the first Ed25519 SubjectPublicKeyInfo
+/// in it). Whatever else the certificate says is ignored: the handshake signature is checked
+/// with this key, so only its holder can have presented it.
+pub fn peer_key(cert: &[u8]) -> Option<NodeId> {
+    let at = cert
+        .windows(ED25519_SPKI.len())
+        .position(|w| w == ED25519_SPKI)?;
+    cert.get(at + ED25519_SPKI.len()..at + ED25519_SPKI.len() + 32)?
+        .try_into()
+        .ok()
+}
+
+/// The server side of this node's links.
+pub fn server_config(key: &SigningKey) -> Result<Arc<rustls::ServerConfig>, LinkError> {
+    let e = |e: &dyn fmt::Display| LinkError(e.to_string());
+    let der = pkcs8(key);
+    let pair = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(
+        &PrivatePkcs8KeyDer::from(der.clone()),
+        &rcgen::PKCS_ED25519,
+    )
+    .map_err(|x| e(&x))?;
+    let params =
+        rcgen::CertificateParams::new(vec!["blindrelay".to_string()]).map_err(|x| e(&x))?;
+    let cert = params.self_signed(&pair).map_err(|x| e(&x))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|x| e(&x))?
+        .with_no_client_auth()
+        .with_single_cert(
+            vec![cert.der().clone()],
+            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(der)),
+        )
+        .map_err(|x| e(&x))?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+/// Accepts exactly `expected` (or, unpinned, any Ed25519 key whose handshake signature
+/// verifies).
+struct PinnedKey {
+    expected: Option<NodeId>,
+    refusals: Arc<AtomicU64>,
+}
+
+impl fmt::Debug for PinnedKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PinnedKey")
+            .field("pinned", &self.expected.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ServerCertVerifier for PinnedKey {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        let Some(got) = peer_key(end_entity) else {
+            self.refusals.fetch_add(1, Ordering::Relaxed);
+            warn!("a peer's TLS certificate carries no Ed25519 key; refused");
+            return Err(rustls::Error::General("no Ed25519 key".into()));
+        };
+        match &self.expected {
+            Some(want) if *want != got => {
+                self.refusals.fetch_add(1, Ordering::Relaxed);
+                warn!(
+                    expected = %Prefix(want),
+                    got = %Prefix(&got),
+                    "a peer's TLS key is not the node id pinned to it; refused"
+                );
+                Err(rustls::Error::General(
+                    "TLS key is not the pinned node id".into(),
+                ))
+            }
+            _ => Ok(ServerCertVerified::assertion()),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("TLS 1.2 is not used".into()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        let bad = || rustls::Error::General("bad handshake signature".into());
+        if dss.scheme != SignatureScheme::ED25519 {
+            return Err(bad());
+        }
+        let key = self.expected.or_else(|| peer_key(cert)).ok_or_else(bad)?;
+        let key = VerifyingKey::from_bytes(&key).map_err(|_| bad())?;
+        let sig = Signature::from_slice(dss.signature()).map_err(|_| bad())?;
+        key.verify_strict(message, &sig).map_err(|_| bad())?;
+        Ok(HandshakeSignatureValid::assertion())
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        vec![SignatureScheme::ED25519]
+    }
+}
+
+/// The client TLS configuration that accepts exactly `expected` (see [`PinnedKey`]).
+fn client_config(expected: Option<NodeId>, refusals: Arc<AtomicU64>) -> rustls::ClientConfig {
+    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .expect("invariant: the ring provider supports TLS 1.3")
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(PinnedKey { expected, refusals }))
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config
+}
+
+/// A client configuration that accepts any node (any Ed25519 key whose handshake signature
+/// verifies): for a client that does not know which node it reaches (tests, tools).
+pub fn unpinned_config() -> rustls::ClientConfig {
+    client_config(None, Arc::new(AtomicU64::new(0)))
+}
+
+/// The client side of this node's links: a pinned client per peer id, made on first use.
+#[derive(Clone)]
+pub struct Links {
+    bind: Option<IpAddr>,
+    clients: Arc<Mutex<HashMap<Option<NodeId>, reqwest::Client>>>,
+    refusals: Arc<AtomicU64>,
+}
+
+/// Counts only.
+impl fmt::Debug for Links {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Links")
+            .field("refusals", &self.refusals())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Links {
+    /// Clients whose connections are made from `bind` when given; TLS identity refusals are
+    /// added to `refusals`.
+    pub fn new(bind: Option<IpAddr>, refusals: Arc<AtomicU64>) -> Self {
+        Links {
+            bind,
+            clients: Arc::new(Mutex::new(HashMap::new())),
+            refusals,
+        }
+    }
+
+    /// Handshakes refused because the peer's TLS key was not the expected one.
+    pub fn refusals(&self) -> u64 {
+        self.refusals.load(Ordering::Relaxed)
+    }
+
+    /// The client that talks only to `pinned` (to any Ed25519 key when `None`); connections
+    /// are reused while the client lives. The table is bounded: past `MAX_PEERS + 1` clients
+    /// it starts again.
+    pub fn client(&self, pinned: Option<&NodeId>) -> reqwest::Client {
+        let mut map = self
+            .clients
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let key = pinned.copied();
+        if let Some(c) = map.get(&key) {
+            return c.clone();
+        }
+        if map.len() > MAX_PEERS {
+            map.clear();
+        }
+        let c = crate::forward::client(self.bind, client_config(key, Arc::clone(&self.refusals)));
+        map.insert(key, c.clone());
+        c
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_certificate_carries_the_identity_key() {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let config = server_config(&key).unwrap();
+        assert_eq!(config.alpn_protocols, vec![b"http/1.1".to_vec()]);
+        let pair = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(
+            &PrivatePkcs8KeyDer::from(pkcs8(&key)),
+            &rcgen::PKCS_ED25519,
+        )
+        .unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["x".to_string()])
+            .unwrap()
+            .self_signed(&pair)
+            .unwrap();
+        assert_eq!(peer_key(cert.der()), Some(key.verifying_key().to_bytes()));
+        assert_eq!(peer_key(&[0; 64]), None);
+    }
+}

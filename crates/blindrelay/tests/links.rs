@@ -1,0 +1,140 @@
+//! Node-to-node links over TLS pinned to the peer's identity key, on real processes.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Doc, Net, POLL, WAIT, counter};
+use serde_json::Value;
+
+fn identity_changes(status: &Value) -> u64 {
+    status.runtime()["peers"]["identity_changes"]
+        .as_u64()
+        .expect("identity_changes")
+}
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A node whose `--peer` pins one id at a URL where another real node answers refuses the
+/// link at the TLS handshake: counted (`identity_changes`), logged, never routed to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peer_whose_tls_key_is_not_the_pinned_id_is_refused() {
+    let mut net = Net::start(2, &[]).await;
+    let before = identity_changes(&net.status(0).await);
+    // Node 1 answers at its URL with its own identity; node 0 now expects another one there.
+    let other = common::hex(&[7u8; 32]);
+    let spec = format!("{other}@{}", net.node(1).endpoint);
+    net.restart_with(0, &["--peer", &spec]).await;
+    let needle = "TLS key is not the node id pinned to it";
+    let end = Instant::now() + WAIT;
+    while net.node(0).count(needle) == 0 {
+        assert!(
+            Instant::now() < end,
+            "no refusal logged:\n{}",
+            net.node(0).lines().join("\n")
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    let status = net.status(0).await;
+    assert!(identity_changes(&status) > before, "{status}");
+    // The refusal names prefixes only, never the URL.
+    let line = net
+        .node(0)
+        .lines()
+        .into_iter()
+        .find(|l| l.contains(needle))
+        .unwrap();
+    assert!(
+        line.contains(&other[..8]) && !line.contains(&net.node(1).endpoint),
+        "{line}"
+    );
+    // The honest pin to node 1 still holds: it stays routable.
+    net.wait_routable(0, 1).await;
+}
+
+/// A TCP connection that starts a TLS handshake and never finishes it is closed within the
+/// header timeout and counted as timed out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_tls_handshake_is_closed_within_the_header_timeout() {
+    let net = Net::start(1, &["--header-timeout", "1s"]).await;
+    let addr = net
+        .node(0)
+        .endpoint
+        .trim_start_matches("https://")
+        .to_string();
+    let before = counter(&net.status(0).await, "connections_timed_out");
+    let mut conn = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("connect");
+    // The first bytes of a ClientHello record, then silence.
+    conn.write_all(&[0x16, 0x03, 0x01, 0x02, 0x00, 0x01])
+        .await
+        .expect("write");
+    let t = Instant::now();
+    let mut buf = [0u8; 64];
+    let read = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match conn.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "the half-open handshake was not closed within 5 s"
+    );
+    let took = t.elapsed();
+    assert!(
+        took >= Duration::from_millis(800),
+        "closed too early: {took:?}"
+    );
+    let end = Instant::now() + WAIT;
+    while counter(&net.status(0).await, "connections_timed_out") <= before {
+        assert!(
+            Instant::now() < end,
+            "the timed-out handshake was not counted"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Relay traffic and descriptor fetches between two nodes go over TLS: a recording proxy on
+/// the link sees no HTTP method or path, no node id in hex, no payload.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_observer_sees_no_plaintext() {
+    let (net, taps) = Net::start_tapped(2, &[]).await;
+    let marker = b"LINK-PAYLOAD-MARKER-0123456789-abcdefghij";
+    let (ok, out, err) = net.send(0, 1, 1, marker).await;
+    assert!(ok, "send failed: {out} {err}");
+    let (ok, out, err) = net.send(1, 0, 1, marker).await;
+    assert!(ok, "send failed: {out} {err}");
+    for (i, tap) in taps.iter().enumerate() {
+        let wire = tap.bytes();
+        assert!(wire.len() > 1000, "tap {i} saw only {} bytes", wire.len());
+        // TLS application data records, and nothing in clear.
+        assert!(
+            wire.windows(3).any(|w| w == [0x17, 0x03, 0x03]),
+            "tap {i}: no TLS record"
+        );
+        let mut clear: Vec<Vec<u8>> = vec![
+            b"POST".to_vec(),
+            b"GET ".to_vec(),
+            b"HTTP/1.1".to_vec(),
+            b"/v1/relay".to_vec(),
+            b"/v1/descriptor".to_vec(),
+            marker.to_vec(),
+        ];
+        for n in net.nodes() {
+            clear.push(n.id.as_bytes().to_vec());
+            clear.push(n.prefix().as_bytes().to_vec());
+        }
+        for c in &clear {
+            assert!(
+                !wire.windows(c.len()).any(|w| w == c.as_slice()),
+                "tap {i} saw {:?} in clear",
+                String::from_utf8_lossy(c)
+            );
+        }
+    }
+}
