@@ -80,11 +80,11 @@ async fn inbox(net: &Net, seen: &mut BTreeMap<u64, Vec<u8>>) -> Vec<Vec<u8>> {
     let ids = net.inbox_ids(2).await;
     let mut out = Vec::with_capacity(ids.len());
     for id in ids {
-        if !seen.contains_key(&id) {
+        if let std::collections::btree_map::Entry::Vacant(slot) = seen.entry(id) {
             let url = format!("{}/v1/inbox/{id}", net.node(2).operator);
             let r = http.get(&url).send().await.expect("inbox item");
             assert!(r.status().is_success(), "GET {url}: {}", r.status());
-            seen.insert(id, r.bytes().await.expect("item body").to_vec());
+            slot.insert(r.bytes().await.expect("item body").to_vec());
         }
         out.push(seen[&id].clone());
     }
