@@ -61,12 +61,13 @@ FLAT = [
     (r"_rss_kib$", 0.10, 4096),
     (r"_fds$", 0.0, 8),
     (r"^et_sessions$", 0.20, 20),
-    (r"^et_limiter_", 0.20, 50),
+    (r"^et_(query_|joins_|sessions_half)", 0.20, 50),
     (r"^et_bans_db_bytes$", 0.10, 65536),
     (r"^et_servers_json_bytes$", 0.0, 0),
     (r"^br\d_connections$", 0.0, 24),
     (r"^br\d_inbox_items$", 0.25, 50),
-    (r"^br\d_inbox_db_bytes$", 0.25, 262144),
+    # SQLite lets a -wal grow to its autocheckpoint (1 000 pages, 4 MiB) before reusing it.
+    (r"^br\d_inbox_db_bytes$", 0.25, (4 << 20) + 262144),
     (r"^br\d_waiting$", 0.0, 16),
 ]
 # Series that fill up over a window by design: (regex, bound, window in seconds). A run shorter
@@ -149,9 +150,13 @@ def drain(sock):
             return n
 
 
-def http_call(host, method, path, token=None, body=None, timeout=5):
+ADMIN_IP = f"{NET}.0.50"  # the honest admin's and the sampler's source address
+ATTACKER_IP = f"{NET}.0.60"  # bad and idle control requests come from here
+
+
+def http_call(host, method, path, token=None, body=None, timeout=5, source=ADMIN_IP):
     h, p = host.rsplit(":", 1)
-    c = http.client.HTTPConnection(h, int(p), timeout=timeout)
+    c = http.client.HTTPConnection(h, int(p), timeout=timeout, source_address=(source, 0))
     headers = {"content-type": "application/json"} if body is not None else {}
     if token:
         headers["authorization"] = f"Bearer {token}"
@@ -312,7 +317,8 @@ class Soak:
 
     def br_status(self, i):
         try:
-            st, body = http_call(f"{BR_IPS[i]}:7070", "GET", "/v1/status", self.cookies[i])
+            st, body = http_call(f"{BR_IPS[i]}:7070", "GET", "/v1/status", self.cookies[i],
+                                 source=BR_IPS[i])
             return json.loads(body) if st == 200 else {}
         except (OSError, ValueError):
             return {}
@@ -375,19 +381,25 @@ class Soak:
         self.every(HOSTILE_DATAGRAMS, step)
 
     def ban_churn(self):
-        banned = []
+        banned = []  # (ip, when banned): bans last 120 s, unbans pick those under 100 s old
         rnd = random.Random(11)
 
         def step(k):
-            if len(banned) >= MAX_BANS or (banned and k % 3 == 2):
-                ip = banned.pop(rnd.randrange(len(banned)))
-                st, _ = http_call(CONTROL, "DELETE", f"/bans/{ip}", self.key)
-            else:
-                ip = f"198.51.{100 + rnd.randrange(50)}.{rnd.randrange(250) + 1}"
-                st, _ = http_call(CONTROL, "PUT", f"/bans/{ip}", self.key,
-                                  json.dumps({"reason": "soak", "duration_secs": 120}))
-                if st == 200:
-                    banned.append(ip)
+            now = time.time()
+            banned[:] = [(ip, t) for ip, t in banned if now - t < 100]
+            st = 0
+            try:
+                if len(banned) >= MAX_BANS or (banned and k % 3 == 2):
+                    ip, _ = banned.pop(rnd.randrange(len(banned)))
+                    st, _ = http_call(CONTROL, "DELETE", f"/bans/{ip}", self.key)
+                else:
+                    ip = f"198.51.{100 + rnd.randrange(50)}.{rnd.randrange(250) + 1}"
+                    st, _ = http_call(CONTROL, "PUT", f"/bans/{ip}", self.key,
+                                      json.dumps({"reason": "soak", "duration_secs": 120}))
+                    if st == 200:
+                        banned[:] = [(b, t) for b, t in banned if b != ip] + [(ip, now)]
+            except OSError:
+                pass
             self.bump("bans" if st in (200, 204) else "ban_errors")
             if k % 10 == 0:
                 http_call(CONTROL, "GET", "/sessions", self.key)
@@ -395,8 +407,8 @@ class Soak:
 
     def bad_control(self):
         def step(k):
-            http_call(CONTROL, "GET", "/server", "not-a-key-%d" % k)
-            http_call(CONTROL, "PUT", "/server", TOKEN, b"{not json")
+            http_call(CONTROL, "GET", "/server", "not-a-key-%d" % k, source=ATTACKER_IP)
+            http_call(CONTROL, "PUT", "/server", TOKEN, b"{not json", source=ATTACKER_IP)
         self.every(BAD_CONTROL, step)
 
     def idle_control(self):
@@ -404,7 +416,7 @@ class Soak:
 
         def step(k):
             h, p = CONTROL.rsplit(":", 1)
-            c = socket.create_connection((h, int(p)), timeout=2)
+            c = socket.create_connection((h, int(p)), timeout=2, source_address=(ATTACKER_IP, 0))
             c.sendall(b"GET /server HTTP/1.1\r\nHost: x\r\n")  # never finished
             held.append((time.time(), c))
             while held and time.time() - held[0][0] > 8:
@@ -423,7 +435,7 @@ class Soak:
             self.bump("sends")
             try:
                 st, _ = http_call(f"{BR_IPS[frm]}:7070", "POST", path, self.cookies[frm],
-                                  body, timeout=30)
+                                  body, timeout=30, source=BR_IPS[frm])
                 if st == 200:
                     self.bump("sent")
             except OSError:
@@ -491,9 +503,9 @@ class Soak:
             if m:
                 sums[m.group(1)] = sums.get(m.group(1), 0) + float(m.group(3))
         row["et_sessions"] = int(sums.get("etrelay_sessions_open_all", 0))
-        for name, v in sorted(sums.items()):
-            if "limiter" in name and ("sources" in name or "slots" in name):
-                row["et_" + name[len("etrelay_"):]] = int(v)
+        # The limiter's and the join queue's tables, and the half-open sessions.
+        for name in ("query_sources", "query_slots", "joins_queued", "sessions_half_open"):
+            row["et_" + name] = int(sums.get("etrelay_" + name, 0))
         st = self.et_state
         row["et_bans_db_bytes"] = size(*[os.path.join(st, f) for f in os.listdir(st)
                                          if f.startswith("bans-")])
@@ -597,7 +609,8 @@ def plot(rows, png):
     groups = [
         ("resident memory (MiB)", r"_rss_kib$", 1 / 1024),
         ("open descriptors", r"_fds$", 1),
-        ("etrelay sessions and limiter tables", r"^et_(sessions|limiter_)", 1),
+        ("etrelay sessions, limiter and join tables",
+         r"^et_(sessions|query_sources|joins_queued|sessions_half_open)$", 1),
         ("blindrelay connections, inbox, replay routes, waiting",
          r"^br\d_(connections|inbox_items|replay_routes|waiting)$", 1),
         ("SQLite files with -wal (KiB)", r"_db_bytes$", 1 / 1024),
@@ -625,6 +638,11 @@ def main():
     if args.seconds < 20:
         raise SystemExit("soak: --seconds must be at least 20")
     soak = Soak(args)
+
+    def interrupted(signum, _frame):
+        raise SystemExit(f"soak: stopped by signal {signum}")
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)
     try:
         rows = soak.run()
     finally:
