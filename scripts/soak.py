@@ -73,12 +73,14 @@ FLAT = [
 # Series that fill up over a window by design: (regex, bound, window in seconds). A run shorter
 # than two windows checks them against their bound; a longer one checks them flat. The replay
 # registry keeps a route 600 s; etrelay's ban store folds its journal back every 256 changes
-# (128 s of ban churn); the inbox keeps a message 60 s (--inbox-retention, swept every 10 s).
+# (128 s of ban churn); the inbox keeps a message 60 s (--inbox-retention, swept every 10 s);
+# etrelay's query limiter remembers a source 60 s (bound: MAX_QUERY_SOURCES).
 WINDOWED = [
     (r"^br\d_replay_routes$", 8192, 600),
     (r"^br\d_replay_db_bytes$", 64 << 20, 600),
     (r"^et_bans_db_bytes$", 8 << 20, 256 // BAN_CHURN),
     (r"^br\d_inbox_items$", 10000, 70),
+    (r"^et_query_sources$", 65536, 60),  # a source is forgotten 60 s after its last query
     (r"^br\d_inbox_db_bytes$", 64 << 20, 70),
 ]
 
