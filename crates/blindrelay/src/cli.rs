@@ -322,6 +322,11 @@ mod tests {
         assert_eq!(args.operator.to_string(), "127.0.0.1:7070");
         let c = args.run_config();
         let d = RelayConfig::new(false);
+        // A tag is kept at most 840 s: the default capacity holds the default rate's tags.
+        assert_eq!(
+            replay::CAPACITY,
+            gate::DEFAULT_PER_WINDOW as usize * 840 / 60
+        );
         assert_eq!(
             (
                 c.relay.window_limit,

@@ -100,6 +100,8 @@ pub enum PeerError {
     Expired,
     /// Its endpoint is not allowed.
     Endpoint,
+    /// Its descriptor does not announce protocol v2 ([`descriptor::PROTOCOL`]): not routable.
+    OldProtocol,
 }
 
 /// The peer table.
@@ -222,7 +224,10 @@ impl Peers {
     /// [`PeerError`].
     pub fn route(&self, id: &NodeId, now: u64) -> Result<String, PeerError> {
         let d = self.descriptor(id, now)?;
-        Ok(format!("{}/v1/relay", d.endpoint.trim_end_matches('/')))
+        if d.protocol != descriptor::PROTOCOL {
+            return Err(PeerError::OldProtocol);
+        }
+        Ok(format!("{}/v2/relay", d.endpoint.trim_end_matches('/')))
     }
 
     /// The descriptor of `id`, verified when it was accepted, if still current at `now` and
@@ -242,11 +247,12 @@ impl Peers {
         Ok(d)
     }
 
-    /// Every peer that can be routed to now.
+    /// Every peer that can be routed to now (a current v2 descriptor, an allowed endpoint).
     pub fn routable(&self, now: u64) -> Vec<Descriptor> {
         let ids: Vec<NodeId> = self.lock().keys().copied().collect();
         ids.iter()
             .filter_map(|id| self.descriptor(id, now).ok())
+            .filter(|d| d.protocol == descriptor::PROTOCOL)
             .collect()
     }
 
@@ -393,7 +399,7 @@ mod tests {
         assert_eq!(peers.descriptor(&id, T0 + 3599), Ok(d));
         assert_eq!(
             peers.route(&id, T0).as_deref(),
-            Ok("https://127.0.0.9:7001/v1/relay")
+            Ok("https://127.0.0.9:7001/v2/relay")
         );
         assert_eq!(peers.descriptor(&id, T0 + 3600), Err(PeerError::Expired));
         assert!(peers.routable(T0 + 3600).is_empty());

@@ -28,7 +28,6 @@ use std::fmt;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use sha2::{Digest, Sha256};
 
-use super::envelope::AuthError;
 use super::sphinx::{self, FramingError, SizeClass};
 use super::{NodeId, Prefix};
 
@@ -39,6 +38,18 @@ pub const MAX_FRAME: usize = 197_170 + FRAME_OVERHEAD;
 
 const SIGN_DOMAIN: &[u8] = b"blindrelay/frame/v2";
 const REQUEST_DOMAIN: &[u8] = b"blindrelay/request/v2";
+
+/// Why a frame's signature is not accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    /// `previous_hop` is not a usable Ed25519 public key: not a valid point, or a small-order
+    /// (weak) point that can never be a real node's identity.
+    #[error("invalid_previous_hop")]
+    InvalidPreviousHop,
+    /// The signature does not verify (strictly) under `previous_hop`.
+    #[error("invalid_signature")]
+    InvalidSignature,
+}
 
 /// A decoded v2 frame. The packet is kept as received: the hop peels it in place.
 #[derive(Clone, PartialEq, Eq)]
@@ -65,7 +76,7 @@ impl Frame {
     /// # Errors
     /// [`FramingError::V1Envelope`] for a v1 envelope; the others for any other framing fault.
     pub fn decode(bytes: &[u8]) -> Result<Frame, FramingError> {
-        if bytes.starts_with(&super::envelope::MAGIC) {
+        if bytes.starts_with(&sphinx::V1_MAGIC) {
             return Err(FramingError::V1Envelope);
         }
         let Some(packet_len) = bytes.len().checked_sub(FRAME_OVERHEAD) else {
@@ -126,7 +137,8 @@ impl Frame {
     /// Checks the signature under `previous_hop` with `verify_strict`.
     ///
     /// # Errors
-    /// As [`super::Envelope::verify`].
+    /// [`AuthError::InvalidPreviousHop`] for a key that is not a usable Ed25519 point (or a weak
+    /// one), [`AuthError::InvalidSignature`] otherwise.
     pub fn verify(&self) -> Result<(), AuthError> {
         let key = VerifyingKey::from_bytes(&self.previous_hop)
             .map_err(|_| AuthError::InvalidPreviousHop)?;
@@ -159,12 +171,20 @@ impl fmt::Debug for Frame {
     }
 }
 
+/// A v1 envelope as v1 nodes sent it (the old protocol document's test vector, 166 bytes).
+#[cfg(test)]
+pub(crate) const V1_ENVELOPE_HEX: &str = concat!(
+    "4252453111111111111111111111111111111111a09aa5f47a6759802ff955f8dc2d2a14a5c99d23be97f864",
+    "127ff9383455a4f00300000000692b5ed079b5562e8fe654f94078b112e8a98ba7901f853ae695bed7e0e391",
+    "0bad0496640000000568656c6c6f495bad6f99700d61808250749dbed2348ccac944fb8c57694ff6f0cbf420",
+    "eb222914504a6fba2778310a6752ecc2a8d0a293d4483b8a64d7f75cc3ddf72bd40a",
+);
+
 #[cfg(test)]
 mod tests {
     use x25519_dalek::{PublicKey, StaticSecret};
 
     use super::*;
-    use crate::proto::envelope::Envelope;
     use crate::proto::sphinx::{Delivery, HopSpec, build};
 
     fn packet(class: SizeClass) -> Vec<u8> {
@@ -201,7 +221,7 @@ mod tests {
     #[test]
     fn framing_faults_and_v1_are_told_apart() {
         let key = SigningKey::from_bytes(&[3; 32]);
-        let v1 = Envelope::sign([1; 16], [2; 32], 0, 1, vec![0; 40], &key).encode();
+        let v1 = hex::decode(V1_ENVELOPE_HEX).expect("hex");
         assert_eq!(Frame::decode(&v1), Err(FramingError::V1Envelope));
         assert_eq!(Frame::decode(&[]), Err(FramingError::UnknownVersion));
         assert_eq!(Frame::decode(&[2, 0, 0]), Err(FramingError::BadLength));

@@ -91,6 +91,27 @@ pub fn hex(bytes: &[u8]) -> String {
     hex::encode(bytes)
 }
 
+/// Now, in Unix seconds (the nodes run on the system clock).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
+}
+
+/// A v2 frame for `path` (the last descriptor is the terminal) carrying `payload`, signed by
+/// `key`, every layer expiring at `expires_at` (a sender's own is `send::v2::expiry(now)`).
+pub fn craft(
+    key: &ed25519_dalek::SigningKey,
+    path: &[&blindrelay::proto::Descriptor],
+    payload: &[u8],
+    probe: bool,
+    expires_at: u64,
+) -> blindrelay::send::v2::Wrapped {
+    let hops: Vec<blindrelay::send::Hop> = path.iter().map(|d| blindrelay::send::hop(d)).collect();
+    blindrelay::send::v2::wrap_expiring(&hops, payload, probe, expires_at, key).expect("wraps")
+}
+
 /// Random bytes.
 pub fn random_bytes(n: usize) -> Vec<u8> {
     let mut v = vec![0u8; n];
@@ -765,7 +786,7 @@ pub fn peer_rows(status: &Value) -> &Vec<Value> {
 /// Posts a relay request `body` to `endpoint` from `client`: the status and the reason or outcome.
 pub async fn post(client: &reqwest::Client, endpoint: &str, body: Vec<u8>) -> (u16, String) {
     match client
-        .post(format!("{endpoint}/v1/relay"))
+        .post(format!("{endpoint}/v2/relay"))
         .body(body)
         .send()
         .await
