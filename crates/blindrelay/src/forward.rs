@@ -66,6 +66,10 @@ pub const LATE_DEADLINE: Duration = Duration::from_secs(12);
 pub const SENDER_DEADLINE: Duration = Duration::from_secs(15);
 /// Requests in flight to one next hop at most, by default.
 pub const PER_NEXT_HOP: usize = 8;
+/// The `Host` header of every relay request: the same for every next hop, so a request's
+/// length on the link does not depend on the next hop's address (the link is pinned to the
+/// next hop's key; the server ignores the header).
+pub const LINK_HOST: &str = "blindrelay";
 
 /// Requests in flight per next hop: at most `limit` each. Entries exist only while a request
 /// is in flight, so the table is bounded by the requests in flight. Nothing is printed.
@@ -195,6 +199,7 @@ async fn attempt(http: &reqwest::Client, url: &str, envelope: &[u8], deadline: I
     let work = async {
         match http
             .post(url)
+            .header(reqwest::header::HOST, LINK_HOST)
             .header("content-type", "application/octet-stream")
             .timeout(left)
             .body(envelope.to_vec())
