@@ -118,7 +118,8 @@ fn main() {
                 .collect();
             let now = route[0].spec.expires_at - 300;
             let timing = measure(|| {
-                let mut frame = Frame::sign(built().packet, &keys[0]).expect("frames");
+                let mut frame =
+                    Frame::sign(built().packet, &keys[0], &route[0].spec.node_id).expect("frames");
                 let mut total = Duration::ZERO;
                 for (i, node) in route.iter().enumerate() {
                     let received = frame.clone();
@@ -133,8 +134,8 @@ fn main() {
                     )
                     .expect("accepted");
                     match checked.next {
-                        HopNext::Forward { packet, .. } => {
-                            frame = Frame::sign(packet, &keys[i + 1]).expect("frames");
+                        HopNext::Forward { packet, next_hop } => {
+                            frame = Frame::sign(packet, &keys[i + 1], &next_hop).expect("frames");
                             total += t.elapsed();
                         }
                         HopNext::Terminal { payload, .. } => {

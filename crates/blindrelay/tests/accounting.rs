@@ -60,7 +60,7 @@ async fn counters_equal_the_outcomes_of_a_scripted_run() {
     // Delivered to node 2, then the same frame again: answered from the replay registry.
     assert_eq!(post(&n2.endpoint, direct.clone()).await.0, 200);
     assert_eq!(post(&n2.endpoint, direct).await.0, 200);
-    // Garbage, a stale layer and a layer for another node, to node 1.
+    // Garbage, a stale layer and a frame for another node (signed for node 0), to node 1.
     assert_eq!(post(&n1.endpoint, b"garbage".to_vec()).await.0, 400);
     let stale = common::craft(&peer, &[&d1], b"x", false, now - 3600).frame;
     assert_eq!(
@@ -71,7 +71,7 @@ async fn counters_equal_the_outcomes_of_a_scripted_run() {
     let misdirected = common::craft(&peer, &[&d0], b"x", false, expires).frame;
     assert_eq!(
         post(&n1.endpoint, misdirected).await.1["error"],
-        "onion_peel_failed"
+        "invalid_signature"
     );
 
     let (s0, s1, s2) = (

@@ -70,7 +70,7 @@ async fn flood(target: &str, sources: &[Ipv4Addr], conns: usize, until: Instant)
                 let mut seen = Seen::default();
                 let mut packet = vec![7; SizeClass::Small.packet_len()];
                 packet[..2].copy_from_slice(&[sphinx::VERSION, 0]);
-                let mut framed = Frame::sign(packet, &SigningKey::from_bytes(&[9; 32]))
+                let mut framed = Frame::sign(packet, &SigningKey::from_bytes(&[9; 32]), &[1; 32])
                     .expect("a v2 packet")
                     .encode();
                 let n = framed.len();

@@ -47,7 +47,7 @@ fn build(key: &SigningKey, path: &[&Descriptor], payload: &[u8], class: SizeClas
         receipt_key,
     };
     let built = sphinx::build(&specs, &delivery, class).expect("builds");
-    let frame = Frame::sign(built.packet.clone(), key).expect("frames");
+    let frame = Frame::sign(built.packet.clone(), key, &path[0].node_id).expect("frames");
     Sent {
         frame: frame.encode(),
         tags: built.replay_tags,
@@ -230,7 +230,7 @@ async fn a_rewrapped_layer_is_refused_at_every_position_also_after_a_restart() {
         }
         for (pos, packet) in packets.iter().enumerate() {
             let other = SigningKey::from_bytes(&rand::random());
-            let rewrapped = Frame::sign(packet.clone(), &other)
+            let rewrapped = Frame::sign(packet.clone(), &other, &ds[path[pos]].node_id)
                 .expect("frames")
                 .encode();
             let (status, answer) = post(&ds[path[pos]].endpoint, rewrapped).await;

@@ -187,6 +187,8 @@ fn nobody(id: NodeId) -> To {
 struct F {
     frame: Frame,
     tag: RouteId,
+    /// The node it is signed for.
+    to: NodeId,
 }
 
 impl F {
@@ -198,11 +200,22 @@ impl F {
         self.frame.request_digest()
     }
 
+    /// The same packet in a frame signed by `by` for `n`: a layer for another node in a frame
+    /// for `n`.
+    fn signed_for(&self, by: &SigningKey, n: &Node) -> F {
+        F {
+            frame: Frame::sign(self.frame.packet.clone(), by, n.ctx.node.id()).unwrap(),
+            tag: self.tag,
+            to: *n.ctx.node.id(),
+        }
+    }
+
     /// The same packet in a fresh frame signed by `by`: a re-wrap.
     fn rewrap(&self, by: &SigningKey) -> F {
         F {
-            frame: Frame::sign(self.frame.packet.clone(), by).unwrap(),
+            frame: Frame::sign(self.frame.packet.clone(), by, &self.to).unwrap(),
             tag: self.tag,
+            to: self.to,
         }
     }
 }
@@ -226,8 +239,9 @@ fn frame_with(by: &SigningKey, path: &[To], payload: &[u8], probe: bool, expires
     let class = SizeClass::smallest_for(payload.len()).unwrap();
     let built = sphinx::build(&specs, &delivery, class).unwrap();
     F {
-        frame: Frame::sign(built.packet, by).unwrap(),
+        frame: Frame::sign(built.packet, by, &path[0].id).unwrap(),
         tag: built.replay_tags[0],
+        to: path[0].id,
     }
 }
 
@@ -236,16 +250,17 @@ fn frame(by: &SigningKey, path: &[To], payload: &[u8], expires: u64) -> F {
     frame_with(by, path, payload, false, expires)
 }
 
-/// A frame signed by `by` whose packet is junk after its version and class: framed and signed,
-/// refused once its layer does not open (`onion_peel_failed`).
-fn junk_frame(by: &SigningKey) -> F {
+/// A frame signed by `by` for `n` whose packet is junk after its version and class: framed and
+/// signed, refused once its layer does not open (`onion_peel_failed`).
+fn junk_frame(by: &SigningKey, n: &Node) -> F {
     let mut packet: Vec<u8> = (0..SizeClass::Small.packet_len())
         .map(|_| rand::random::<u8>())
         .collect();
     packet[..2].copy_from_slice(&[sphinx::VERSION, 0]);
     F {
-        frame: Frame::sign(packet, by).unwrap(),
+        frame: Frame::sign(packet, by, n.ctx.node.id()).unwrap(),
         tag: [0; 16],
+        to: *n.ctx.node.id(),
     }
 }
 
@@ -280,7 +295,7 @@ async fn deliver(n: &Node, by: &SigningKey, now: u64, payload: &[u8]) -> Reply {
 
 /// A request whose layer does not open: refused at the peel, after the guard counted it.
 async fn junk(n: &Node, by: &SigningKey) -> Reply {
-    submit(n, junk_frame(by).encode()).await
+    submit(n, junk_frame(by, n).encode()).await
 }
 
 fn reason(r: &Reply) -> String {
@@ -333,7 +348,7 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
 
     let fresh = expiry(now);
     let mut bad_sig = frame(&p, &[to(&n)], b"x", fresh);
-    bad_sig.frame.packet[100] ^= 1;
+    bad_sig.frame.signature[0] ^= 1;
     let mut bad_point = frame(&p, &[to(&n)], b"x", fresh);
     bad_point.frame.previous_hop = not_a_point();
     // A v1 node with a current descriptor: known, but not routable (it does not speak v2).
@@ -420,10 +435,21 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
             "loop_detected",
         ),
         (
-            // v1's `wrong_hop`: a layer for another node does not open here.
+            // v1's `wrong_hop`: a frame signed for another node.
             "wrong hop",
             &n,
             frame(&p, &[nobody(stranger)], b"x", fresh).encode(),
+            400,
+            "invalid_signature",
+            "invalid_signature",
+        ),
+        (
+            // A layer for another node in a frame for this one: it does not open here.
+            "layer for another node",
+            &n,
+            frame(&p, &[nobody(stranger)], b"x", fresh)
+                .signed_for(&p, &n)
+                .encode(),
             400,
             "onion_peel_failed",
             "invalid_signature",
@@ -431,7 +457,7 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
         (
             "peel",
             &n,
-            junk_frame(&p).encode(),
+            junk_frame(&p, &n).encode(),
             400,
             "onion_peel_failed",
             "invalid_signature",
@@ -655,7 +681,7 @@ async fn the_steps_run_in_the_design_order() {
     );
     // A self-loop with a layer for another node: the loop first (6 before 7).
     let other: NodeId = rand::random();
-    let f = frame(me, &[nobody(other)], b"x", expiry(now));
+    let f = frame(me, &[nobody(other)], b"x", expiry(now)).signed_for(me, &n);
     assert_eq!(reason(&submit(&n, f.encode()).await), "self_loop");
     // A stale route loop: the layer's expiry first (5 before 7).
     let p = key();
@@ -672,7 +698,7 @@ async fn the_request_gate_shares_its_totals_per_source() {
     let n = node(&clock, |c| c.window_limit = 60_000).await;
     let peer = node(&clock, |_| {}).await;
     introduce(&n, &peer);
-    let body = junk_frame(&key()).encode();
+    let body = junk_frame(&key(), &n).encode();
     // 64 in flight: at most 16 per source, and the last 16 only for known peers.
     let mut held = Vec::new();
     for i in 0..5u8 {
@@ -848,7 +874,7 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
     let (m, clock) = manual();
     let n = node(&clock, |_| {}).await;
     let p = key();
-    let cheap = |_: &Node, _: u64| junk_frame(&p).encode(); // refused later, at the peel
+    let cheap = |n: &Node, _: u64| junk_frame(&p, n).encode(); // refused later, at the peel
     for _ in 0..120 {
         assert_eq!(
             reason(&submit(&n, cheap(&n, clock.unix())).await),
@@ -882,7 +908,7 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
 
     // The window resets after 60 s.
     let w = key();
-    let f = |_: u64| junk_frame(&w).encode();
+    let f = |_: u64| junk_frame(&w, &n).encode();
     for _ in 0..120 {
         submit(&n, f(clock.unix())).await;
     }
@@ -925,7 +951,7 @@ async fn five_thousand_fresh_identities_cannot_flush_an_active_quarantine() {
     }
     let mut refused = 0;
     for _ in 0..5000 {
-        let r = submit(&n, junk_frame(&key()).encode()).await;
+        let r = submit(&n, junk_frame(&key(), &n).encode()).await;
         if reason(&r) == "rate_limited" {
             refused += 1;
         }
@@ -1482,8 +1508,9 @@ async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
     for _ in 0..13 {
         let f = frame(&no_route, &[to(&n), nobody(stranger)], b"x", expiry(now));
         assert_eq!(reason(&submit(&n, f.encode()).await), "no_route");
-        // v1's `wrong_hop`: a layer for another node.
-        let f = frame(&wrong_hop, &[nobody(stranger)], b"x", expiry(now));
+        // v1's `wrong_hop`: a layer for another node (in a frame for this one).
+        let f =
+            frame(&wrong_hop, &[nobody(stranger)], b"x", expiry(now)).signed_for(&wrong_hop, &n);
         assert_eq!(reason(&submit(&n, f.encode()).await), "onion_peel_failed");
         let f = frame(&endpoint, &[to(&strict), to(&other)], b"x", expiry(now));
         assert_eq!(

@@ -32,7 +32,7 @@ mod tests {
         let key = SigningKey::from_bytes(&[1; 32]);
         let mut packet = vec![0u8; SizeClass::Small.packet_len()];
         packet[0] = crate::proto::sphinx::VERSION;
-        let framed = Frame::sign(packet, &key).unwrap();
+        let framed = Frame::sign(packet, &key, &[2; 32]).unwrap();
         assert_eq!(frame(&framed.encode()), Ok(framed.clone()));
         assert_eq!(frame(b"not a frame"), Err(Reason::MalformedEnvelope));
         assert_eq!(frame(b"BRE1\x00\x00"), Err(Reason::V1NotAccepted));

@@ -415,8 +415,8 @@ impl Pipeline {
         let next = match c.next {
             v2::HopNext::Forward { next_hop, packet } => {
                 let endpoint = route::next_hop(&self.ctx, &next_hop, now)?;
-                let frame =
-                    Frame::sign(packet, node.signing_key()).map_err(|_| Reason::ForwardFailed)?;
+                let frame = Frame::sign(packet, node.signing_key(), &next_hop)
+                    .map_err(|_| Reason::ForwardFailed)?;
                 Next::Forward {
                     endpoint,
                     next_hop,

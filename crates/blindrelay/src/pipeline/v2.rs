@@ -72,7 +72,7 @@ pub fn check(
     prev: &mut Option<NodeId>,
     guard: impl FnOnce(&NodeId) -> Result<(), Reason>,
 ) -> Result<HopChecked, Reason> {
-    frame.verify().map_err(|e| match e {
+    frame.verify(me).map_err(|e| match e {
         AuthError::InvalidPreviousHop => Reason::InvalidPreviousHop,
         AuthError::InvalidSignature => Reason::InvalidSignature,
     })?;

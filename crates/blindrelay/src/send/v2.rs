@@ -101,7 +101,8 @@ pub fn wrap_expiring(
     let built =
         sphinx::build(&specs, &delivery, class).map_err(|_| SendError::TooLarge(largest))?;
     let terminal_tag = *built.replay_tags.last().ok_or(SendError::NoHops)?;
-    let frame = Frame::sign(built.packet, key).map_err(|_| SendError::Internal)?;
+    let entry = &path.first().ok_or(SendError::NoHops)?.node_id;
+    let frame = Frame::sign(built.packet, key, entry).map_err(|_| SendError::Internal)?;
     Ok(Wrapped {
         frame: frame.encode(),
         class,
@@ -171,8 +172,8 @@ mod tests {
                     check(&id, &[onion], frame.clone(), NOW, &mut None, |_| Ok(())).expect("ok");
                 assert_eq!(c.expires_at, expiry(NOW));
                 match c.next {
-                    HopNext::Forward { packet, .. } => {
-                        frame = Frame::sign(packet, sign).expect("frames");
+                    HopNext::Forward { packet, next_hop } => {
+                        frame = Frame::sign(packet, sign, &next_hop).expect("frames");
                     }
                     HopNext::Terminal {
                         payload,
