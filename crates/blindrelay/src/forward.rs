@@ -3,7 +3,7 @@
 //! Up to [`MAX_ATTEMPTS`] attempts in all after a timeout, a connection error or a request
 //! error. Before attempt *a* + 1 the forwarder waits [`retry_delay`]`(route, next hop, a)`:
 //!
-//! `delay = 50 ms + (u16::from_be_bytes(SHA-256("blindrelay/retry/v1" ‖ route_id ‖ next_hop ‖
+//! `delay = 50 ms + (u16::from_be_bytes(SHA-256("blindrelay/retry/v1" ‖ tag ‖ next_hop ‖
 //! a as u32 BE)[0..2]) mod 100) ms`, so 50–149 ms, spread between routes and next hops but the
 //! same for the same retry (no RNG: reproducible, testable).
 //!
@@ -194,7 +194,7 @@ enum Attempt {
     Failed(&'static str),
 }
 
-async fn attempt(http: &reqwest::Client, url: &str, envelope: &[u8], deadline: Instant) -> Attempt {
+async fn attempt(http: &reqwest::Client, url: &str, frame: &[u8], deadline: Instant) -> Attempt {
     let left = deadline.saturating_duration_since(Instant::now());
     let work = async {
         match http
@@ -202,7 +202,7 @@ async fn attempt(http: &reqwest::Client, url: &str, envelope: &[u8], deadline: I
             .header(reqwest::header::HOST, LINK_HOST)
             .header("content-type", "application/octet-stream")
             .timeout(left)
-            .body(envelope.to_vec())
+            .body(frame.to_vec())
             .send()
             .await
         {
@@ -244,7 +244,7 @@ pub fn busy_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32, n: u32) -
     retry_delay(route_id, next_hop, attempt) * n.clamp(1, MAX_BUSY_BACKOFF)
 }
 
-/// Posts an envelope to `url` (the next hop of `turn`) until `deadline`, each attempt in its
+/// Posts a frame to `url` (the next hop of `turn`) until `deadline`, each attempt in its
 /// turn (`crate::outbound`), with retries on transport errors and on a busy next hop's
 /// retryable `429`.
 pub async fn post(

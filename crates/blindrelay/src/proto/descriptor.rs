@@ -56,7 +56,7 @@ pub struct Descriptor {
     /// The node's current X25519 onion public key.
     #[serde(with = "hex_array")]
     pub onion_key: [u8; 32],
-    /// Where to `POST` envelopes: `https://IP:PORT`.
+    /// Where to `POST` frames (`/v2/relay` under it): `https://IP:PORT`.
     pub endpoint: String,
     /// Unix seconds at which the node signed this descriptor.
     pub issued_at: u64,
