@@ -68,12 +68,19 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(peeled.replay_tag, built.replay_tags[0]);
             assert_eq!(peeled.expires_at, EXPIRES);
             match peeled.action {
-                Action::Forward { next_hop, packet: next } => {
+                Action::Forward {
+                    next_hop,
+                    packet: next,
+                } => {
                     assert!(hops > 1);
                     assert_eq!(next_hop, specs[1].node_id);
                     assert_eq!(next.len(), packet.len());
                 }
-                Action::Deliver { payload: got, probe, .. } => {
+                Action::Deliver {
+                    payload: got,
+                    probe,
+                    ..
+                } => {
                     assert_eq!(hops, 1);
                     assert_eq!(got, payload);
                     assert_eq!(probe, delivery.probe);

@@ -407,6 +407,24 @@ mod tests {
     }
 
     #[test]
+    fn a_peer_without_protocol_2_is_known_but_not_routable() {
+        use ed25519_dalek::Signer;
+        let clock = Clock::Manual(ManualClock::new(T0));
+        let peers = Peers::new(vec![], true, clock, [0; 32]);
+        let key = SigningKey::from_bytes(&[3; 32]);
+        let mut d = Descriptor::sign(&key, onion_key(), "https://127.0.0.9:7001", T0, 3600);
+        d.protocol = 0;
+        d.signature = key.sign(&d.signing_bytes()).to_bytes();
+        assert!(peers.insert(d.clone()), "a v1 descriptor still verifies");
+        assert_eq!(peers.descriptor(&d.node_id, T0), Ok(d.clone()));
+        assert_eq!(peers.route(&d.node_id, T0), Err(PeerError::OldProtocol));
+        assert!(peers.routable(T0).is_empty());
+        let v2 = Descriptor::sign(&key, onion_key(), "https://127.0.0.9:7001", T0 + 1, 3600);
+        assert!(peers.insert(v2));
+        assert_eq!(peers.routable(T0 + 1).len(), 1);
+    }
+
+    #[test]
     fn private_endpoints_only_when_allowed() {
         let clock = Clock::Manual(ManualClock::new(T0));
         let strict = Peers::new(vec![], false, clock, [0; 32]);
