@@ -61,13 +61,10 @@ write("control_api", [
     bytes([5, 7]) + b"2001:db8" + b"{\"reason\":\"x\",\"duration_secs\":0,\"extra\":1}",
 ])
 
-# blindrelay: the envelope and receipt test vectors of docs/blindrelay-protocol.md.
-envelope = bytes.fromhex(
-    "4252453111111111111111111111111111111111a09aa5f47a6759802ff955f8dc2d2a14a5c99d23be97f864"
-    "127ff9383455a4f00300000000692b5ed079b5562e8fe654f94078b112e8a98ba7901f853ae695bed7e0e391"
-    "0bad0496640000000568656c6c6f495bad6f99700d61808250749dbed2348ccac944fb8c57694ff6f0cbf420"
-    "eb222914504a6fba2778310a6752ecc2a8d0a293d4483b8a64d7f75cc3ddf72bd40a")
-write("envelope", [envelope, envelope[:97], envelope[:-1], b"BRE1" + b"\0" * 157])
+# blindrelay: the v2 frame (a class-0 frame around a packet, a v1 envelope, broken framings)
+# and the receipt test vector of docs/blindrelay-protocol.md.
+frame0 = bytes([2, 0]) + b"\x07" * 2608 + b"\x11" * 32 + b"\x22" * 64
+write("frame", [frame0, frame0[:-1], b"BRE1" + b"\0" * 162, bytes([2, 9]) + b"\0" * 2704, b"\x03"])
 
 receipt = bytes.fromhex(
     "111111111111111111111111111111111338effea3040ac007b8837e3717764e5d82aafcf29f7430d73bf70f"
@@ -76,12 +73,14 @@ receipt = bytes.fromhex(
     "c8b496082661a5bccc0083a8dd8d839fc0f0c401")
 write("receipt", [bytes([0, 7, 1]) + receipt, bytes([1, 3, 0]) + b"hello", bytes([0, 0, 0]) + receipt[:100]])
 
-# Onion: layers the target seals itself ([sel][flip at][flip][fields]), and raw blobs.
-write("onion", [
-    bytes([1, 0, 0]) + b"\x33" * 32 + b"\x11" * 16 + b"\x55" * 105,
-    bytes([3, 0, 0]) + b"\x66" * 32 + b"hello",
-    bytes([7, 9, 1]) + b"\x66" * 32 + b"payload",
-    bytes([0, 0, 0]) + b"\x09" * 105,
+# Sphinx: packets the target builds itself ([sel][flip at, 2 bytes][flip][payload]), and raw
+# bytes.
+write("sphinx", [
+    bytes([1, 0, 0, 0]) + b"hello",
+    bytes([3, 0, 0, 0]) + b"\x66" * 100,
+    bytes([5, 0, 0, 0]) + b"two hops",
+    bytes([0x29, 2, 0x22, 1]) + b"probe, changed",
+    bytes([0, 0, 0, 0]) + b"\x09" * 600,
 ])
 
 # A descriptor signed like a node signs it (Ed25519 seed 0x22.., onion secret 0x33..).

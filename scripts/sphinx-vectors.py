@@ -9,6 +9,7 @@ Usage: scripts/sphinx-vectors.py   (needs python3-cryptography)
 import hashlib
 import hmac
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
@@ -112,6 +113,18 @@ def main():
     packet = build(route, b"hello", b"\x55" * 32, 1764450600, 0, b"\x44" * 32)
     assert len(packet) == HEADER + CAPACITY[0]
     print(f"header 0: {packet[:HEADER].hex()}")
+    # The outer frame of the first hop: signed by the Ed25519 key of seed 01 02 … 20, for the
+    # receiver 32 × 0xa1 (hop 0's node id).
+    signer = Ed25519PrivateKey.from_private_bytes(bytes(range(1, 33)))
+    previous_hop = signer.public_key().public_bytes(
+        serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    bound = packet[:34] + packet[HEADER - MAC:HEADER]
+    signing = b"blindrelay/frame/v2" + bound + previous_hop + route[0][0]
+    print(f"frame 0 previous hop: {previous_hop.hex()}")
+    print(f"frame 0 signing bytes: {signing.hex()}")
+    print(f"frame 0 signature: {signer.sign(signing).hex()}")
+    digest = hashlib.sha256(b"blindrelay/request/v2" + previous_hop + bound).hexdigest()
+    print(f"frame 0 request digest: {digest}")
     for i, s in enumerate(secrets):
         print(f"alpha {i}: {packet[2:34].hex()}")
         print(f"gamma {i}: {packet[HEADER - MAC:HEADER].hex()}")

@@ -1,4 +1,4 @@
-//! The CPU cost of the v2 onion format (`proto::sphinx`), next to v1 (`proto::onion`): building
+//! The CPU cost of the v2 onion format (`proto::sphinx`): building
 //! a packet for 1, 3 and 5 hops, peeling one layer, and a v2 hop's whole CPU work on a frame
 //! (signature check, peel in place, expiry and slot, the next frame signed), for a 1 KiB and a
 //! 64 KiB payload. One thread, no I/O. Each case runs a fixed number of rounds, and stops early after 2 s.
@@ -12,7 +12,6 @@ use std::time::{Duration, Instant};
 
 use blindrelay::pipeline::v2::{self as hop_v2, HopNext};
 use blindrelay::proto::frame::Frame;
-use blindrelay::proto::onion;
 use blindrelay::proto::sphinx::{self, Action, Delivery, HopSpec, SizeClass};
 use ed25519_dalek::SigningKey;
 use x25519_dalek::{PublicKey, StaticSecret};
@@ -119,7 +118,8 @@ fn main() {
                 .collect();
             let now = route[0].spec.expires_at - 300;
             let timing = measure(|| {
-                let mut frame = Frame::sign(built().packet, &keys[0]).expect("frames");
+                let mut frame =
+                    Frame::sign(built().packet, &keys[0], &route[0].spec.node_id).expect("frames");
                 let mut total = Duration::ZERO;
                 for (i, node) in route.iter().enumerate() {
                     let received = frame.clone();
@@ -130,11 +130,12 @@ fn main() {
                         received,
                         now,
                         &mut None,
+                        |_| Ok(()),
                     )
                     .expect("accepted");
                     match checked.next {
-                        HopNext::Forward { packet, .. } => {
-                            frame = Frame::sign(packet, &keys[i + 1]).expect("frames");
+                        HopNext::Forward { packet, next_hop } => {
+                            frame = Frame::sign(packet, &keys[i + 1], &next_hop).expect("frames");
                             total += t.elapsed();
                         }
                         HopNext::Terminal { payload, .. } => {
@@ -152,37 +153,6 @@ fn main() {
                 class.packet_len() + blindrelay::proto::frame::FRAME_OVERHEAD,
                 timing,
             );
-
-            // v1, for comparison: the layer shrinks, and a 64 KiB payload fits v1's blob.
-            let v1_path: Vec<onion::Hop> = route
-                .iter()
-                .map(|n| onion::Hop {
-                    node_id: n.spec.node_id,
-                    onion_key: n.spec.onion_key,
-                })
-                .collect();
-            let v1_build = || onion::build(&v1_path, &payload).expect("builds");
-            let first_len = v1_build().blob.len();
-            let timing = measure(|| {
-                let t = Instant::now();
-                black_box(v1_build());
-                t.elapsed()
-            });
-            row("v1 build", hops, payload_len, first_len, timing);
-            let timing = measure(|| {
-                let mut blob = v1_build().blob;
-                let mut total = Duration::ZERO;
-                for (node, hop) in route.iter().zip(&v1_path) {
-                    let t = Instant::now();
-                    let layer = onion::peel(&hop.node_id, &[&node.secret], &blob).expect("peels");
-                    total += t.elapsed();
-                    if let onion::Layer::Forward { inner, .. } = layer {
-                        blob = inner;
-                    }
-                }
-                total / hops as u32
-            });
-            row("v1 peel, per hop", hops, payload_len, first_len, timing);
         }
     }
 }

@@ -154,6 +154,13 @@ pub struct RunArgs {
     /// Relay requests in flight at most.
     #[arg(long, default_value_t = gate::MAX_IN_FLIGHT)]
     pub max_in_flight: usize,
+    /// Relay requests one source (address block) may have in flight.
+    #[arg(long, default_value_t = gate::IN_FLIGHT_PER_SOURCE)]
+    pub in_flight_per_source: usize,
+    /// The cheap budget: relay requests per second one source may start, before anything is
+    /// read (burst: twice that).
+    #[arg(long, default_value_t = gate::CHEAP_PER_SECOND, value_parser = clap::value_parser!(u32).range(1..))]
+    pub cheap_per_second: u32,
     /// IPv4 sources are grouped by this prefix length.
     #[arg(long, default_value_t = sources::DEFAULT_V4_PREFIX, value_parser = clap::value_parser!(u8).range(0..=32))]
     pub source_prefix_v4: u8,
@@ -282,6 +289,8 @@ impl RunArgs {
                 inbox_share_percent: self.inbox_share,
                 replay_capacity: self.replay_capacity,
                 replay_share_percent: self.replay_share,
+                cheap_per_second: self.cheap_per_second,
+                in_flight_per_source: self.in_flight_per_source,
                 bind: Some(self.listen.ip()).filter(|ip| !ip.is_unspecified()),
                 allow_private_endpoints: self.allow_private_endpoints,
                 probe_interval: self.probe_interval.into(),
@@ -322,6 +331,11 @@ mod tests {
         assert_eq!(args.operator.to_string(), "127.0.0.1:7070");
         let c = args.run_config();
         let d = RelayConfig::new(false);
+        // A tag is kept at most 840 s: the default capacity holds the default rate's tags.
+        assert_eq!(
+            replay::CAPACITY,
+            gate::DEFAULT_PER_WINDOW as usize * 840 / 60
+        );
         assert_eq!(
             (
                 c.relay.window_limit,
@@ -358,6 +372,8 @@ mod tests {
                 c.relay.inbox_share_percent,
                 c.relay.replay_capacity,
                 c.relay.replay_share_percent,
+                c.relay.cheap_per_second,
+                c.relay.in_flight_per_source,
             ),
             (
                 d.inbox_max_items,
@@ -366,6 +382,8 @@ mod tests {
                 d.inbox_share_percent,
                 d.replay_capacity,
                 d.replay_share_percent,
+                d.cheap_per_second,
+                d.in_flight_per_source,
             )
         );
         assert_eq!(c.relay.bind, None, "0.0.0.0 binds nothing");

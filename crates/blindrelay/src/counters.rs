@@ -63,8 +63,10 @@ guard::counter_set! {
             next_hop_queue_full: Counter,
             /// Requests to a next hop that waited for their turn under its previous-hop rate.
             paced: Counter,
-            /// Too old or from the future.
+            /// A layer past its expiry or dated too far ahead.
             timestamp_rejected: Counter,
+            /// Refused: a version 1 envelope (or a body posted to `/v1/relay`); never scored.
+            v1_not_accepted: Counter,
             /// Over the previous hop's rate.
             rate_limited: Counter,
             /// The previous hop is quarantined.

@@ -70,8 +70,12 @@ pub struct RelayConfig {
     pub inbox_retention: Duration,
     /// Percent of the inbox one source may hold.
     pub inbox_share_percent: u8,
-    /// Live routes the replay registry holds at most.
+    /// Live tags the replay registry holds at most.
     pub replay_capacity: usize,
+    /// The request gate's cheap budget per source (requests per second).
+    pub cheap_per_second: u32,
+    /// Requests one source may have in flight.
+    pub in_flight_per_source: usize,
     /// Percent of the replay registry one source may hold.
     pub replay_share_percent: u8,
     /// Outgoing connections are made from this address (the listen address).
@@ -104,6 +108,8 @@ impl RelayConfig {
             inbox_share_percent: terminal::INBOX_SOURCE_SHARE_PERCENT,
             replay_capacity: replay::CAPACITY,
             replay_share_percent: REPLAY_SOURCE_SHARE_PERCENT,
+            cheap_per_second: gate::CHEAP_PER_SECOND,
+            in_flight_per_source: gate::IN_FLIGHT_PER_SOURCE,
             bind: None,
             allow_private_endpoints,
             probe_interval: probe::DEFAULT_INTERVAL,
@@ -240,6 +246,8 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
             per_minute: relay.window_limit,
             max_in_flight: relay.max_in_flight,
             known_share_percent: relay.known_share_percent,
+            cheap_per_second: relay.cheap_per_second,
+            in_flight_per_source: relay.in_flight_per_source,
         },
         relay.grouping,
         serve::connections(&listen),

@@ -3,7 +3,7 @@
 //! Up to [`MAX_ATTEMPTS`] attempts in all after a timeout, a connection error or a request
 //! error. Before attempt *a* + 1 the forwarder waits [`retry_delay`]`(route, next hop, a)`:
 //!
-//! `delay = 50 ms + (u16::from_be_bytes(SHA-256("blindrelay/retry/v1" ‖ route_id ‖ next_hop ‖
+//! `delay = 50 ms + (u16::from_be_bytes(SHA-256("blindrelay/retry/v1" ‖ tag ‖ next_hop ‖
 //! a as u32 BE)[0..2]) mod 100) ms`, so 50–149 ms, spread between routes and next hops but the
 //! same for the same retry (no RNG: reproducible, testable).
 //!
@@ -14,14 +14,15 @@
 //! answer is definitive. Every attempt waits its turn under the next hop's previous-hop rate
 //! ([`crate::outbound`]).
 //!
-//! **Deadlines**, derived from the envelope's TTL. A hop answers within [`hop_deadline`]`(ttl)`
-//! of a frame's arrival: `BASE + min(ttl, 8) × STEP`. The next hop gets the frame with one TTL
-//! less, so its deadline is one [`DEADLINE_STEP`] shorter than ours and it answers before we
-//! give up on it. A forward not over by then is answered `503 route_in_flight` and goes on to
-//! [`late_deadline`] (twice the deadline) before its final answer is stored, so a slow hop
-//! does not make the hop before it store a failure. The sender waits `late_deadline(hops)`. A
-//! hung next hop costs at most [`PER_NEXT_HOP`] requests in flight (`--per-next-hop`), each for
-//! at most its late deadline; more to it are refused at once (`next_hop_busy`).
+//! **Deadlines**: one fixed budget per hop. A v2 hop does not know how many hops follow it (the
+//! frame carries no TTL), so every hop answers within [`HOP_DEADLINE`] (6 s) of a frame's
+//! arrival. A forward not over by then is answered `503 route_in_flight` (which the previous hop
+//! retries) and goes on to [`LATE_DEADLINE`] (12 s) before its final answer is stored. The sender
+//! waits [`SENDER_DEADLINE`] (15 s), longer than the entry hop's late deadline, so it reads the
+//! entry hop's stored final answer. On a healthy route every hop answers in milliseconds; behind
+//! a hung hop each hop stores `forward_failed` within its own late deadline. A hung next hop
+//! costs at most [`PER_NEXT_HOP`] requests in flight (`--per-next-hop`), each for at most the
+//! late deadline; more to it are refused at once (`next_hop_busy`).
 //!
 //! Errors are classified, never printed: reqwest's messages carry the URL, which must not reach
 //! a log.
@@ -55,26 +56,20 @@ pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest answer read from a next hop.
 pub const MAX_ANSWER: usize = 16 * 1024;
-/// A hop's deadline for a frame with no TTL left (the terminal).
-pub const DEADLINE_BASE: Duration = Duration::from_secs(3);
-/// What one more hop adds to the deadline.
-pub const DEADLINE_STEP: Duration = Duration::from_secs(3);
-/// TTLs beyond this add nothing to the deadline.
-pub const DEADLINE_MAX_TTL: u8 = 8;
+/// How long a hop may take to answer a frame, whatever its position on the route.
+pub const HOP_DEADLINE: Duration = Duration::from_secs(6);
+/// How long a hop may go on with a forward after it answered `route_in_flight` at its
+/// [`HOP_DEADLINE`]: twice the deadline in all.
+pub const LATE_DEADLINE: Duration = Duration::from_secs(12);
+/// How long a sender waits for the entry hop: longer than its [`LATE_DEADLINE`], so the entry
+/// hop's final answer (stored, replayed to a retry) comes before the sender gives up.
+pub const SENDER_DEADLINE: Duration = Duration::from_secs(15);
 /// Requests in flight to one next hop at most, by default.
 pub const PER_NEXT_HOP: usize = 8;
-
-/// How long a hop may take to answer a frame that arrived with `ttl` hops left.
-pub fn hop_deadline(ttl: u8) -> Duration {
-    DEADLINE_BASE + DEADLINE_STEP * u32::from(ttl.min(DEADLINE_MAX_TTL))
-}
-
-/// How long a hop may go on with a forward after it answered `route_in_flight` at its
-/// [`hop_deadline`]: twice the deadline in all. The next hop's late deadline is shorter than
-/// ours by twice a [`DEADLINE_STEP`], so its final answer is stored before we stop retrying.
-pub fn late_deadline(ttl: u8) -> Duration {
-    hop_deadline(ttl) * 2
-}
+/// The `Host` header of every relay request: the same for every next hop, so a request's
+/// length on the link does not depend on the next hop's address (the link is pinned to the
+/// next hop's key; the server ignores the header).
+pub const LINK_HOST: &str = "blindrelay";
 
 /// Requests in flight per next hop: at most `limit` each. Entries exist only while a request
 /// is in flight, so the table is bounded by the requests in flight. Nothing is printed.
@@ -199,14 +194,15 @@ enum Attempt {
     Failed(&'static str),
 }
 
-async fn attempt(http: &reqwest::Client, url: &str, envelope: &[u8], deadline: Instant) -> Attempt {
+async fn attempt(http: &reqwest::Client, url: &str, frame: &[u8], deadline: Instant) -> Attempt {
     let left = deadline.saturating_duration_since(Instant::now());
     let work = async {
         match http
             .post(url)
+            .header(reqwest::header::HOST, LINK_HOST)
             .header("content-type", "application/octet-stream")
             .timeout(left)
-            .body(envelope.to_vec())
+            .body(frame.to_vec())
             .send()
             .await
         {
@@ -248,7 +244,7 @@ pub fn busy_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32, n: u32) -
     retry_delay(route_id, next_hop, attempt) * n.clamp(1, MAX_BUSY_BACKOFF)
 }
 
-/// Posts an envelope to `url` (the next hop of `turn`) until `deadline`, each attempt in its
+/// Posts a frame to `url` (the next hop of `turn`) until `deadline`, each attempt in its
 /// turn (`crate::outbound`), with retries on transport errors and on a busy next hop's
 /// retryable `429`.
 pub async fn post(
@@ -374,18 +370,10 @@ mod tests {
     }
 
     #[test]
-    fn deadlines_shrink_hop_by_hop_and_are_bounded() {
-        assert_eq!(hop_deadline(0), Duration::from_secs(3));
-        assert_eq!(hop_deadline(2), Duration::from_secs(9));
-        assert_eq!(hop_deadline(255), hop_deadline(DEADLINE_MAX_TTL));
-        for ttl in 1..DEADLINE_MAX_TTL {
-            assert_eq!(hop_deadline(ttl) - hop_deadline(ttl - 1), DEADLINE_STEP);
-            // The next hop's final answer, stored at its late deadline, comes before ours
-            // ends, and a hop answers before the one before it gives up on it.
-            assert!(late_deadline(ttl - 1) + DEADLINE_STEP <= late_deadline(ttl));
-            assert!(hop_deadline(ttl - 1) < hop_deadline(ttl));
-        }
-        assert_eq!(late_deadline(1), Duration::from_secs(12));
+    fn deadlines_are_fixed_and_ordered() {
+        assert!(HOP_DEADLINE < LATE_DEADLINE);
+        assert!(LATE_DEADLINE < SENDER_DEADLINE);
+        assert_eq!(LATE_DEADLINE, HOP_DEADLINE * 2);
     }
 
     #[test]

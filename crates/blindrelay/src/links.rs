@@ -96,6 +96,11 @@ pub fn server_config(key: &SigningKey) -> Result<Arc<rustls::ServerConfig>, Link
         )
         .map_err(|x| e(&x))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // No tickets, no session cache: every link's handshake is a full one, checked against the
+    // pinned key, and the server never writes while the client's first request is on its way
+    // (a ticket sent after the handshake would cut that request's records in two on the wire).
+    config.send_tls13_tickets = 0;
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
     Ok(Arc::new(config))
 }
 

@@ -52,8 +52,8 @@ pub const RATE_WINDOW: Duration = Duration::from_secs(60);
 pub const UNANSWERED_GRACE: Duration = Duration::from_secs(5);
 /// Requests waiting for their turn to one next hop, by default.
 pub const QUEUE_ENTRIES: usize = 8;
-/// Bytes of requests waiting for their turn to one next hop, by default (eight envelopes of the
-/// largest size fit in 2 MiB).
+/// Bytes of requests waiting for their turn to one next hop, by default (ten 192 KiB frames fit in
+/// 2 MiB).
 pub const QUEUE_BYTES: usize = 2 << 20;
 /// Requests waiting for their turn over all next hops, by default (half of the request gate's
 /// in-flight slots: a forward waiting here holds one).

@@ -100,6 +100,8 @@ pub enum PeerError {
     Expired,
     /// Its endpoint is not allowed.
     Endpoint,
+    /// Its descriptor does not announce protocol v2 ([`descriptor::PROTOCOL`]): not routable.
+    OldProtocol,
 }
 
 /// The peer table.
@@ -222,7 +224,10 @@ impl Peers {
     /// [`PeerError`].
     pub fn route(&self, id: &NodeId, now: u64) -> Result<String, PeerError> {
         let d = self.descriptor(id, now)?;
-        Ok(format!("{}/v1/relay", d.endpoint.trim_end_matches('/')))
+        if d.protocol != descriptor::PROTOCOL {
+            return Err(PeerError::OldProtocol);
+        }
+        Ok(format!("{}/v2/relay", d.endpoint.trim_end_matches('/')))
     }
 
     /// The descriptor of `id`, verified when it was accepted, if still current at `now` and
@@ -242,11 +247,12 @@ impl Peers {
         Ok(d)
     }
 
-    /// Every peer that can be routed to now.
+    /// Every peer that can be routed to now (a current v2 descriptor, an allowed endpoint).
     pub fn routable(&self, now: u64) -> Vec<Descriptor> {
         let ids: Vec<NodeId> = self.lock().keys().copied().collect();
         ids.iter()
             .filter_map(|id| self.descriptor(id, now).ok())
+            .filter(|d| d.protocol == descriptor::PROTOCOL)
             .collect()
     }
 
@@ -393,7 +399,7 @@ mod tests {
         assert_eq!(peers.descriptor(&id, T0 + 3599), Ok(d));
         assert_eq!(
             peers.route(&id, T0).as_deref(),
-            Ok("https://127.0.0.9:7001/v1/relay")
+            Ok("https://127.0.0.9:7001/v2/relay")
         );
         assert_eq!(peers.descriptor(&id, T0 + 3600), Err(PeerError::Expired));
         assert!(peers.routable(T0 + 3600).is_empty());
@@ -428,6 +434,24 @@ mod tests {
         assert_eq!(peers.descriptor(&id, T0 + 61), Ok(new));
         assert_eq!(peers.descriptor(&id, T0 + 3660), Err(PeerError::Expired));
         assert!(peers.routable(T0 + 3660).is_empty());
+    }
+
+    #[test]
+    fn a_peer_without_protocol_2_is_known_but_not_routable() {
+        use ed25519_dalek::Signer;
+        let clock = Clock::Manual(ManualClock::new(T0));
+        let peers = Peers::new(vec![], true, clock, [0; 32]);
+        let key = SigningKey::from_bytes(&[3; 32]);
+        let mut d = Descriptor::sign(&key, onion_key(), "https://127.0.0.9:7001", T0, 3600);
+        d.protocol = 0;
+        d.signature = key.sign(&d.signing_bytes()).to_bytes();
+        assert!(peers.insert(d.clone()), "a v1 descriptor still verifies");
+        assert_eq!(peers.descriptor(&d.node_id, T0), Ok(d.clone()));
+        assert_eq!(peers.route(&d.node_id, T0), Err(PeerError::OldProtocol));
+        assert!(peers.routable(T0).is_empty());
+        let v2 = Descriptor::sign(&key, onion_key(), "https://127.0.0.9:7001", T0 + 1, 3600);
+        assert!(peers.insert(v2));
+        assert_eq!(peers.routable(T0 + 1).len(), 1);
     }
 
     #[test]

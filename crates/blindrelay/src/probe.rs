@@ -1,11 +1,13 @@
 //! Synthetic probes: evidence that the node reaches its peers through the real relay path,
 //! kept apart from user traffic.
 //!
-//! - **Single-hop probe**: a one-hop route to a peer, whose terminal layer carries a probe
-//!   payload. The peer answers like any terminal (a signed receipt sealed to this node) but
-//!   stores nothing and counts it as `probes_answered`, not as user traffic.
+//! - **Single-hop probe**: a one-hop route to a peer, whose terminal slot carries the probe
+//!   flag (authenticated inside the layer; the payload is empty). The packet is of the 2 KiB
+//!   class, the class of most messages, so its size tells nothing. The peer answers like any
+//!   terminal (a signed receipt sealed to this node) but stores nothing and counts it as
+//!   `probes_answered`, not as user traffic.
 //! - **Two-hop probe**: the same through a middle peer to a terminal peer and back. Middle hops
-//!   cannot tell a probe from a message.
+//!   cannot tell a probe from a message of the same class.
 //!
 //! A probe succeeds only when its receipt opens and verifies. Its outcome moves only the probe
 //! counters (`probe_*`, `two_hop_probe_*`) and the peer's route health, never `received`,
@@ -22,19 +24,16 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::context::Context;
+use crate::proto::Prefix;
 use crate::proto::descriptor::Descriptor;
-use crate::proto::onion::Hop;
-use crate::proto::{Prefix, probe};
-use crate::send::{deliver_along, hop};
+use crate::send::{Hop, deliver_along, hop};
 
 /// Time between probe rounds unless told otherwise.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(300);
 
 /// Sends one probe along `path` (1 or 2 hops): true only on a verified receipt.
 async fn probe_path(ctx: &Context, path: Vec<Hop>) -> bool {
-    deliver_along(ctx, path, probe::payload(), true)
-        .await
-        .is_ok()
+    deliver_along(ctx, path, Vec::new(), true).await.is_ok()
 }
 
 /// The two-hop probe's path: a random middle and a random terminal, when at least two peers are

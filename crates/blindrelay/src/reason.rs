@@ -31,7 +31,7 @@ pub enum Blame {
 pub enum Reason {
     /// No capacity now (request gate or crypto slots).
     Backpressure,
-    /// Not an envelope (bad magic, truncated).
+    /// Not a v2 frame (unknown version or class, wrong length).
     MalformedEnvelope,
     /// Over the size limit.
     EnvelopeTooLarge,
@@ -43,19 +43,22 @@ pub enum Reason {
     RateLimited,
     /// The previous hop is quarantined.
     Quarantined,
-    /// Older than the envelope age limit.
+    /// The layer's sealed expiry is more than the skew (120 s) past.
     TimestampExpired,
-    /// Further ahead than the future-skew limit.
+    /// The layer's sealed expiry is further ahead than its lifetime plus the skew (720 s).
     TimestampInFuture,
     /// The previous hop is this node.
     SelfLoop,
-    /// The frame is addressed to another node.
+    /// v1 only (a frame addressed to another node): no longer produced, since a v2 frame names
+    /// no next hop in clear (a layer for another node is `onion_peel_failed`). Kept so the
+    /// vocabulary and its counter stay stable.
     WrongHop,
     /// The onion layer does not open with this node's keys.
     OnionPeelFailed,
     /// The next hop is the previous hop or this node.
     RouteLoop,
-    /// No hop left to forward with.
+    /// v1 only (no TTL left): no longer produced, since a v2 frame carries no TTL (the route's
+    /// length is sealed in the header). Kept so the vocabulary and its counter stay stable.
     TtlExhausted,
     /// No valid descriptor for the next hop.
     NoRoute,
@@ -63,7 +66,7 @@ pub enum Reason {
     InvalidEndpoint,
     /// The same request is being handled.
     RouteInFlight,
-    /// Another request used this route id.
+    /// Another frame (another previous hop) already carried this layer: its replay tag is taken.
     ReplayConflict,
     /// The same request, but its stored response is too old to replay.
     ReplayResponseExpired,
@@ -86,11 +89,14 @@ pub enum Reason {
     /// The next hop's outbound queue (requests waiting for their turn under its previous-hop
     /// rate) is full.
     NextHopQueueFull,
+    /// A version 1 envelope (`BRE1…`, or any body posted to `/v1/relay`): the node speaks v2
+    /// only.
+    V1NotAccepted,
 }
 
 impl Reason {
     /// Every reason, for the docs' table and tests.
-    pub const ALL: [Reason; 28] = {
+    pub const ALL: [Reason; 29] = {
         use Reason::*;
         [
             Backpressure,
@@ -121,6 +127,7 @@ impl Reason {
             InboxShareExceeded,
             ReplayShareExceeded,
             NextHopQueueFull,
+            V1NotAccepted,
         ]
     };
 
@@ -156,6 +163,7 @@ impl Reason {
             InboxShareExceeded => "inbox_share_exceeded",
             ReplayShareExceeded => "replay_share_exceeded",
             NextHopQueueFull => "next_hop_queue_full",
+            V1NotAccepted => "v1_not_accepted",
         }
     }
 
@@ -170,7 +178,7 @@ impl Reason {
             EnvelopeTooLarge => 413,
             MalformedEnvelope | InvalidPreviousHop | InvalidSignature | TimestampExpired
             | TimestampInFuture | SelfLoop | WrongHop | OnionPeelFailed | RouteLoop
-            | TtlExhausted | ReplayConflict => 400,
+            | TtlExhausted | ReplayConflict | V1NotAccepted => 400,
             ReplayResponseExpired => 409,
             NoRoute | InvalidEndpoint | ForwardFailed => 502,
             RouteInFlight | ReplayCapacity | NextHopBusy | NextHopQueueFull => 503,
@@ -201,6 +209,7 @@ impl Reason {
             InboxShareExceeded => &c.inbox_share_exceeded,
             ReplayShareExceeded => &c.replay_share_exceeded,
             NextHopQueueFull => &c.next_hop_queue_full,
+            V1NotAccepted => &c.v1_not_accepted,
         }
     }
 
@@ -247,17 +256,16 @@ impl Reason {
         match self {
             // The design's scored list, restricted to what the previous hop signed itself.
             InvalidPreviousHop | InvalidSignature | SelfLoop => Blame::PreviousHop,
-            // Its own frame, not scored (the design's list does not name them): its clock, a
-            // conflicting reuse of a route id, its rate.
-            TimestampExpired | TimestampInFuture | ReplayConflict | RateLimited | Quarantined => {
-                Blame::PreviousHopUnscored
-            }
-            // Sealed by the original sender inside a layer no previous hop can read.
-            RouteLoop | TtlExhausted | OnionPeelFailed | NoRoute | InvalidEndpoint | WrongHop => {
-                Blame::Sender
-            }
-            // Replays in flight and expired responses have no effect on the previous hop.
-            RouteInFlight | ReplayResponseExpired => Blame::Nobody,
+            // Its own frame, not scored (the design's list does not name them): a layer it
+            // already carried once under the same replay tag (a re-wrap), its rate.
+            ReplayConflict | RateLimited | Quarantined => Blame::PreviousHopUnscored,
+            // Sealed by the original sender inside a layer no previous hop can read (v2 carries
+            // the expiry inside the layer, so a stale or future layer is the sender's too).
+            RouteLoop | TtlExhausted | OnionPeelFailed | NoRoute | InvalidEndpoint | WrongHop
+            | TimestampExpired | TimestampInFuture => Blame::Sender,
+            // Replays in flight, expired responses and a v1 envelope have no effect on the
+            // previous hop.
+            RouteInFlight | ReplayResponseExpired | V1NotAccepted => Blame::Nobody,
             // This node's own state, or a later hop's.
             Backpressure | MalformedEnvelope | EnvelopeTooLarge | ReplayCapacity
             | ForwardFailed | SourceLimited | RequestTimeout | NextHopBusy | InboxFull
@@ -298,7 +306,7 @@ mod tests {
     /// The design's table, row by row: reason, status, counter, scored.
     #[test]
     fn the_table_of_the_docs() {
-        let table: [(&str, u16, &str, bool); 28] = [
+        let table: [(&str, u16, &str, bool); 29] = [
             ("backpressure", 429, "backpressure_dropped", false),
             ("malformed_envelope", 400, "envelope_too_large", false),
             ("envelope_too_large", 413, "envelope_too_large", false),
@@ -327,6 +335,7 @@ mod tests {
             ("inbox_share_exceeded", 429, "inbox_share_exceeded", false),
             ("replay_share_exceeded", 429, "replay_share_exceeded", false),
             ("next_hop_queue_full", 503, "next_hop_queue_full", false),
+            ("v1_not_accepted", 400, "v1_not_accepted", false),
         ];
         let charged = ["invalid_previous_hop", "invalid_signature", "self_loop"];
         for r in Reason::ALL {

@@ -15,14 +15,15 @@ use tracing::debug;
 
 use crate::context::{self, Context};
 use crate::forward::{self, Forwarded};
-use crate::proto::descriptor::Descriptor;
-use crate::proto::envelope::Envelope;
-use crate::proto::onion::{self, Hop};
+use crate::proto::descriptor::{Descriptor, PROTOCOL};
 use crate::proto::receipt::{self, Receipt, ReceiptError};
+use crate::proto::sphinx;
 use crate::proto::{NodeId, Prefix};
 
 /// Hops of a send (the terminal included) unless told otherwise.
 pub const DEFAULT_HOPS: usize = 3;
+/// The largest payload a send carries: the largest size class's capacity.
+pub const MAX_PAYLOAD: usize = 192 * 1024;
 /// Longest hex of a sealed receipt accepted from the entry hop (a sealed receipt is 192 bytes).
 const MAX_RECEIPT_HEX: usize = 1024;
 
@@ -38,9 +39,12 @@ pub enum SendError {
     /// `hops` of 0.
     #[error("hops must be at least 1")]
     NoHops,
-    /// Payload too large for the route.
-    #[error("payload over {0} bytes for this many hops")]
+    /// Payload over the largest size class.
+    #[error("payload over {0} bytes")]
     TooLarge(usize),
+    /// More hops than the format carries.
+    #[error("at most {0} hops")]
+    TooManyHops(usize),
     /// No crypto slot free.
     #[error("backpressure: no crypto slot free")]
     Backpressure,
@@ -85,14 +89,19 @@ pub async fn send(
     if hops == 0 {
         return Err(SendError::NoHops);
     }
-    if payload.len() > onion::max_payload(hops) {
-        return Err(SendError::TooLarge(onion::max_payload(hops)));
+    if hops > sphinx::MAX_HOPS {
+        return Err(SendError::TooManyHops(sphinx::MAX_HOPS));
+    }
+    if v2::class_for(payload.len(), false).is_none() {
+        return Err(SendError::TooLarge(MAX_PAYLOAD));
     }
     let now = ctx.clock.unix();
     let terminal = ctx
         .peers
         .descriptor(&to, now)
-        .map_err(|_| SendError::UnknownTerminal)?;
+        .ok()
+        .filter(|d| d.protocol == PROTOCOL)
+        .ok_or(SendError::UnknownTerminal)?;
     let path = choose_path(
         ctx.node.id(),
         &terminal,
@@ -140,8 +149,25 @@ fn choose_path(
         .collect())
 }
 
+/// One hop of a path, as taken from its verified descriptor.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Hop {
+    /// The hop's node id.
+    pub node_id: NodeId,
+    /// The hop's current X25519 onion public key.
+    pub onion_key: [u8; 32],
+}
+
+impl std::fmt::Debug for Hop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hop")
+            .field("node_id", &Prefix(&self.node_id))
+            .finish_non_exhaustive()
+    }
+}
+
 /// A descriptor as a hop of a path.
-pub(crate) fn hop(d: &Descriptor) -> Hop {
+pub fn hop(d: &Descriptor) -> Hop {
     Hop {
         node_id: d.node_id,
         onion_key: d.onion_key,
@@ -169,44 +195,28 @@ pub(crate) async fn deliver_along(
         .peers
         .route(&entry, now)
         .map_err(|_| SendError::NotEnoughPeers(hops))?;
-    // The sender waits as long as a hop with one more TTL than the entry hop would go on
-    // (`forward::late_deadline`): the entry hop's final answer comes before it gives up.
-    let deadline =
-        tokio::time::Instant::now() + forward::late_deadline(u8::try_from(hops).unwrap_or(u8::MAX));
+    // The sender waits longer than the entry hop's late deadline: its final answer comes first.
+    let deadline = tokio::time::Instant::now() + forward::SENDER_DEADLINE;
     let slot = ctx
         .crypto_slot(ctx.crypto.limit(), ctx.crypto_wait)
         .await
         .ok_or(SendError::Backpressure)?;
     let node = Arc::clone(&ctx.node);
-    let (route, commitment, envelope) = context::on_crypto_slot(slot, move || {
-        let build = if probe {
-            onion::build_probe
-        } else {
-            onion::build
-        };
-        let route =
-            build(&path, &payload).map_err(|_| SendError::TooLarge(onion::max_payload(hops)))?;
-        let env = Envelope::sign(
-            route.first_route_id,
-            entry,
-            (hops - 1) as u8,
-            now,
-            route.blob.clone(),
-            node.signing_key(),
-        );
-        Ok::<_, SendError>((route, receipt::commitment(&payload), env.encode()))
+    let (wrapped, commitment) = context::on_crypto_slot(slot, move || {
+        let wrapped = v2::wrap(&path, &payload, probe, now, node.signing_key())?;
+        Ok::<_, SendError>((wrapped, receipt::commitment(&payload)))
     })
     .await
     .ok_or(SendError::Internal)??;
-    let turn = ctx.pacer.join(&entry, envelope.len()).map_err(|_| {
+    let turn = ctx.pacer.join(&entry, wrapped.frame.len()).map_err(|_| {
         ctx.counters.next_hop_queue_full.inc();
         SendError::QueueFull
     })?;
     let answer = forward::post(
         &ctx.http,
         &url,
-        &envelope,
-        &route.first_route_id,
+        &wrapped.frame,
+        &wrapped.terminal_tag,
         &ctx.counters,
         deadline,
         turn,
@@ -224,9 +234,9 @@ pub(crate) async fn deliver_along(
         Forwarded::Refused { .. } => return Err(SendError::Refused),
         Forwarded::Exhausted => return Err(SendError::Unreachable),
     };
-    let r = receipt::open(&sealed, &route.receipt_key)?;
+    let r = receipt::open(&sealed, &wrapped.receipt_key)?;
     r.verify(
-        &route.terminal_route_id,
+        &wrapped.terminal_tag,
         &commitment,
         &terminal,
         ctx.clock.unix(),
@@ -309,18 +319,17 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let ctx = context(&dir, 4);
         let stranger = descriptor(9);
+        assert_eq!(MAX_PAYLOAD, sphinx::SizeClass::Huge.capacity());
+        assert!(matches!(
+            send(&ctx, stranger.node_id, sphinx::MAX_HOPS + 1, b"x".to_vec()).await,
+            Err(SendError::TooManyHops(_))
+        ));
         assert!(matches!(
             send(&ctx, stranger.node_id, 0, b"x".to_vec()).await,
             Err(SendError::NoHops)
         ));
         assert!(matches!(
-            send(
-                &ctx,
-                stranger.node_id,
-                1,
-                vec![0; onion::max_payload(1) + 1]
-            )
-            .await,
+            send(&ctx, stranger.node_id, 1, vec![0; MAX_PAYLOAD + 1]).await,
             Err(SendError::TooLarge(_))
         ));
         assert!(matches!(

@@ -15,9 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use blindrelay::proto::descriptor::Descriptor;
-use blindrelay::proto::envelope::Envelope;
-use blindrelay::proto::onion::{self, Hop, Route};
+use blindrelay::proto::frame::Frame;
 use blindrelay::proto::receipt;
+use blindrelay::proto::sphinx::{self, SizeClass};
+use blindrelay::send::v2::Wrapped;
 use common::{Doc, Net, counter, http_from};
 use ed25519_dalek::SigningKey;
 use serde_json::Value;
@@ -59,7 +60,7 @@ impl Seen {
 /// not an envelope (refused by framing), half framed with a bad signature (refused by
 /// authentication). Bounded by time and by a count per loop.
 async fn flood(target: &str, sources: &[Ipv4Addr], conns: usize, until: Instant) -> Seen {
-    let url = format!("{target}/v1/relay");
+    let url = format!("{target}/v2/relay");
     let mut tasks = Vec::new();
     for ip in sources {
         let client = http_from(*ip);
@@ -67,15 +68,11 @@ async fn flood(target: &str, sources: &[Ipv4Addr], conns: usize, until: Instant)
             let (client, url) = (client.clone(), url.clone());
             tasks.push(tokio::spawn(async move {
                 let mut seen = Seen::default();
-                let mut framed = Envelope::sign(
-                    rand::random(),
-                    rand::random(),
-                    1,
-                    0,
-                    vec![7; 64],
-                    &SigningKey::from_bytes(&[9; 32]),
-                )
-                .encode();
+                let mut packet = vec![7; SizeClass::Small.packet_len()];
+                packet[..2].copy_from_slice(&[sphinx::VERSION, 0]);
+                let mut framed = Frame::sign(packet, &SigningKey::from_bytes(&[9; 32]), &[1; 32])
+                    .expect("a v2 packet")
+                    .encode();
                 let n = framed.len();
                 framed[n - 1] ^= 1;
                 for i in 0..200_000u32 {
@@ -278,7 +275,8 @@ async fn slow_bodies_and_idle_connections_are_closed_and_honest_traffic_flows() 
     let mut slow = Vec::new();
     for i in 0..SLOW {
         if let Some(mut s) = connect_tls(attacker(12, i % 10), &d).await {
-            let head = "POST /v1/relay HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\nBRE1";
+            let head =
+                "POST /v2/relay HTTP/1.1\r\nHost: x\r\nContent-Length: 100000\r\n\r\n\x02\x01";
             if s.write_all(head.as_bytes()).await.is_ok() && s.flush().await.is_ok() {
                 slow.push(s);
             }
@@ -378,40 +376,16 @@ async fn descriptor(net: &Net, i: usize) -> Descriptor {
         .expect("descriptor JSON")
 }
 
-fn hop(d: &Descriptor) -> Hop {
-    Hop {
-        node_id: d.node_id,
-        onion_key: d.onion_key,
-    }
+/// A frame along `path` (this process as the sender, signed by `key`), and what the sender
+/// keeps to check the receipt.
+fn craft(key: &SigningKey, path: &[&Descriptor], payload: &[u8]) -> Wrapped {
+    craft_with(false, key, path, payload)
 }
 
-/// A frame along `path` (this process as the sender, signed by `key`), its route.
-fn craft(key: &SigningKey, path: &[&Descriptor], payload: &[u8]) -> (Vec<u8>, Route) {
-    craft_with(onion::build, key, path, payload)
-}
-
-/// [`craft`] with the route built by `build` ([`onion::build`] or [`onion::build_probe`]).
-fn craft_with(
-    build: fn(&[Hop], &[u8]) -> Result<Route, onion::BuildError>,
-    key: &SigningKey,
-    path: &[&Descriptor],
-    payload: &[u8],
-) -> (Vec<u8>, Route) {
-    let hops: Vec<_> = path.iter().map(|d| hop(d)).collect();
-    let route = build(&hops, payload).expect("route");
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("time")
-        .as_secs();
-    let env = Envelope::sign(
-        route.first_route_id,
-        path[0].node_id,
-        (path.len() - 1) as u8,
-        now,
-        route.blob.clone(),
-        key,
-    );
-    (env.encode(), route)
+/// [`craft`] of a message or a probe (the probe flag, in the 2 KiB class).
+fn craft_with(probe: bool, key: &SigningKey, path: &[&Descriptor], payload: &[u8]) -> Wrapped {
+    let expires = blindrelay::send::v2::expiry(common::unix_now());
+    common::craft(key, path, payload, probe, expires)
 }
 
 /// Sends `payload` along `path` and checks the terminal's receipt.
@@ -421,10 +395,10 @@ async fn deliver_verified(
     path: &[&Descriptor],
     payload: &[u8],
 ) -> bool {
-    let (body, route) = craft(key, path, payload);
+    let route = craft(key, path, payload);
     let Ok(r) = client
-        .post(format!("{}/v1/relay", path[0].endpoint))
-        .body(body)
+        .post(format!("{}/v2/relay", path[0].endpoint))
+        .body(route.frame.clone())
         .send()
         .await
     else {
@@ -441,7 +415,7 @@ async fn deliver_verified(
     };
     let terminal = path[path.len() - 1].node_id;
     rc.verify(
-        &route.terminal_route_id,
+        &route.terminal_tag,
         &receipt::commitment(payload),
         &terminal,
         rc.delivered_at,
@@ -465,7 +439,7 @@ async fn a_hung_next_hop_costs_a_small_bounded_share() {
     let mut stuck = Vec::new();
     for i in 0..30 {
         let hung = http_from(attacker(13, 2 + i % 3));
-        let (body, _) = craft(&key, &[&b, &c], format!("to the hung node {i}").as_bytes());
+        let body = craft(&key, &[&b, &c], format!("to the hung node {i}").as_bytes()).frame;
         let (hung, endpoint) = (hung.clone(), b.endpoint.clone());
         stuck.push(tokio::spawn(async move {
             let t = Instant::now();
@@ -491,9 +465,9 @@ async fn a_hung_next_hop_costs_a_small_bounded_share() {
     let mut busy = 0;
     for s in stuck {
         let ((status, reason), took) = s.await.expect("hung request");
-        // B answers each within its deadline for a frame with one hop left (6 s).
+        // B answers each within its fixed per-hop deadline (6 s).
         assert!(
-            took <= blindrelay::forward::hop_deadline(1) + Duration::from_secs(1),
+            took <= blindrelay::forward::HOP_DEADLINE + Duration::from_secs(1),
             "{status} {reason} after {took:?}"
         );
         if reason == "next_hop_busy" {
@@ -551,7 +525,8 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
     for i in 0..5 {
         assert!(deliver_verified(&p0, &key, &[&d], format!("p0 {i}").as_bytes()).await);
     }
-    let (status, reason) = common::post(&p0, &d.endpoint, craft(&key, &[&d], b"p0 more").0).await;
+    let (status, reason) =
+        common::post(&p0, &d.endpoint, craft(&key, &[&d], b"p0 more").frame).await;
     assert_eq!((status, reason.as_str()), (429, "inbox_share_exceeded"));
     assert_eq!(net.status(3).await.runtime()["inbox"]["full"], false);
     // Three more parties fill it; a fifth is refused: the inbox is full, and says so.
@@ -561,7 +536,8 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
             assert!(deliver_verified(&p, &key, &[&d], format!("p{k} {i}").as_bytes()).await);
         }
     }
-    let (status, reason) = common::post(&party(4), &d.endpoint, craft(&key, &[&d], b"p4").0).await;
+    let (status, reason) =
+        common::post(&party(4), &d.endpoint, craft(&key, &[&d], b"p4").frame).await;
     assert_eq!((status, reason.as_str()), (507, "inbox_full"));
     let (ok, _, _) = net.send(0, 3, 2, b"honest while full").await;
     assert!(!ok, "a full inbox refuses honest deliveries too");
@@ -595,7 +571,7 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
     // The replay registry (on C, fresh): 40 live routes, 10 per source. Probe frames (stored
     // nowhere) from one party: 10 reserved, then refused with its own reason.
     let c = descriptor(&net, 2).await;
-    let probe = || craft_with(onion::build_probe, &key, &[&c], b"probe").0;
+    let probe = || craft_with(true, &key, &[&c], b"").frame;
     let p5 = party(5);
     let mut reserved = 0;
     for _ in 0..20 {

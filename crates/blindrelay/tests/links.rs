@@ -122,6 +122,7 @@ async fn a_link_observer_sees_no_plaintext() {
             b"GET ".to_vec(),
             b"HTTP/1.1".to_vec(),
             b"/v1/relay".to_vec(),
+            b"/v2/relay".to_vec(),
             b"/v1/descriptor".to_vec(),
             marker.to_vec(),
         ];

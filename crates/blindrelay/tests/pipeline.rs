@@ -14,10 +14,11 @@ use blindrelay::context::Context;
 use blindrelay::counters::Snapshot;
 use blindrelay::daemon::{self, RelayConfig, RunConfig};
 use blindrelay::pipeline::{Pipeline, wire};
-use blindrelay::proto::envelope::Envelope;
-use blindrelay::proto::onion::{self, Layer};
+use blindrelay::proto::frame::Frame;
+use blindrelay::proto::sphinx::{self, Delivery, HopSpec, SizeClass};
 use blindrelay::proto::{NodeId, RouteId};
 use blindrelay::replay::ReplayStore;
+use blindrelay::send::v2::expiry;
 use ed25519_dalek::SigningKey;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -157,33 +158,110 @@ fn introduce(a: &Node, b: &Node) {
     assert!(a.ctx.peers.insert(b.ctx.node.descriptor(now)));
 }
 
-/// A terminal layer for `n` holding `payload`.
-fn terminal_blob(n: &Node, payload: &[u8]) -> Vec<u8> {
-    onion::seal_layer(
-        n.ctx.node.id(),
-        &n.ctx.node.onion_public(),
-        &Layer::Terminal {
-            receipt_key: [7; 32],
-            payload: payload.to_vec(),
-        },
-    )
+/// A hop of a test route: a node id and its onion key.
+#[derive(Clone, Copy)]
+struct To {
+    id: NodeId,
+    onion: [u8; 32],
 }
 
-/// A forward layer for `n` naming `next`.
-fn forward_blob(n: &Node, next: NodeId, inner: Vec<u8>) -> Vec<u8> {
-    onion::seal_layer(
-        n.ctx.node.id(),
-        &n.ctx.node.onion_public(),
-        &Layer::Forward {
-            next_hop: next,
-            next_route_id: rand::random(),
-            inner,
-        },
-    )
+/// `n` as a hop.
+fn to(n: &Node) -> To {
+    To {
+        id: *n.ctx.node.id(),
+        onion: n.ctx.node.onion_public(),
+    }
 }
 
-fn frame(by: &SigningKey, to: &Node, route: RouteId, ttl: u8, ts: u64, blob: Vec<u8>) -> Envelope {
-    Envelope::sign(route, *to.ctx.node.id(), ttl, ts, blob, by)
+/// A hop nobody runs (or a key's id as a hop: its layer opens nowhere).
+fn nobody(id: NodeId) -> To {
+    To {
+        id,
+        onion: x25519_pub(),
+    }
+}
+
+/// A v2 frame as a test builds it: the frame (its fields may be tampered with) and the replay
+/// tag of its first hop's layer.
+#[derive(Clone)]
+struct F {
+    frame: Frame,
+    tag: RouteId,
+    /// The node it is signed for.
+    to: NodeId,
+}
+
+impl F {
+    fn encode(&self) -> Vec<u8> {
+        self.frame.encode()
+    }
+
+    fn request_digest(&self) -> [u8; 32] {
+        self.frame.request_digest()
+    }
+
+    /// The same packet in a frame signed by `by` for `n`: a layer for another node in a frame
+    /// for `n`.
+    fn signed_for(&self, by: &SigningKey, n: &Node) -> F {
+        F {
+            frame: Frame::sign(self.frame.packet.clone(), by, n.ctx.node.id()).unwrap(),
+            tag: self.tag,
+            to: *n.ctx.node.id(),
+        }
+    }
+
+    /// The same packet in a fresh frame signed by `by`: a re-wrap.
+    fn rewrap(&self, by: &SigningKey) -> F {
+        F {
+            frame: Frame::sign(self.frame.packet.clone(), by, &self.to).unwrap(),
+            tag: self.tag,
+            to: self.to,
+        }
+    }
+}
+
+/// A frame signed by `by` for `path` (the last hop is the terminal) carrying `payload` (a probe
+/// when `probe`), every layer expiring at `expires`.
+fn frame_with(by: &SigningKey, path: &[To], payload: &[u8], probe: bool, expires: u64) -> F {
+    let specs: Vec<HopSpec> = path
+        .iter()
+        .map(|h| HopSpec {
+            node_id: h.id,
+            onion_key: h.onion,
+            expires_at: expires,
+        })
+        .collect();
+    let delivery = Delivery {
+        payload,
+        probe,
+        receipt_key: [7; 32],
+    };
+    let class = SizeClass::smallest_for(payload.len()).unwrap();
+    let built = sphinx::build(&specs, &delivery, class).unwrap();
+    F {
+        frame: Frame::sign(built.packet, by, &path[0].id).unwrap(),
+        tag: built.replay_tags[0],
+        to: path[0].id,
+    }
+}
+
+/// [`frame_with`] of a message.
+fn frame(by: &SigningKey, path: &[To], payload: &[u8], expires: u64) -> F {
+    frame_with(by, path, payload, false, expires)
+}
+
+/// A frame signed by `by` for `n` whose packet is junk after its version and class: framed and
+/// signed, refused once its layer does not open (`onion_peel_failed`).
+fn junk_frame(by: &SigningKey, n: &Node) -> F {
+    let mut packet: Vec<u8> = (0..SizeClass::Small.packet_len())
+        .map(|_| rand::random::<u8>())
+        .collect();
+    packet[..2].copy_from_slice(&[sphinx::VERSION, 0]);
+    F {
+        frame: Frame::sign(packet, by, n.ctx.node.id()).unwrap(),
+        tag: [0; 16],
+        to: *n.ctx.node.id(),
+    }
 }
 
 /// An answer as it goes on the wire.
@@ -210,18 +288,14 @@ async fn submit(n: &Node, bytes: Vec<u8>) -> Reply {
     Reply { status, body }
 }
 
-/// A terminal request for `n` carrying `payload`, signed by `by`.
-async fn deliver(n: &Node, by: &SigningKey, ts: u64, payload: &[u8]) -> Reply {
-    submit(
-        n,
-        frame(by, n, rand::random(), 0, ts, terminal_blob(n, payload)).encode(),
-    )
-    .await
+/// A terminal request for `n` carrying `payload`, signed by `by`, sent at `now`.
+async fn deliver(n: &Node, by: &SigningKey, now: u64, payload: &[u8]) -> Reply {
+    submit(n, frame(by, &[to(n)], payload, expiry(now)).encode()).await
 }
 
-/// A request whose layer does not open: refused at step 7, after the guard counted it.
-async fn junk(n: &Node, by: &SigningKey, ts: u64) -> Reply {
-    submit(n, frame(by, n, rand::random(), 1, ts, vec![0; 8]).encode()).await
+/// A request whose layer does not open: refused at the peel, after the guard counted it.
+async fn junk(n: &Node, by: &SigningKey) -> Reply {
+    submit(n, junk_frame(by, n).encode()).await
 }
 
 fn reason(r: &Reply) -> String {
@@ -272,12 +346,29 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
     let p = key();
     let stranger: NodeId = rand::random();
 
-    let mut bad_sig = frame(&p, &n, rand::random(), 1, now, terminal_blob(&n, b"x"));
-    bad_sig.blob[0] ^= 1;
-    let mut bad_point = frame(&p, &n, rand::random(), 1, now, terminal_blob(&n, b"x"));
-    bad_point.previous_hop = not_a_point();
-    let mut wrong_hop = frame(&p, &n, rand::random(), 1, now, terminal_blob(&n, b"x"));
-    wrong_hop = Envelope::sign(wrong_hop.route_id, stranger, 1, now, wrong_hop.blob, &p);
+    let fresh = expiry(now);
+    let mut bad_sig = frame(&p, &[to(&n)], b"x", fresh);
+    bad_sig.frame.signature[0] ^= 1;
+    let mut bad_point = frame(&p, &[to(&n)], b"x", fresh);
+    bad_point.frame.previous_hop = not_a_point();
+    // A v1 node with a current descriptor: known, but not routable (it does not speak v2).
+    let old = key();
+    let mut v1_peer = blindrelay::proto::Descriptor::sign(
+        &old,
+        x25519_pub(),
+        format!("https://{}", other.addr),
+        now,
+        3600,
+    );
+    v1_peer.protocol = 0;
+    v1_peer.signature = ed25519_dalek::Signer::sign(&old, &v1_peer.signing_bytes()).to_bytes();
+    assert_eq!(v1_peer.verify(now), Ok(()));
+    assert!(n.ctx.peers.insert(v1_peer));
+    let v1_envelope = {
+        let mut b = b"BRE1".to_vec();
+        b.extend_from_slice(&[0; 162]);
+        b
+    };
 
     type Case<'a> = (&'a str, &'a Node, Vec<u8>, u16, &'a str, &'a str);
     let cases: Vec<Case> = vec![
@@ -288,6 +379,14 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
             400,
             "malformed_envelope",
             "envelope_too_large",
+        ),
+        (
+            "v1 envelope",
+            &n,
+            v1_envelope,
+            400,
+            "v1_not_accepted",
+            "v1_not_accepted",
         ),
         (
             "bad point",
@@ -308,15 +407,7 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
         (
             "expired",
             &n,
-            frame(
-                &p,
-                &n,
-                rand::random(),
-                1,
-                now - 601,
-                terminal_blob(&n, b"x"),
-            )
-            .encode(),
+            frame(&p, &[to(&n)], b"x", now - sphinx::EXPIRY_SKEW - 1).encode(),
             400,
             "timestamp_expired",
             "timestamp_rejected",
@@ -326,11 +417,9 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
             &n,
             frame(
                 &p,
-                &n,
-                rand::random(),
-                1,
-                now + 121,
-                terminal_blob(&n, b"x"),
+                &[to(&n)],
+                b"x",
+                now + sphinx::MAX_LIFETIME + sphinx::EXPIRY_SKEW + 1,
             )
             .encode(),
             400,
@@ -340,31 +429,35 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
         (
             "self loop",
             &n,
-            frame(
-                n.ctx.node.signing_key(),
-                &n,
-                rand::random(),
-                1,
-                now,
-                terminal_blob(&n, b"x"),
-            )
-            .encode(),
+            frame(n.ctx.node.signing_key(), &[to(&n)], b"x", fresh).encode(),
             400,
             "self_loop",
             "loop_detected",
         ),
         (
+            // v1's `wrong_hop`: a frame signed for another node.
             "wrong hop",
             &n,
-            wrong_hop.encode(),
+            frame(&p, &[nobody(stranger)], b"x", fresh).encode(),
             400,
-            "wrong_hop",
-            "no_route",
+            "invalid_signature",
+            "invalid_signature",
+        ),
+        (
+            // A layer for another node in a frame for this one: it does not open here.
+            "layer for another node",
+            &n,
+            frame(&p, &[nobody(stranger)], b"x", fresh)
+                .signed_for(&p, &n)
+                .encode(),
+            400,
+            "onion_peel_failed",
+            "invalid_signature",
         ),
         (
             "peel",
             &n,
-            frame(&p, &n, rand::random(), 1, now, vec![9; 300]).encode(),
+            junk_frame(&p, &n).encode(),
             400,
             "onion_peel_failed",
             "invalid_signature",
@@ -372,47 +465,23 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
         (
             "route loop",
             &n,
-            frame(
-                &p,
-                &n,
-                rand::random(),
-                1,
-                now,
-                forward_blob(&n, id(&p), vec![1; 200]),
-            )
-            .encode(),
+            frame(&p, &[to(&n), nobody(id(&p))], b"x", fresh).encode(),
             400,
             "route_loop",
             "loop_detected",
         ),
         (
-            "ttl",
-            &n,
-            frame(
-                &p,
-                &n,
-                rand::random(),
-                0,
-                now,
-                forward_blob(&n, stranger, vec![1; 200]),
-            )
-            .encode(),
-            400,
-            "ttl_exhausted",
-            "ttl_exhausted",
-        ),
-        (
             "no route",
             &n,
-            frame(
-                &p,
-                &n,
-                rand::random(),
-                1,
-                now,
-                forward_blob(&n, stranger, vec![1; 200]),
-            )
-            .encode(),
+            frame(&p, &[to(&n), nobody(stranger)], b"x", fresh).encode(),
+            502,
+            "no_route",
+            "no_route",
+        ),
+        (
+            "v1 peer",
+            &n,
+            frame(&p, &[to(&n), nobody(id(&old))], b"x", fresh).encode(),
             502,
             "no_route",
             "no_route",
@@ -420,15 +489,7 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
         (
             "private endpoint",
             &strict,
-            frame(
-                &p,
-                &strict,
-                rand::random(),
-                1,
-                now,
-                forward_blob(&strict, *other.ctx.node.id(), vec![1; 200]),
-            )
-            .encode(),
+            frame(&p, &[to(&strict), to(&other)], b"x", fresh).encode(),
             502,
             "invalid_endpoint",
             "invalid_endpoint",
@@ -448,19 +509,7 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
 
     // A next hop that does not answer: three attempts, then forward_failed.
     let before = n.ctx.counters.snapshot();
-    let r = submit(
-        &n,
-        frame(
-            &p,
-            &n,
-            rand::random(),
-            1,
-            now,
-            forward_blob(&n, *dead.ctx.node.id(), terminal_blob(&dead, b"y")),
-        )
-        .encode(),
-    )
-    .await;
+    let r = submit(&n, frame(&p, &[to(&n), to(&dead)], b"y", fresh).encode()).await;
     assert_eq!((r.status, reason(&r).as_str()), (502, "forward_failed"));
     let after = n.ctx.counters.snapshot();
     assert_eq!(
@@ -485,9 +534,9 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
 
     // Over HTTP, a body over the cap is refused before it is parsed.
     let http = tls_http();
-    let big = vec![0u8; blindrelay::proto::envelope::MAX_ENVELOPE + 1];
+    let big = vec![0u8; blindrelay::proto::frame::MAX_FRAME + 1];
     let r = http
-        .post(format!("https://{}/v1/relay", n.addr))
+        .post(format!("https://{}/v2/relay", n.addr))
         .body(big)
         .send()
         .await
@@ -518,7 +567,7 @@ async fn every_error_of_both_listeners_is_json() {
     let stranger = tls_http();
     let (op, public) = (n.operator, n.addr);
     let to = hex::encode([1u8; 32]);
-    let big = vec![0u8; blindrelay::proto::envelope::MAX_ENVELOPE + 1];
+    let big = vec![0u8; blindrelay::proto::frame::MAX_FRAME + 1];
     let cases = [
         (
             "hops not a number",
@@ -577,7 +626,7 @@ async fn every_error_of_both_listeners_is_json() {
         ),
         (
             "public wrong method",
-            http.get(format!("https://{public}/v1/relay")),
+            http.get(format!("https://{public}/v2/relay")),
             405,
             "method_not_allowed",
         ),
@@ -611,40 +660,36 @@ async fn the_steps_run_in_the_design_order() {
     let (_m, clock) = manual();
     let n = node(&clock, |_| {}).await;
     let now = clock.unix();
-    // A quarantined previous hop with a stale timestamp gets `quarantined` (4 before 5).
+    let stale = now - 10_000;
+    // A quarantined previous hop with a stale layer gets `quarantined` (4 before 5).
     let q = key();
     for _ in 0..=120 {
-        junk(&n, &q, now).await;
+        junk(&n, &q).await;
     }
-    let r = junk(&n, &q, now - 10_000).await;
+    let r = submit(&n, frame(&q, &[to(&n)], b"x", stale).encode()).await;
     assert_eq!(reason(&r), "quarantined");
-    // A forged frame with a stale timestamp: authentication first (3 before 5).
-    let mut f = frame(&key(), &n, rand::random(), 1, now - 10_000, vec![0; 8]);
-    f.previous_hop = id(&q);
+    // A forged frame with a stale layer: authentication first (3 before 5).
+    let mut f = frame(&key(), &[to(&n)], b"x", stale);
+    f.frame.previous_hop = id(&q);
     assert_eq!(reason(&submit(&n, f.encode()).await), "invalid_signature");
-    // A stale self-loop: the timestamp first (5 before 6).
+    // A stale self-loop: the loop first (6 before 5: the expiry is sealed in the layer, read
+    // only once the layer is peeled; the self-loop needs no cryptography).
     let me = n.ctx.node.signing_key();
     assert_eq!(
-        reason(
-            &submit(
-                &n,
-                frame(me, &n, rand::random(), 1, now - 10_000, vec![0; 8]).encode()
-            )
-            .await
-        ),
-        "timestamp_expired"
+        reason(&submit(&n, frame(me, &[to(&n)], b"x", stale).encode()).await),
+        "self_loop"
     );
-    // A self-loop for another node: the loop first (6 before 7).
+    // A self-loop with a layer for another node: the loop first (6 before 7).
     let other: NodeId = rand::random();
-    let f = Envelope::sign(rand::random(), other, 1, now, vec![0; 8], me);
+    let f = frame(me, &[nobody(other)], b"x", expiry(now)).signed_for(me, &n);
     assert_eq!(reason(&submit(&n, f.encode()).await), "self_loop");
-    // A route loop with no TTL left: the loop first, then the TTL (7's own order).
+    // A stale route loop: the layer's expiry first (5 before 7).
     let p = key();
-    let blob = forward_blob(&n, id(&p), vec![1; 200]);
-    assert_eq!(
-        reason(&submit(&n, frame(&p, &n, rand::random(), 0, now, blob).encode()).await),
-        "route_loop"
-    );
+    let f = frame(&p, &[to(&n), nobody(id(&p))], b"x", stale);
+    assert_eq!(reason(&submit(&n, f.encode()).await), "timestamp_expired");
+    // A route loop to an unknown next hop: the loop first, then the route (7's own order).
+    let f = frame(&p, &[to(&n), nobody(id(&p))], b"x", expiry(now));
+    assert_eq!(reason(&submit(&n, f.encode()).await), "route_loop");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -653,7 +698,7 @@ async fn the_request_gate_shares_its_totals_per_source() {
     let n = node(&clock, |c| c.window_limit = 60_000).await;
     let peer = node(&clock, |_| {}).await;
     introduce(&n, &peer);
-    let body = frame(&key(), &n, rand::random(), 0, clock.unix(), vec![1; 8]).encode();
+    let body = junk_frame(&key(), &n).encode();
     // 64 in flight: at most 16 per source, and the last 16 only for known peers.
     let mut held = Vec::new();
     for i in 0..5u8 {
@@ -681,7 +726,7 @@ async fn the_request_gate_shares_its_totals_per_source() {
     }
     // Over HTTP too: 429 at once.
     let r = tls_http()
-        .post(format!("https://{}/v1/relay", n.addr))
+        .post(format!("https://{}/v2/relay", n.addr))
         .body(body.clone())
         .send()
         .await
@@ -724,11 +769,7 @@ async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
     })
     .await;
     let p = key();
-    let probe = || {
-        let now = clock.unix();
-        let payload = blindrelay::proto::probe::payload();
-        frame(&p, &n, rand::random(), 0, now, terminal_blob(&n, &payload)).encode()
-    };
+    let probe = || frame_with(&p, &[to(&n)], b"", true, expiry(clock.unix())).encode();
     let src = |i: u8| n.pipeline.classify(IpAddr::from([10, 60, i, 1]));
     // One source: two routes (25 % of 8), then its own refusal.
     for _ in 0..2 {
@@ -759,9 +800,11 @@ async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
     assert_eq!(s.quality()["status"], "attention");
     assert_eq!(s.counters()["replay_capacity"], 1);
     assert_eq!(s.counters()["replay_share_exceeded"], 1);
-    // Routes end once their envelopes can no longer pass the age check (600 s, inclusive):
-    // room again, and status no longer full.
-    m.advance(Duration::from_secs(601));
+    // Tags end once their layers can no longer be accepted (expiry + 120 s, inclusive): room
+    // again, and status no longer full.
+    m.advance(Duration::from_secs(
+        expiry(T0) + sphinx::EXPIRY_SKEW + 1 - clock.unix(),
+    ));
     let r = submit_from(&n, &src(9), probe()).await;
     assert_eq!(reason(&r), "delivered");
     assert_eq!(status_of(&n).runtime()["replay"]["full"], false);
@@ -779,11 +822,7 @@ async fn crypto_admission_refuses_at_once_and_keeps_a_slot_for_outbound() {
         .map(|_| n.ctx.crypto.try_acquire().unwrap())
         .collect();
     let before = n.ctx.counters.snapshot();
-    let r = submit(
-        &n,
-        frame(&key(), &n, rand::random(), 0, now, terminal_blob(&n, b"x")).encode(),
-    )
-    .await;
+    let r = submit(&n, frame(&key(), &[to(&n)], b"x", expiry(now)).encode()).await;
     assert_eq!((r.status, reason(&r).as_str()), (429, "backpressure"));
     assert_eq!(
         moved(&before, &n.ctx.counters.snapshot()),
@@ -797,11 +836,7 @@ async fn crypto_admission_refuses_at_once_and_keeps_a_slot_for_outbound() {
     let sent = blindrelay::send::send(&n.ctx, *t.ctx.node.id(), 1, b"outbound".to_vec()).await;
     assert!(sent.is_ok(), "{sent:?}");
     drop(busy);
-    let r = submit(
-        &n,
-        frame(&key(), &n, rand::random(), 0, now, terminal_blob(&n, b"x")).encode(),
-    )
-    .await;
+    let r = submit(&n, frame(&key(), &[to(&n)], b"x", expiry(now)).encode()).await;
     assert_eq!(r.status, 200);
     assert_eq!(blindrelay::context::crypto_slots(1), 4);
     assert_eq!(blindrelay::context::crypto_slots(2), 4);
@@ -817,15 +852,8 @@ async fn forged_frames_cannot_quarantine_an_honest_node() {
     let honest = key();
     let attacker = key();
     for _ in 0..13 {
-        let mut f = frame(
-            &attacker,
-            &n,
-            rand::random(),
-            0,
-            now,
-            terminal_blob(&n, b"spam"),
-        );
-        f.previous_hop = id(&honest);
+        let mut f = frame(&attacker, &[to(&n)], b"spam", expiry(now));
+        f.frame.previous_hop = id(&honest);
         assert_eq!(reason(&submit(&n, f.encode()).await), "invalid_signature");
     }
     let s = n.ctx.counters.snapshot();
@@ -846,7 +874,7 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
     let (m, clock) = manual();
     let n = node(&clock, |_| {}).await;
     let p = key();
-    let cheap = |n: &Node, ts: u64| frame(&p, n, rand::random(), 1, ts, vec![0; 8]).encode(); // refused later, at step 7
+    let cheap = |n: &Node, _: u64| junk_frame(&p, n).encode(); // refused later, at the peel
     for _ in 0..120 {
         assert_eq!(
             reason(&submit(&n, cheap(&n, clock.unix())).await),
@@ -880,7 +908,7 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
 
     // The window resets after 60 s.
     let w = key();
-    let f = |ts: u64| frame(&w, &n, rand::random(), 1, ts, vec![0; 8]).encode();
+    let f = |_: u64| junk_frame(&w, &n).encode();
     for _ in 0..120 {
         submit(&n, f(clock.unix())).await;
     }
@@ -898,19 +926,8 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
     let l = key();
     let now = clock.unix();
     for i in 0..12 {
-        let r = submit(
-            &n,
-            frame(
-                &l,
-                &n,
-                rand::random(),
-                1,
-                now,
-                forward_blob(&n, id(&l), vec![1; 200]),
-            )
-            .encode(),
-        )
-        .await;
+        let f = frame(&l, &[to(&n), nobody(id(&l))], b"x", expiry(now));
+        let r = submit(&n, f.encode()).await;
         assert_eq!(reason(&r), "route_loop", "{i}");
     }
     assert_eq!(
@@ -928,18 +945,13 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
 async fn five_thousand_fresh_identities_cannot_flush_an_active_quarantine() {
     let (_m, clock) = manual();
     let n = node(&clock, |_| {}).await;
-    let now = clock.unix();
     let q = key();
     for _ in 0..=120 {
-        junk(&n, &q, now).await;
+        junk(&n, &q).await;
     }
     let mut refused = 0;
     for _ in 0..5000 {
-        let r = submit(
-            &n,
-            frame(&key(), &n, rand::random(), 1, now, vec![0; 8]).encode(),
-        )
-        .await;
+        let r = submit(&n, junk_frame(&key(), &n).encode()).await;
         if reason(&r) == "rate_limited" {
             refused += 1;
         }
@@ -949,17 +961,19 @@ async fn five_thousand_fresh_identities_cannot_flush_an_active_quarantine() {
         refused > 5000 - blindrelay::pipeline::hop_guard::MAX_BUCKETS as i32,
         "{refused}"
     );
-    assert_eq!(reason(&junk(&n, &q, now).await), "quarantined");
+    assert_eq!(reason(&junk(&n, &q).await), "quarantined");
 }
 
 #[tokio::test]
 async fn every_replay_outcome() {
+    // The registry is filled to its capacity below: a small one keeps the test fast (the default
+    // capacity itself is filled in the registry's own test).
+    const CAPACITY: usize = 512;
     let (m, clock) = manual();
-    let n = node(&clock, |_| {}).await;
+    let n = node(&clock, |c| c.replay_capacity = CAPACITY).await;
     let p = key();
     let now = clock.unix();
-    let route: RouteId = rand::random();
-    let first = frame(&p, &n, route, 0, now, terminal_blob(&n, b"once"));
+    let first = frame(&p, &[to(&n)], b"once", expiry(now));
     let r1 = submit(&n, first.encode()).await;
     assert_eq!(reason(&r1), "delivered");
     // The same request again: the stored response, receipt and all; nothing delivered twice.
@@ -971,15 +985,15 @@ async fn every_replay_outcome() {
         counted(&[("received", 1), ("duplicate_route", 1)])
     );
     assert_eq!(n.pipeline.terminal().inbox().len(), 1);
-    // Another request with that route id.
-    let other = frame(&p, &n, route, 0, now, terminal_blob(&n, b"other"));
+    // The same layer in another frame (a re-wrap by another previous hop): its tag is taken.
+    let other = first.rewrap(&key());
     let r = submit(&n, other.encode()).await;
     assert_eq!((r.status, reason(&r).as_str()), (400, "replay_conflict"));
     // In flight.
-    let busy = frame(&p, &n, rand::random(), 0, now, terminal_blob(&n, b"busy"));
+    let busy = frame(&p, &[to(&n)], b"busy", expiry(now));
     n.pipeline
         .replay()
-        .reserve(busy.route_id, busy.request_digest(), now)
+        .reserve(busy.tag, busy.request_digest(), now)
         .unwrap();
     let r = submit(&n, busy.encode()).await;
     assert_eq!((r.status, reason(&r).as_str()), (503, "route_in_flight"));
@@ -994,7 +1008,7 @@ async fn every_replay_outcome() {
     // Capacity: every slot live → 503, no live reservation evicted.
     let now = clock.unix();
     let live = n.pipeline.replay().live(now);
-    for _ in live..blindrelay::replay::CAPACITY {
+    for _ in live..CAPACITY {
         n.pipeline
             .replay()
             .reserve(rand::random(), [0; 32], now)
@@ -1018,14 +1032,7 @@ async fn a_forwarded_duplicate_is_not_forwarded_twice() {
     introduce(&a, &b);
     let p = key();
     let now = clock.unix();
-    let f = frame(
-        &p,
-        &a,
-        rand::random(),
-        1,
-        now,
-        forward_blob(&a, *b.ctx.node.id(), terminal_blob(&b, b"relayed")),
-    );
+    let f = frame(&p, &[to(&a), to(&b)], b"relayed", expiry(now));
     let r1 = submit(&a, f.encode()).await;
     assert_eq!(reason(&r1), "forwarded");
     let r2 = submit(&a, f.encode()).await;
@@ -1041,28 +1048,14 @@ async fn a_route_accepted_before_a_crash_is_refused_after_the_restart() {
     let n = node(&clock, |_| {}).await;
     let p = key();
     let now = clock.unix();
-    let f = frame(
-        &p,
-        &n,
-        rand::random(),
-        0,
-        now,
-        terminal_blob(&n, b"durable"),
-    );
+    let f = frame(&p, &[to(&n)], b"durable", expiry(now));
     let r1 = submit(&n, f.encode()).await;
     assert_eq!(reason(&r1), "delivered");
     // One more reserved but never completed (the process dies while handling it).
-    let g = frame(
-        &p,
-        &n,
-        rand::random(),
-        0,
-        now,
-        terminal_blob(&n, b"cut short"),
-    );
+    let g = frame(&p, &[to(&n)], b"cut short", expiry(now));
     n.pipeline
         .replay()
-        .reserve(g.route_id, g.request_digest(), now)
+        .reserve(g.tag, g.request_digest(), now)
         .unwrap();
     let dir = n.dir.clone();
     let mut n = n;
@@ -1089,6 +1082,11 @@ async fn a_route_accepted_before_a_crash_is_refused_after_the_restart() {
     let r = submit(&n, g.encode()).await;
     assert_eq!((r.status, reason(&r).as_str()), (503, "route_interrupted"));
     assert_eq!(n.pipeline.terminal().inbox().len(), 1);
+    // The delivered layer re-wrapped by another previous hop, after the restart: refused by its
+    // tag, never delivered again.
+    let r = submit(&n, f.rewrap(&key()).encode()).await;
+    assert_eq!((r.status, reason(&r).as_str()), (400, "replay_conflict"));
+    assert_eq!(n.pipeline.terminal().inbox().len(), 1);
 }
 
 #[tokio::test]
@@ -1100,7 +1098,7 @@ async fn a_definitive_answer_is_not_retried() {
     let hits = Arc::new(AtomicUsize::new(0));
     let h = Arc::clone(&hits);
     let app = axum::Router::new().route(
-        "/v1/relay",
+        "/v2/relay",
         axum::routing::post(move || {
             h.fetch_add(1, Ordering::SeqCst);
             async {
@@ -1125,19 +1123,8 @@ async fn a_definitive_answer_is_not_retried() {
     assert!(a.ctx.peers.insert(d));
     let p = key();
     let now = clock.unix();
-    let r = submit(
-        &a,
-        frame(
-            &p,
-            &a,
-            rand::random(),
-            1,
-            now,
-            forward_blob(&a, id(&fake), vec![3; 200]),
-        )
-        .encode(),
-    )
-    .await;
+    let f = frame(&p, &[to(&a), nobody(id(&fake))], b"x", expiry(now));
+    let r = submit(&a, f.encode()).await;
     assert_eq!((r.status, reason(&r).as_str()), (502, "forward_failed"));
     assert_eq!(hits.load(Ordering::SeqCst), 1);
     assert_eq!(a.ctx.counters.snapshot().retry_attempted, 0);
@@ -1184,7 +1171,7 @@ async fn the_sender_verifies_the_terminal_receipt() {
 
     // A middle that answers with a made-up receipt is caught by the sender.
     let app = axum::Router::new().route(
-        "/v1/relay",
+        "/v2/relay",
         axum::routing::post(|| async {
             (
                 axum::http::StatusCode::OK,
@@ -1304,19 +1291,8 @@ async fn status_moves_with_recent_events_and_recovers() {
     let p = key();
     let stranger: NodeId = rand::random();
     let now = clock.unix();
-    submit(
-        &n,
-        frame(
-            &p,
-            &n,
-            rand::random(),
-            1,
-            now,
-            forward_blob(&n, stranger, vec![1; 200]),
-        )
-        .encode(),
-    )
-    .await;
+    let f = frame(&p, &[to(&n), nobody(stranger)], b"x", expiry(now));
+    submit(&n, f.encode()).await;
     assert_eq!(st(&n), "observing");
     deliver(&n, &p, now, b"a").await;
     assert_eq!(st(&n), "ready");
@@ -1325,7 +1301,7 @@ async fn status_moves_with_recent_events_and_recovers() {
     // A rate limit: protecting, while the relay keeps working.
     let q = key();
     for _ in 0..=120 {
-        junk(&n, &q, clock.unix()).await;
+        junk(&n, &q).await;
     }
     deliver(&n, &p, clock.unix(), b"b").await;
     assert_eq!(st(&n), "protecting");
@@ -1360,14 +1336,7 @@ async fn status_moves_with_recent_events_and_recovers() {
     dead.stop.cancel();
     tokio::time::sleep(Duration::from_millis(50)).await;
     for _ in 0..3 {
-        let f = frame(
-            &p,
-            &n,
-            rand::random(),
-            1,
-            clock.unix(),
-            forward_blob(&n, *dead.ctx.node.id(), vec![2; 200]),
-        );
+        let f = frame(&p, &[to(&n), to(&dead)], b"x", expiry(clock.unix()));
         submit(&n, f.encode()).await;
     }
     let doc = status_of(&n);
@@ -1398,12 +1367,9 @@ async fn status_and_metrics_name_no_peer_route_endpoint_or_payload() {
         .unwrap();
     blindrelay::probe::round(&a.ctx).await;
     let p = key();
-    let route: RouteId = rand::random();
-    submit(
-        &b,
-        frame(&p, &b, route, 1, clock.unix(), vec![0; 8]).encode(),
-    )
-    .await;
+    let f = frame(&p, &[to(&b), to(&c)], b"x", expiry(clock.unix()));
+    let route = f.tag;
+    submit(&b, f.encode()).await;
     let mut forbidden: Vec<String> = vec![String::from_utf8(payload.clone()).unwrap()];
     use sha2::Digest;
     forbidden.push(hex::encode(sha2::Sha256::digest(&payload)));
@@ -1441,48 +1407,43 @@ async fn status_and_metrics_name_no_peer_route_endpoint_or_payload() {
     assert!(metrics.contains("blindrelay_verified_client_onion_deliveries_total 1"));
 }
 
-/// Issue 12, item 4: a reservation lasts as long as its envelope can pass the freshness checks,
-/// future skew and the inclusive age limit included (hand-driven clock).
+/// Issue 12, item 4, in v2: a layer's tag stays reserved as long as the layer can be accepted
+/// (through its expiry plus the skew, inclusive), also past the registry's 600 s window from the
+/// reservation; one second later the layer itself is refused (hand-driven clock).
 #[tokio::test]
-async fn a_reservation_outlives_its_envelope_freshness() {
-    use blindrelay::pipeline::metadata::{MAX_AGE_SECS, MAX_SKEW_SECS};
+async fn a_reservation_outlives_its_layer() {
+    use blindrelay::proto::sphinx::{EXPIRY_SKEW, MAX_LIFETIME};
     let (m, clock) = manual();
     let n = node(&clock, |_| {}).await;
     let p = key();
     let t0 = clock.unix();
-    // Dated as far ahead as the skew allows, and dated now.
-    let ahead = frame(
-        &p,
-        &n,
-        rand::random(),
-        0,
-        t0 + MAX_SKEW_SECS,
-        terminal_blob(&n, b"ahead"),
-    );
-    let today = frame(&p, &n, rand::random(), 0, t0, terminal_blob(&n, b"today"));
+    // Expiring as far ahead as a hop accepts, and as a sender's own layer does.
+    let ahead = frame(&p, &[to(&n)], b"ahead", t0 + MAX_LIFETIME + EXPIRY_SKEW);
+    let today = frame(&p, &[to(&n)], b"today", t0 + MAX_LIFETIME);
     assert_eq!(reason(&submit(&n, ahead.encode()).await), "delivered");
     assert_eq!(reason(&submit(&n, today.encode()).await), "delivered");
-    // The last second `today` passes the age check: still reserved.
-    m.advance(Duration::from_secs(MAX_AGE_SECS));
+    // The last second `today` is accepted: still reserved.
+    m.advance(Duration::from_secs(MAX_LIFETIME + EXPIRY_SKEW));
     assert_eq!(
         reason(&submit(&n, today.encode()).await),
         "replay_response_expired"
     );
-    // Past the local window of `ahead`'s reservation, but its envelope is still fresh.
-    m.advance(Duration::from_secs(MAX_SKEW_SECS));
-    assert_eq!(clock.unix(), ahead.timestamp + MAX_AGE_SECS);
+    m.advance(Duration::from_secs(1));
+    assert_eq!(
+        reason(&submit(&n, today.encode()).await),
+        "timestamp_expired"
+    );
+    // Past the registry's window from `ahead`'s reservation, its layer is still acceptable.
+    m.advance(Duration::from_secs(EXPIRY_SKEW - 1));
+    assert_eq!(clock.unix(), t0 + MAX_LIFETIME + 2 * EXPIRY_SKEW);
     assert_eq!(
         reason(&submit(&n, ahead.encode()).await),
         "replay_response_expired"
     );
-    // One second later neither envelope is fresh: refused by its age, never delivered again.
+    // One second later it is not: refused by its expiry, never delivered again.
     m.advance(Duration::from_secs(1));
     assert_eq!(
         reason(&submit(&n, ahead.encode()).await),
-        "timestamp_expired"
-    );
-    assert_eq!(
-        reason(&submit(&n, today.encode()).await),
         "timestamp_expired"
     );
     assert_eq!(n.pipeline.terminal().inbox().len(), 2);
@@ -1520,27 +1481,13 @@ async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
 
     // Replays in flight and expired: no effect (only the first delivery's contact).
     let (in_flight, expired) = (key(), key());
-    let busy = frame(
-        &in_flight,
-        &n,
-        rand::random(),
-        0,
-        now,
-        terminal_blob(&n, b"b"),
-    );
+    let busy = frame(&in_flight, &[to(&n)], b"b", expiry(now));
     deliver(&n, &in_flight, now, b"contact").await;
     n.pipeline
         .replay()
-        .reserve(busy.route_id, busy.request_digest(), now)
+        .reserve(busy.tag, busy.request_digest(), now)
         .unwrap();
-    let first = frame(
-        &expired,
-        &n,
-        rand::random(),
-        0,
-        now,
-        terminal_blob(&n, b"e"),
-    );
+    let first = frame(&expired, &[to(&n)], b"e", expiry(now));
     assert_eq!(reason(&submit(&n, first.encode()).await), "delivered");
     for _ in 0..13 {
         assert_eq!(reason(&submit(&n, busy.encode()).await), "route_in_flight");
@@ -1559,27 +1506,13 @@ async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
     // This node's own refusals: thirteen each, no score, no mark.
     let (no_route, wrong_hop, endpoint, full) = (key(), key(), key(), key());
     for _ in 0..13 {
-        let f = frame(
-            &no_route,
-            &n,
-            rand::random(),
-            1,
-            now,
-            forward_blob(&n, stranger, vec![1; 200]),
-        );
+        let f = frame(&no_route, &[to(&n), nobody(stranger)], b"x", expiry(now));
         assert_eq!(reason(&submit(&n, f.encode()).await), "no_route");
-        let f = frame(
-            &wrong_hop,
-            &n,
-            rand::random(),
-            1,
-            now,
-            terminal_blob(&n, b"x"),
-        );
-        let f = Envelope::sign(f.route_id, stranger, 1, now, f.blob, &wrong_hop);
-        assert_eq!(reason(&submit(&n, f.encode()).await), "wrong_hop");
-        let inner = forward_blob(&strict, *other.ctx.node.id(), vec![1; 200]);
-        let f = frame(&endpoint, &strict, rand::random(), 1, now, inner);
+        // v1's `wrong_hop`: a layer for another node (in a frame for this one).
+        let f =
+            frame(&wrong_hop, &[nobody(stranger)], b"x", expiry(now)).signed_for(&wrong_hop, &n);
+        assert_eq!(reason(&submit(&n, f.encode()).await), "onion_peel_failed");
+        let f = frame(&endpoint, &[to(&strict), to(&other)], b"x", expiry(now));
         assert_eq!(
             reason(&submit(&strict, f.encode()).await),
             "invalid_endpoint"
@@ -1613,20 +1546,15 @@ async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
     assert_eq!(n.ctx.counters.quarantine_started.get(), 0);
     assert_eq!(strict.ctx.counters.quarantine_started.get(), 0);
 
-    // Its own reuse of a route id is its fault: marked (health only).
-    let conflict = frame(
-        &expired,
-        &n,
-        first.route_id,
-        0,
-        now,
-        terminal_blob(&n, b"other"),
-    );
+    // A re-wrap of a layer another previous hop already carried is the re-wrapper's fault:
+    // marked (health only).
+    let rewrapper = key();
+    let conflict = first.rewrap(&rewrapper);
     assert_eq!(
         reason(&submit(&n, conflict.encode()).await),
         "replay_conflict"
     );
-    let r = row(&n, &expired);
+    let r = row(&n, &rewrapper);
     assert_eq!(r["health"], "degraded", "{r}");
     assert_eq!(r["reasons"]["replay"], 1, "{r}");
 }

@@ -112,38 +112,48 @@ async fn nothing_printed_or_served_links_sender_terminal_or_payload() {
     let client_ip = fresh_ip();
     let client = http_from(client_ip);
     let relay1 = &net.node(1).endpoint;
-    let mut malformed = b"BRE1".to_vec();
+    let mut v1 = b"BRE1".to_vec();
+    v1.extend(random_bytes(150));
+    let mut malformed = vec![0x02, 0x00];
     malformed.extend(random_bytes(150));
-    let (status, text) = body(
-        client
-            .post(format!("{relay1}/v1/relay"))
-            .header("content-type", "application/octet-stream")
-            .body(malformed)
-            .send()
-            .await
-            .expect("malformed relay request"),
-    )
-    .await;
-    assert_eq!(status, 400, "{text}");
-    assert!(text.contains("malformed_envelope"), "{text}");
-    seen.push(Seen {
-        what: "malformed POST /v1/relay".into(),
-        text,
-    });
-    let (status, text) = body(
-        client
-            .post(format!("{relay1}/v1/relay"))
-            .body(b"not an envelope at all".to_vec())
-            .send()
-            .await
-            .expect("garbage relay request"),
-    )
-    .await;
-    assert_eq!(status, 400, "{text}");
-    seen.push(Seen {
-        what: "garbage POST /v1/relay".into(),
-        text,
-    });
+    for (what, path, bytes, reason) in [
+        (
+            "v1 POST /v2/relay",
+            "/v2/relay",
+            v1.clone(),
+            "v1_not_accepted",
+        ),
+        ("v1 POST /v1/relay", "/v1/relay", v1, "v1_not_accepted"),
+        (
+            "malformed POST /v2/relay",
+            "/v2/relay",
+            malformed,
+            "malformed_envelope",
+        ),
+        (
+            "garbage POST /v2/relay",
+            "/v2/relay",
+            b"not an envelope at all".to_vec(),
+            "malformed_envelope",
+        ),
+    ] {
+        let (status, text) = body(
+            client
+                .post(format!("{relay1}{path}"))
+                .header("content-type", "application/octet-stream")
+                .body(bytes)
+                .send()
+                .await
+                .expect("relay request"),
+        )
+        .await;
+        assert_eq!(status, 400, "{what}: {text}");
+        assert!(text.contains(reason), "{what}: {text}");
+        seen.push(Seen {
+            what: what.into(),
+            text,
+        });
+    }
     for (what, req) in [
         (
             "operator send unknown",

@@ -8,8 +8,6 @@ mod common;
 use std::time::{Duration, Instant};
 
 use blindrelay::proto::descriptor::Descriptor;
-use blindrelay::proto::envelope::Envelope;
-use blindrelay::proto::onion::{self, Hop};
 use common::{Doc, Net, counter, http};
 use ed25519_dalek::SigningKey;
 use serde_json::Value;
@@ -27,27 +25,8 @@ async fn descriptor(net: &Net, i: usize) -> Descriptor {
 
 /// A frame along `path`, signed by `key` as the first previous hop.
 fn craft(key: &SigningKey, path: &[&Descriptor], payload: &[u8]) -> Vec<u8> {
-    let hops: Vec<_> = path
-        .iter()
-        .map(|d| Hop {
-            node_id: d.node_id,
-            onion_key: d.onion_key,
-        })
-        .collect();
-    let route = onion::build(&hops, payload).expect("route");
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .expect("time")
-        .as_secs();
-    Envelope::sign(
-        route.first_route_id,
-        path[0].node_id,
-        (path.len() - 1) as u8,
-        now,
-        route.blob.clone(),
-        key,
-    )
-    .encode()
+    let expires = blindrelay::send::v2::expiry(common::unix_now());
+    common::craft(key, path, payload, false, expires).frame
 }
 
 /// Polls node `i`'s status until `ok` holds (at most `within`); the last status.
@@ -187,7 +166,7 @@ async fn scripted(
     let listener = tokio::net::TcpListener::bind((common::fresh_ip(), 0))
         .await
         .expect("bind");
-    let url = format!("https://{}/v1/relay", listener.local_addr().expect("addr"));
+    let url = format!("https://{}/v2/relay", listener.local_addr().expect("addr"));
     let key = ed25519_dalek::SigningKey::from_bytes(&rand::random());
     let id = key.verifying_key().to_bytes();
     let tls = tokio_rustls::TlsAcceptor::from(blindrelay::links::server_config(&key).expect("tls"));
@@ -256,7 +235,7 @@ async fn route_in_flight_and_busy_answers_are_retried_then_delivered() {
     let pacer = Pacer::new(HopRate::default(), QueueLimits::default());
     let counters = Counters::default();
     let http = blindrelay::links::Links::new(None, std::sync::Arc::default());
-    let deadline = tokio::time::Instant::now() + forward::hop_deadline(1);
+    let deadline = tokio::time::Instant::now() + forward::HOP_DEADLINE;
     let turn = pacer.join(&hop, 10).expect("queue");
     let out = forward::post(&http, &url, b"frame", &[1; 16], &counters, deadline, turn).await;
     assert_eq!(

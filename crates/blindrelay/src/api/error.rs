@@ -54,7 +54,7 @@ impl ApiError {
                 let (st, code) = match e {
                     SendError::UnknownTerminal => (StatusCode::NOT_FOUND, "unknown_terminal"),
                     SendError::NotEnoughPeers(_) => (StatusCode::CONFLICT, "not_enough_peers"),
-                    SendError::NoHops | SendError::TooLarge(_) => {
+                    SendError::NoHops | SendError::TooLarge(_) | SendError::TooManyHops(_) => {
                         (StatusCode::BAD_REQUEST, "bad_request")
                     }
                     SendError::Backpressure => (StatusCode::TOO_MANY_REQUESTS, "backpressure"),
@@ -148,12 +148,15 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Refusals after which the connection is closed: its body was not read (too large, too slow),
-/// or its source is over its share.
+/// Refusals after which the connection is closed: its body was not read (too large, too slow,
+/// a v1 request), or its source is over its share.
 fn closes(r: Reason) -> bool {
     matches!(
         r,
-        Reason::EnvelopeTooLarge | Reason::RequestTimeout | Reason::SourceLimited
+        Reason::EnvelopeTooLarge
+            | Reason::RequestTimeout
+            | Reason::SourceLimited
+            | Reason::V1NotAccepted
     )
 }
 

@@ -7,8 +7,10 @@
 //! for a commit) run on blocking threads. Both listeners run [`serve::serve`]: header and idle
 //! timeouts, and capped connections per source.
 //!
-//! A relay request's body has a deadline: [`BODY_BASE`] plus its length at [`BODY_MIN_RATE`]
-//! (a declared `Content-Length` over the largest envelope is refused at once with 413). A body
+//! A relay request (`POST /v2/relay`, one v2 frame) has a body deadline: [`BODY_BASE`] plus its
+//! length at [`BODY_MIN_RATE`] (a declared `Content-Length` over the largest frame is refused at
+//! once with 413). `POST /v1/relay` is mounted only to refuse v1 senders with
+//! `400 v1_not_accepted` (counted, never scored), without reading the body. A body
 //! that does not arrive in time is refused (`request_timeout`, 408) and its connection closed.
 //! The in-flight slot is taken only once the body is read and framed (`Pipeline::admit`).
 //! From there the request runs in its own task, holding its slot, to the end of its deadline at
@@ -35,7 +37,7 @@ use serde::{Deserialize, Serialize};
 pub use self::error::ApiError;
 use self::serve::PeerAddr;
 use crate::pipeline::{Answer, Pipeline};
-use crate::proto::envelope::MAX_ENVELOPE;
+use crate::proto::frame::MAX_FRAME;
 use crate::proto::from_hex;
 use crate::reason::Reason;
 use crate::send::{self, Delivered};
@@ -46,7 +48,8 @@ use crate::{probe, status};
 pub fn public(pipeline: Arc<Pipeline>) -> Router {
     Router::new()
         .route("/v1/descriptor", get(descriptor))
-        .route("/v1/relay", post(relay_request))
+        .route("/v2/relay", post(relay_request))
+        .route("/v1/relay", post(v1_relay))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(pipeline)
@@ -64,7 +67,7 @@ pub fn operator(pipeline: Arc<Pipeline>, cookie: cookie::Cookie) -> Router {
         .route("/v1/descriptor", get(descriptor))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(MAX_ENVELOPE))
+        .layer(DefaultBodyLimit::max(MAX_FRAME))
         .layer(axum::middleware::from_fn_with_state(
             cookie,
             cookie::require,
@@ -104,7 +107,19 @@ pub fn body_deadline(len: u64) -> Duration {
     BODY_BASE + Duration::from_millis(len.saturating_mul(1000) / BODY_MIN_RATE)
 }
 
-/// `POST /v1/relay`: the source's cheap budget before the body is read; the declared length
+/// `POST /v1/relay`: the v1 protocol is not accepted. The source's cheap budget is charged
+/// first, so the refusal costs no more than any other cheap one; the body is never read.
+async fn v1_relay(
+    State(pipeline): State<Arc<Pipeline>>,
+    peer: Option<Extension<PeerAddr>>,
+) -> Result<Response, ApiError> {
+    let ip = peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |Extension(p)| p.0);
+    let source = pipeline.classify(ip);
+    pipeline.cheap(&source)?;
+    Err(pipeline.refuse(Reason::V1NotAccepted).into())
+}
+
+/// `POST /v2/relay`: the source's cheap budget before the body is read; the declared length
 /// checked; the body read within its deadline and capped; then the pipeline (admission once
 /// the body is framed).
 async fn relay_request(
@@ -120,13 +135,13 @@ async fn relay_request(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_ENVELOPE as u64) {
+    if declared.is_some_and(|n| n > MAX_FRAME as u64) {
         return Err(pipeline.refuse(Reason::EnvelopeTooLarge).into());
     }
-    let deadline = body_deadline(declared.unwrap_or(MAX_ENVELOPE as u64));
+    let deadline = body_deadline(declared.unwrap_or(MAX_FRAME as u64));
     let body = match tokio::time::timeout(
         deadline,
-        axum::body::to_bytes(req.into_body(), MAX_ENVELOPE),
+        axum::body::to_bytes(req.into_body(), MAX_FRAME),
     )
     .await
     {

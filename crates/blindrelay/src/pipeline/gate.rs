@@ -3,11 +3,12 @@
 //! (`crate::sources`).
 //!
 //! - **Cheap budget** ([`RequestGate::cheap`]), before the body is read: every request of a
-//!   source, whatever becomes of it, takes a token of its own bucket ([`CHEAP_PER_SECOND`],
-//!   burst [`CHEAP_BURST`]). Requests the cheap checks refuse (size, framing, a slow body) cost
+//!   source, whatever becomes of it, takes a token of its own bucket ([`CHEAP_PER_SECOND`] by
+//!   default, `--cheap-per-second`; burst twice that). Requests the cheap checks refuse (size, framing, a slow body) cost
 //!   this budget only.
 //! - **Admission** ([`RequestGate::admit`]), once the body is read and framed, so the request
-//!   can be judged: a slot in flight (at most [`IN_FLIGHT_PER_SOURCE`] per source, and
+//!   can be judged: a slot in flight (at most [`IN_FLIGHT_PER_SOURCE`] per source by default,
+//!   `--in-flight-per-source`, and
 //!   [`IN_FLIGHT_RESERVED`] of them only for known sources), then a token of the rate. The rate
 //!   is two fair pools ([`crate::sources::fair`]): [`KNOWN_SHARE_PERCENT`] of it for known
 //!   sources only, the rest for everyone; a known source that used its share of its own pool
@@ -36,10 +37,9 @@ pub const KNOWN_SHARE_PERCENT: u8 = 50;
 pub const IN_FLIGHT_PER_SOURCE: usize = 16;
 /// In-flight slots only known sources may take.
 pub const IN_FLIGHT_RESERVED: usize = 16;
-/// The cheap budget: requests per second per source…
+/// The cheap budget: requests per second per source, by default (`--cheap-per-second`), with a
+/// burst of twice that.
 pub const CHEAP_PER_SECOND: u32 = 200;
-/// …with this burst.
-pub const CHEAP_BURST: u32 = 400;
 /// Sources the cheap budget remembers at most.
 pub const CHEAP_SOURCES: usize = 4096;
 
@@ -52,6 +52,10 @@ pub struct GateConfig {
     pub max_in_flight: usize,
     /// Percent of the rate reserved for known sources.
     pub known_share_percent: u8,
+    /// The cheap budget per source (requests per second; the burst is twice that).
+    pub cheap_per_second: u32,
+    /// Requests one source may have in flight.
+    pub in_flight_per_source: usize,
 }
 
 impl Default for GateConfig {
@@ -60,6 +64,8 @@ impl Default for GateConfig {
             per_minute: DEFAULT_PER_WINDOW,
             max_in_flight: MAX_IN_FLIGHT,
             known_share_percent: KNOWN_SHARE_PERCENT,
+            cheap_per_second: CHEAP_PER_SECOND,
+            in_flight_per_source: IN_FLIGHT_PER_SOURCE,
         }
     }
 }
@@ -88,8 +94,8 @@ impl RequestGate {
         RequestGate {
             cheap: Mutex::new(KeyedLimiter::new(
                 TokenBucket::new(
-                    CHEAP_BURST,
-                    Duration::from_secs(1) / CHEAP_PER_SECOND.max(1),
+                    config.cheap_per_second.saturating_mul(2).max(1),
+                    Duration::from_secs(1) / config.cheap_per_second.max(1),
                 ),
                 Limits {
                     max_keys: CHEAP_SOURCES,
@@ -101,7 +107,7 @@ impl RequestGate {
             everyone: FairPool::new(rate - known, now),
             in_flight: CountTable::new(CountLimits {
                 total: config.max_in_flight,
-                per_source: IN_FLIGHT_PER_SOURCE.min(config.max_in_flight),
+                per_source: config.in_flight_per_source.min(config.max_in_flight),
                 reserved,
             }),
         }
@@ -185,6 +191,7 @@ mod tests {
                 per_minute: 60_000,
                 max_in_flight: 64,
                 known_share_percent: 50,
+                ..GateConfig::default()
             },
             t0,
         );
@@ -230,7 +237,7 @@ mod tests {
         let t0 = Instant::now();
         let gate = RequestGate::new(GateConfig::default(), t0);
         let ok = (0..1000).filter(|_| gate.cheap(net(1), t0).is_ok()).count();
-        assert_eq!(ok, CHEAP_BURST as usize);
+        assert_eq!(ok, 2 * CHEAP_PER_SECOND as usize);
         assert!(gate.cheap(net(2), t0).is_ok());
         assert!(gate.cheap(net(1), t0 + Duration::from_secs(1)).is_ok());
     }

@@ -7,21 +7,22 @@
 //!    64 in-flight slots ([`Pipeline::admit`]);
 //! 2. [`crypto`]: a crypto slot (inbound requests get all but one), waiting at most the crypto
 //!    wait for one, or backpressure;
-//! 3. [`authenticate`]: the envelope's framing and its previous hop's signature;
+//! 3. [`authenticate`]: the v2 frame's framing (a v1 envelope is `v1_not_accepted`), then on the
+//!    crypto slot its previous hop's signature ([`v2`]);
 //! 4. [`hop_guard`]: the previous-hop rate limit and quarantine;
-//! 5. [`metadata`]: the envelope's age and future skew;
-//! 6. and 7. [`route`]: self-loop; the frame is for this node, its onion layer opens; route loop,
-//!    TTL, the next hop's descriptor; then [`reserve`]: the route replay reservation;
-//! 8. forward the inner layer ([`crate::forward`], with retries), or deliver at the terminal
-//!    ([`crate::terminal`]); then [`reserve`] records the answer for duplicates.
+//! 5. to 7. [`v2`]: self-loop; the layer opens with this node's onion keys (peeled in place, the
+//!    same length out as in); its sealed expiry; the next hop from its slot (route loop), then
+//!    [`route`]: the next hop's v2 descriptor; then [`reserve`]: the layer's replay tag reserved
+//!    through its expiry plus the skew;
+//! 8. forward the peeled packet in a frame signed by this node ([`crate::forward`], with
+//!    retries), or deliver at the terminal ([`crate::terminal`]); then [`reserve`] records the
+//!    answer for duplicates.
 //!
-//! Steps 3–7 up to the reservation are CPU work (a signature check, an onion layer, and the
-//! signing of what step 8 sends: the next envelope or the sealed receipt); they run on a
+//! Steps 3–7 up to the reservation are CPU work (a signature check, a Sphinx layer, and the
+//! signing of what step 8 sends: the next frame or the sealed receipt); they run on a
 //! blocking thread while the crypto slot is held. The slot is given back before any disk work
 //! (the reservation, the inbox, the replay record, each a SQLite commit on a blocking thread)
 //! and before any network work (the forward).
-//!
-//! [`v2`] holds steps 3–7 for the v2 frame, tested but not yet wired (issue 13).
 //!
 //! Every step returns a decision: go on, or a [`Reason`]. A refusal after authentication is
 //! blamed as [`Reason::blame`] says: only what the previous hop signed itself is charged to it
@@ -34,7 +35,6 @@ pub mod authenticate;
 pub mod crypto;
 pub mod gate;
 pub mod hop_guard;
-pub mod metadata;
 pub mod reserve;
 pub mod route;
 pub mod v2;
@@ -48,15 +48,15 @@ use tracing::{debug, trace};
 use self::gate::{GateConfig, RequestGate};
 use self::hop_guard::HopGuard;
 use self::reserve::Reserved;
-use self::route::Routed;
 use crate::api::serve::Connections;
 use crate::context::{self, Context};
 use crate::forward::{self, Forwarded, NextHopSlot};
 use crate::health::Bucket;
 use crate::outbound::Turn;
 use crate::proto::answer::{Accepted, ErrorBody, Outcome};
-use crate::proto::envelope::Envelope;
-use crate::proto::{NodeId, Prefix, RouteId};
+use crate::proto::frame::Frame;
+use crate::proto::sphinx::ReplayTag;
+use crate::proto::{NodeId, Prefix};
 use crate::reason::{Blame, Reason};
 use crate::replay::{Digest, ReplayRegistry, StoredResponse};
 use crate::sources::{Classifier, Grouping, Source};
@@ -69,12 +69,13 @@ const FINISH_MARGIN: Duration = Duration::from_millis(250);
 #[derive(Debug)]
 pub struct Admitted {
     _slot: gate::Admitted,
-    env: Envelope,
+    frame: Frame,
     source: Source,
-    /// When the previous hop must have its answer ([`forward::hop_deadline`] of its TTL).
+    /// When the previous hop must have its answer ([`forward::HOP_DEADLINE`]: a hop does not
+    /// know how many hops follow it).
     answer_by: tokio::time::Instant,
     /// When everything this hop does for it must be over: a forward still waiting for its next
-    /// hop at `answer_by` goes on until then ([`forward::late_deadline`]), so the answer stored
+    /// hop at `answer_by` goes on until then ([`forward::LATE_DEADLINE`]), so the answer stored
     /// is the next hop's, not a failure of this hop's impatience.
     deadline: tokio::time::Instant,
 }
@@ -137,24 +138,24 @@ pub fn wire(verdict: &Result<Answer, Reason>) -> (u16, Vec<u8>) {
 struct Checked {
     /// The authenticated previous hop.
     prev: NodeId,
-    /// This hop's route id and the request's digest: the reservation's key.
-    route_id: RouteId,
+    /// The layer's replay tag and the request's digest: the reservation's key.
+    tag: ReplayTag,
     digest: Digest,
     /// The time the request was checked at.
     now: u64,
-    /// The envelope's signed timestamp.
-    timestamp: u64,
+    /// The tag is kept reserved through this second (the layer's expiry plus the skew).
+    keep_through: u64,
     /// What step 8 does, already signed.
     next: Next,
 }
 
 /// Step 8, prepared.
 enum Next {
-    /// Post `envelope` (signed by this node) to `endpoint`.
+    /// Post `frame` (signed by this node) to `endpoint`.
     Forward {
         endpoint: String,
         next_hop: NodeId,
-        envelope: Vec<u8>,
+        frame: Vec<u8>,
     },
     /// Store `payload` (unless a probe), then release `receipt`.
     Terminal {
@@ -253,19 +254,19 @@ impl Pipeline {
     /// waits.
     ///
     /// # Errors
-    /// `envelope_too_large`, `malformed_envelope`, `source_limited` or `backpressure` (already
+    /// `v1_not_accepted`, `malformed_envelope`, `source_limited` or `backpressure` (already
     /// counted).
     pub fn admit(&self, source: &Source, body: &[u8]) -> Result<Admitted, Reason> {
-        let env = authenticate::frame(body).map_err(|r| self.refuse(r))?;
+        let frame = authenticate::frame(body).map_err(|r| self.refuse(r))?;
         let slot = self
             .gate
             .admit(source.key(), self.ctx.clock.instant())
             .map_err(|r| self.refuse(r))?;
         Ok(Admitted {
             _slot: slot,
-            answer_by: tokio::time::Instant::now() + forward::hop_deadline(env.ttl),
-            deadline: tokio::time::Instant::now() + forward::late_deadline(env.ttl),
-            env,
+            answer_by: tokio::time::Instant::now() + forward::HOP_DEADLINE,
+            deadline: tokio::time::Instant::now() + forward::LATE_DEADLINE,
+            frame,
             source: *source,
         })
     }
@@ -283,19 +284,19 @@ impl Pipeline {
     pub async fn process(self: &Arc<Self>, admitted: Admitted) -> Result<Answer, Reason> {
         let Admitted {
             _slot,
-            env,
+            frame,
             source,
             deadline,
             ..
         } = admitted;
-        let verdict = self.run(env, &source, deadline).await;
+        let verdict = self.run(frame, &source, deadline).await;
         self.record(&verdict);
         verdict
     }
 
     async fn run(
         self: &Arc<Self>,
-        env: Envelope,
+        frame: Frame,
         source: &Source,
         deadline: tokio::time::Instant,
     ) -> Result<Answer, Reason> {
@@ -305,7 +306,7 @@ impl Pipeline {
         let me = Arc::clone(self);
         let (prev, checked) = context::on_crypto_slot(slot, move || {
             let mut prev = None;
-            let checked = me.check(&env, now, instant, &mut prev);
+            let checked = me.check(frame, now, instant, &mut prev);
             (prev, checked)
         })
         .await
@@ -315,10 +316,10 @@ impl Pipeline {
         // The end of step 7: the reservation, on disk, with no slot held.
         let reserved = reserve::reserve(
             &self.replay,
-            c.route_id,
+            c.tag,
             c.digest,
             c.now,
-            c.timestamp,
+            c.keep_through,
             source.key(),
         );
         match reserved.await {
@@ -348,15 +349,13 @@ impl Pipeline {
         let (verdict, completed_at) = match (c.next, turn) {
             (
                 Next::Forward {
-                    endpoint, envelope, ..
+                    endpoint, frame, ..
                 },
                 Some(turn),
             ) => {
                 trace!(next = %Prefix(turn.hop()), "forwarding");
                 let until = deadline.checked_sub(FINISH_MARGIN).unwrap_or(deadline);
-                let verdict = self
-                    .forward(&endpoint, &c.route_id, envelope, until, turn)
-                    .await;
+                let verdict = self.forward(&endpoint, &c.tag, frame, until, turn).await;
                 (verdict, self.ctx.clock.unix())
             }
             (Next::Forward { .. }, None) => (Err(Reason::ForwardFailed), c.now),
@@ -372,14 +371,7 @@ impl Pipeline {
                 c.now,
             ),
         };
-        reserve::complete(
-            &self.replay,
-            c.route_id,
-            c.digest,
-            wire(&verdict),
-            completed_at,
-        )
-        .await;
+        reserve::complete(&self.replay, c.tag, c.digest, wire(&verdict), completed_at).await;
         verdict
     }
 
@@ -388,7 +380,7 @@ impl Pipeline {
     /// is refused before anything is reserved.
     fn next_hop(&self, next: &Next) -> Result<(Option<NextHopSlot>, Option<Turn>), Reason> {
         let Next::Forward {
-            next_hop, envelope, ..
+            next_hop, frame, ..
         } = next
         else {
             return Ok((None, None));
@@ -401,7 +393,7 @@ impl Pipeline {
         let turn = self
             .ctx
             .pacer
-            .join(next_hop, envelope.len())
+            .join(next_hop, frame.len())
             .map_err(|_| Reason::NextHopQueueFull)?;
         Ok((Some(slot), Some(turn)))
     }
@@ -410,45 +402,35 @@ impl Pipeline {
     /// `prev` is set once the previous hop is authenticated.
     fn check(
         &self,
-        env: &Envelope,
+        frame: Frame,
         now: u64,
         instant: Instant,
         prev: &mut Option<NodeId>,
     ) -> Result<Checked, Reason> {
-        authenticate::verify(env)?;
-        *prev = Some(env.previous_hop);
-        self.hops
-            .check(&env.previous_hop, instant, &self.ctx.counters)?;
-        metadata::check(env.timestamp, now)?;
-        let next = match route::route(&self.ctx, env, now)? {
-            Routed::Forward {
-                endpoint,
-                next_hop,
-                next_route_id,
-                inner,
-            } => {
-                let next = Envelope::sign(
-                    next_route_id,
-                    next_hop,
-                    env.ttl - 1,
-                    now,
-                    inner,
-                    self.ctx.node.signing_key(),
-                );
+        let node = &self.ctx.node;
+        let secrets = node.onion_secrets(now);
+        let refs: Vec<_> = secrets.iter().collect();
+        let guard = |p: &NodeId| self.hops.check(p, instant, &self.ctx.counters);
+        let c = v2::check(node.id(), &refs, frame, now, prev, guard)?;
+        let next = match c.next {
+            v2::HopNext::Forward { next_hop, packet } => {
+                let endpoint = route::next_hop(&self.ctx, &next_hop, now)?;
+                let frame = Frame::sign(packet, node.signing_key(), &next_hop)
+                    .map_err(|_| Reason::ForwardFailed)?;
                 Next::Forward {
                     endpoint,
                     next_hop,
-                    envelope: next.encode(),
+                    frame: frame.encode(),
                 }
             }
-            Routed::Terminal {
-                receipt_key,
+            v2::HopNext::Terminal {
                 payload,
                 probe,
+                receipt_key,
             } => Next::Terminal {
                 receipt: terminal::seal_receipt(
-                    self.ctx.node.signing_key(),
-                    &env.route_id,
+                    node.signing_key(),
+                    &c.tag,
                     &receipt_key,
                     &payload,
                     now,
@@ -458,11 +440,11 @@ impl Pipeline {
             },
         };
         Ok(Checked {
-            prev: env.previous_hop,
-            route_id: env.route_id,
-            digest: env.request_digest(),
+            prev: c.prev,
+            tag: c.tag,
+            digest: c.digest,
             now,
-            timestamp: env.timestamp,
+            keep_through: c.keep_through,
             next,
         })
     }
@@ -496,8 +478,8 @@ impl Pipeline {
     async fn forward(
         &self,
         endpoint: &str,
-        route_id: &RouteId,
-        envelope: Vec<u8>,
+        tag: &ReplayTag,
+        frame: Vec<u8>,
         deadline: tokio::time::Instant,
         turn: Turn,
     ) -> Result<Answer, Reason> {
@@ -506,8 +488,8 @@ impl Pipeline {
         let outcome = forward::post(
             &ctx.http,
             endpoint,
-            &envelope,
-            route_id,
+            &frame,
+            tag,
             &ctx.counters,
             deadline,
             turn,

@@ -19,8 +19,9 @@ pub(super) enum Reserved {
     Duplicate(StoredResponse),
 }
 
-/// Reserves `route_id` for the request `digest` at `now`, through the last second its envelope
-/// (dated `timestamp`) passes the age check.
+/// Reserves the layer's replay tag `route_id` for the request `digest` at `now`, through
+/// `keep_through` (the layer's expiry plus the skew: the last second the layer is accepted), so
+/// the same layer is refused whatever frame carries it for as long as it could be accepted.
 ///
 /// # Errors
 /// The registry's refusal (`route_in_flight`, `replay_conflict`, `replay_response_expired`,
@@ -30,13 +31,12 @@ pub(super) async fn reserve(
     route_id: RouteId,
     digest: Digest,
     now: u64,
-    timestamp: u64,
+    keep_through: u64,
     source: SourceKey,
 ) -> Result<Reserved, Reason> {
     let registry = Arc::clone(replay);
-    let last_fresh = timestamp.saturating_add(super::metadata::MAX_AGE_SECS);
     let reserved = tokio::task::spawn_blocking(move || {
-        registry.reserve_through(route_id, digest, now, last_fresh, Some(source))
+        registry.reserve_through(route_id, digest, now, keep_through, Some(source))
     })
     .await;
     match reserved {

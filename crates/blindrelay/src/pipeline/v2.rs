@@ -1,15 +1,14 @@
-//! Steps 3–7 for a v2 frame ([`crate::proto::frame`]), as one CPU-only function: the previous
-//! hop's signature, the self-loop, the layer peeled in place (`crypto`), its expiry
-//! (`metadata`), the next hop from the slot (`route`), and the replay tag and request digest the
-//! reservation is keyed by. **Not yet wired** (issue 13 phase 2, step 2): [`super::Pipeline`]
-//! still runs v1 envelopes; the switch calls [`check`] in place of `authenticate::verify`,
-//! `metadata::check` and `route::route`, and reserves with
+//! Steps 3–7 for a v2 frame ([`crate::proto::frame`]), as one CPU-only function run on a crypto
+//! slot: the previous hop's signature (3), the previous-hop guard (4, passed in), the self-loop
+//! (6), the layer peeled in place, its expiry (5), the next hop from the slot and the route loop
+//! (7), and the replay tag and request digest the reservation is keyed by.
+//! [`super::Pipeline`] then looks the next hop up ([`super::route`]) and reserves with
 //! [`crate::replay::ReplayRegistry::reserve_through`] keyed by [`HopChecked::tag`] through
 //! [`HopChecked::keep_through`].
 //!
-//! Refusals use today's reasons: a layer past its expiry is `timestamp_expired`, one dated too far
-//! ahead `timestamp_in_future` (the sender sealed both: at the switch they get their own unscored
-//! reason, as the previous hop cannot read the expiry).
+//! A layer past its expiry is `timestamp_expired`, one dated too far ahead
+//! `timestamp_in_future`: the sender sealed both inside the layer, so neither is blamed on the
+//! previous hop, which cannot read the expiry.
 
 use x25519_dalek::StaticSecret;
 
@@ -59,23 +58,26 @@ pub struct HopChecked {
 }
 
 /// Steps 3–7 for `frame` at node `me` holding `secrets` (current onion key first), at `now`.
-/// `prev` is set once the previous hop is authenticated, so a refusal after it can be blamed.
+/// `prev` is set once the previous hop is authenticated, so a refusal after it can be blamed;
+/// `guard` (step 4) is asked about it before any other work.
 ///
 /// # Errors
-/// `invalid_previous_hop`, `invalid_signature`, `self_loop`, `onion_peel_failed`,
-/// `timestamp_expired`, `timestamp_in_future` or `route_loop`.
+/// `invalid_previous_hop`, `invalid_signature`, the guard's refusal, `self_loop`,
+/// `onion_peel_failed`, `timestamp_expired`, `timestamp_in_future` or `route_loop`.
 pub fn check(
     me: &NodeId,
     secrets: &[&StaticSecret],
     frame: Frame,
     now: u64,
     prev: &mut Option<NodeId>,
+    guard: impl FnOnce(&NodeId) -> Result<(), Reason>,
 ) -> Result<HopChecked, Reason> {
-    frame.verify().map_err(|e| match e {
+    frame.verify(me).map_err(|e| match e {
         AuthError::InvalidPreviousHop => Reason::InvalidPreviousHop,
         AuthError::InvalidSignature => Reason::InvalidSignature,
     })?;
     *prev = Some(frame.previous_hop);
+    guard(&frame.previous_hop)?;
     if frame.previous_hop == *me {
         return Err(Reason::SelfLoop);
     }

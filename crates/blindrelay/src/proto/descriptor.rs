@@ -2,12 +2,14 @@
 //!
 //! ```json
 //! {"node_id": "<64 hex>", "onion_key": "<64 hex>", "endpoint": "https://192.0.2.10:7001",
-//!  "issued_at": 1764450000, "expires_at": 1764453600, "signature": "<128 hex>"}
+//!  "issued_at": 1764450000, "expires_at": 1764453600, "protocol": 2, "signature": "<128 hex>"}
 //! ```
 //!
 //! Signed bytes: `blindrelay/descriptor/v1` ‖ node_id(32) ‖ onion_key(32) ‖ u16 len(endpoint) ‖
-//! endpoint (UTF-8) ‖ issued_at u64 ‖ expires_at u64, all big-endian. Valid when the signature
-//! verifies under `node_id` and `issued_at − 120 s ≤ now < expires_at`.
+//! endpoint (UTF-8) ‖ issued_at u64 ‖ expires_at u64 ‖ protocol u8, all big-endian; a
+//! descriptor without `protocol` (a v1 node) is signed without its byte and still verifies, but
+//! is not routable ([`PROTOCOL`]). Valid when the signature verifies under `node_id` and
+//! `issued_at − 120 s ≤ now < expires_at`.
 //!
 //! An endpoint is `https://IPv4:PORT` or `https://[IPv6]:PORT`, optionally followed by `/`. Whether
 //! a private address is acceptable is the caller's policy: [`parse_endpoint`] parses,
@@ -19,7 +21,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
-use super::onion::onion_key_is_usable;
+use x25519_dalek::{PublicKey, StaticSecret};
+
 use super::{NodeId, Prefix};
 
 /// How long a descriptor is valid after it is issued, in seconds.
@@ -34,6 +37,14 @@ pub const MAX_ENDPOINT_LEN: usize = 255;
 
 const SIGN_DOMAIN: &[u8] = b"blindrelay/descriptor/v1";
 
+/// The protocol version a node signs into its descriptor: only peers announcing it are
+/// routable. `0` is a descriptor without the field (a v1 node).
+pub const PROTOCOL: u8 = 2;
+
+fn is_unstated(p: &u8) -> bool {
+    *p == 0
+}
+
 /// A node's signed, expiring self-description. The JSON form carries byte fields as lowercase hex
 /// and rejects unknown fields.
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -45,12 +56,15 @@ pub struct Descriptor {
     /// The node's current X25519 onion public key.
     #[serde(with = "hex_array")]
     pub onion_key: [u8; 32],
-    /// Where to `POST` envelopes: `https://IP:PORT`.
+    /// Where to `POST` frames (`/v2/relay` under it): `https://IP:PORT`.
     pub endpoint: String,
     /// Unix seconds at which the node signed this descriptor.
     pub issued_at: u64,
     /// Unix seconds from which this descriptor is no longer valid.
     pub expires_at: u64,
+    /// The wire protocol the node speaks, signed: [`PROTOCOL`]; `0` (absent) for a v1 node.
+    #[serde(default, skip_serializing_if = "is_unstated")]
+    pub protocol: u8,
     /// Ed25519 signature by `node_id`.
     #[serde(with = "hex_array")]
     pub signature: [u8; 64],
@@ -97,6 +111,7 @@ impl Descriptor {
             endpoint: endpoint.into(),
             issued_at,
             expires_at: issued_at.saturating_add(ttl),
+            protocol: PROTOCOL,
             signature: [0; 64],
         };
         descriptor.signature = key.sign(&descriptor.signing_bytes()).to_bytes();
@@ -116,6 +131,9 @@ impl Descriptor {
         out.extend_from_slice(endpoint);
         out.extend_from_slice(&self.issued_at.to_be_bytes());
         out.extend_from_slice(&self.expires_at.to_be_bytes());
+        if self.protocol != 0 {
+            out.push(self.protocol);
+        }
         out
     }
 
@@ -175,6 +193,17 @@ impl fmt::Debug for Descriptor {
             .field("expires_at", &self.expires_at)
             .finish_non_exhaustive()
     }
+}
+
+/// Whether `onion_key` is usable: not a small-order X25519 point, whose shared secret would be
+/// the same for every sender (anyone could open a layer sealed to it).
+pub fn onion_key_is_usable(onion_key: &[u8; 32]) -> bool {
+    // X25519 clamps every scalar to a multiple of the cofactor 8, so the product is the identity
+    // for every small-order point (on the curve or its twist) and for no other point, whatever
+    // the (fixed, non-secret) scalar.
+    StaticSecret::from([0x5a; 32])
+        .diffie_hellman(&PublicKey::from(*onion_key))
+        .was_contributory()
 }
 
 /// Serde for fixed-size byte arrays as hex strings (lowercase out, either case in).
@@ -411,7 +440,17 @@ mod tests {
         expected.extend_from_slice(b"https://192.0.2.10:7001");
         expected.extend_from_slice(&NOW.to_be_bytes());
         expected.extend_from_slice(&(NOW + 3600).to_be_bytes());
+        expected.push(PROTOCOL);
         assert_eq!(d.signing_bytes(), expected);
+        // A v1 node's descriptor has no protocol field: signed without its byte, still valid.
+        let v1 = Descriptor {
+            protocol: 0,
+            ..d.clone()
+        };
+        assert_eq!(v1.signing_bytes(), expected[..expected.len() - 1]);
+        let json = serde_json::to_value(&v1).expect("json");
+        assert!(json.get("protocol").is_none());
+        assert_eq!(serde_json::to_value(&d).expect("json")["protocol"], 2);
     }
 
     #[test]

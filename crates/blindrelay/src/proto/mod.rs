@@ -4,17 +4,13 @@
 //! The normative description is `docs/blindrelay-protocol.md`; every layout below quotes it.
 //!
 //! # Layout
-//! - [`envelope`]: the signed routing frame a hop `POST`s to the next (`BRE1` ‖ header ‖ blob ‖
-//!   signature), its decoder, signature and request digest.
-//! - [`frame`]: the v2 outer frame (packet ‖ previous hop ‖ signature), not yet on the wire.
-//! - [`onion`]: onion layers (X25519 + HKDF-SHA256 + XChaCha20-Poly1305), peeling one layer, and
-//!   building a whole route for a sender.
+//! - [`frame`]: what a hop `POST`s to the next: one v2 packet ‖ previous hop ‖ signature, its
+//!   decoder (a v1 envelope is told apart only to be refused), signature and request digest.
+//! - [`sphinx`]: the v2 onion: fixed-size Sphinx-style packets, built by the sender, peeled in
+//!   place by each hop, with a replay tag per layer.
 //! - [`receipt`]: the terminal's signed delivery receipt, sealed back to the sender.
 //! - [`descriptor`]: a node's signed, expiring descriptor (JSON) and the endpoint address policy.
 //! - [`answer`]: a hop's JSON answer to a relay request (accepted, or the refusal's reason).
-//! - [`probe`]: the terminal payload that marks a synthetic probe.
-//! - [`sphinx`]: version 2 of the onion format (fixed-size Sphinx-style packets), not yet on
-//!   the wire.
 //!
 //! # Logging ids
 //! Full node ids, route ids, keys and endpoints never go to logs. The only loggable form of a node
@@ -22,10 +18,7 @@
 
 pub mod answer;
 pub mod descriptor;
-pub mod envelope;
 pub mod frame;
-pub mod onion;
-pub mod probe;
 pub mod receipt;
 pub mod sphinx;
 #[cfg(test)]
@@ -35,15 +28,9 @@ use std::fmt;
 
 pub use descriptor::{
     DESCRIPTOR_MAX_SKEW, DESCRIPTOR_TTL, Descriptor, DescriptorError, EndpointError,
-    MAX_ENDPOINT_LEN, endpoint_ip_is_public, is_public, parse_endpoint,
+    MAX_ENDPOINT_LEN, endpoint_ip_is_public, is_public, onion_key_is_usable, parse_endpoint,
 };
-pub use envelope::{
-    AuthError, DecodeError, Envelope, HEADER_LEN, MAGIC, MAX_BLOB, MAX_ENVELOPE, SIG_LEN,
-};
-pub use onion::{
-    BuildError, Hop, Layer, PeelError, Route, build, max_payload, onion_key_is_usable, peel,
-    seal_layer,
-};
+pub use frame::{AuthError, Frame};
 pub use receipt::{
     RECEIPT_LEN, RECEIPT_MAX_AGE, RECEIPT_MAX_SKEW, Receipt, ReceiptError, commitment,
 };
@@ -51,7 +38,7 @@ pub use receipt::{
 /// A node's identity: its Ed25519 public key.
 pub type NodeId = [u8; 32];
 
-/// A per-hop route id, chosen at random by the sender for every hop of every route.
+/// A layer's 16-byte replay tag as the replay registry and receipts carry it.
 pub type RouteId = [u8; 16];
 
 /// The loggable form of a node id: its first 4 bytes as 8 lowercase hex characters.

@@ -10,6 +10,9 @@
 //! commitment = SHA-256("blindrelay/payload/v1" ‖ payload)
 //! ```
 //!
+//! `route_id` is the terminal's replay tag for its layer (v2): the sender computed it when it
+//! built the packet, and no one else can.
+//!
 //! Middle hops pass the sealed bytes back untouched. The sender opens them with the route's
 //! receipt key and checks every field: only the sender ever sees a receipt, so errors say exactly
 //! what failed.
@@ -47,7 +50,7 @@ pub fn commitment(payload: &[u8]) -> [u8; 32] {
 /// A terminal's signed delivery receipt.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Receipt {
-    /// The terminal hop's route id.
+    /// The terminal's replay tag for its layer (the field kept v1's name and width).
     pub route_id: RouteId,
     /// [`commitment`] of the delivered payload.
     pub commitment: [u8; 32],
@@ -68,7 +71,7 @@ pub enum ReceiptError {
     /// The opened receipt is not 152 bytes.
     #[error("receipt malformed")]
     Malformed,
-    /// The receipt names another route id.
+    /// The receipt names another layer's tag.
     #[error("receipt for another route")]
     WrongRoute,
     /// The receipt commits to another payload.

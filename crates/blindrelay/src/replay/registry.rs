@@ -26,13 +26,17 @@ use super::{ReplayError, ReplayStore};
 use crate::sources::SourceKey;
 use crate::sqlite::{self, SqliteContext, StoreError, sql_time};
 
-/// A hop's route id, as in the envelope.
+/// The registry's key: a layer's replay tag (v2, `crate::proto::sphinx::ReplayTag`).
 pub type RouteId = [u8; 16];
-/// The request digest: SHA-256(`blindrelay/request/v1` ‖ the whole envelope).
+/// The request digest: SHA-256(`blindrelay/request/v2` ‖ previous hop ‖ packet).
 pub type Digest = [u8; 32];
 
-/// Live routes a registry holds at most (design: `BLIND_RELAY_ROUTE_REPLAY_CAPACITY`).
-pub const CAPACITY: usize = 8192;
+/// Live tags a registry holds at most (design: `BLIND_RELAY_ROUTE_REPLAY_CAPACITY`): the default
+/// admission rate (1 200 per minute) times the longest a tag is kept, 840 s (a layer may expire
+/// up to 600 + 120 s ahead and its tag is kept 120 s past its expiry), so a node admitting at
+/// its default rate never fills it: 1 200 × 840 / 60 = 16 800. A node run with a higher
+/// `--admission-per-minute` should raise `--replay-capacity` alike.
+pub const CAPACITY: usize = 16_800;
 /// A route stays reserved this long after its reservation (design:
 /// `BLIND_RELAY_ROUTE_REPLAY_TTL_SECS`).
 pub const WINDOW_SECS: u64 = 600;

@@ -1,6 +1,6 @@
-//! The sender's side of v2: wrapping a payload for a path into the first hop's frame. **Not yet
-//! wired** (issue 13 phase 2, step 4): [`super::deliver_along`] still builds v1 envelopes; the
-//! switch calls [`wrap`] in its place and checks the receipt against [`Wrapped::terminal_tag`].
+//! The sender's side of v2: wrapping a payload for a path into the first hop's frame.
+//! [`super::deliver_along`] calls [`wrap`] and checks the receipt against
+//! [`Wrapped::terminal_tag`].
 //!
 //! - The class is the smallest that holds the payload ([`SizeClass::smallest_for`]); a probe is
 //!   always [`SizeClass::Small`], the class of most messages, with the terminal slot's probe flag:
@@ -10,9 +10,9 @@
 
 use ed25519_dalek::SigningKey;
 
+use super::Hop;
 use super::SendError;
 use crate::proto::frame::Frame;
-use crate::proto::onion::Hop;
 use crate::proto::sphinx::{self, Delivery, HopSpec, ReplayTag, SizeClass};
 
 /// The first hop's frame of a wrapped payload, and what the sender keeps to check the receipt.
@@ -65,12 +65,25 @@ pub fn wrap(
     now: u64,
     key: &SigningKey,
 ) -> Result<Wrapped, SendError> {
+    wrap_expiring(path, payload, probe, expiry(now), key)
+}
+
+/// [`wrap`] with every layer expiring at `expires_at` (tests and tools: a sender uses [`wrap`]).
+///
+/// # Errors
+/// As [`wrap`].
+pub fn wrap_expiring(
+    path: &[Hop],
+    payload: &[u8],
+    probe: bool,
+    expires_at: u64,
+    key: &SigningKey,
+) -> Result<Wrapped, SendError> {
     if path.is_empty() {
         return Err(SendError::NoHops);
     }
     let largest = SizeClass::Huge.capacity();
     let class = class_for(payload.len(), probe).ok_or(SendError::TooLarge(largest))?;
-    let expires_at = expiry(now);
     let specs: Vec<HopSpec> = path
         .iter()
         .map(|h| HopSpec {
@@ -88,7 +101,8 @@ pub fn wrap(
     let built =
         sphinx::build(&specs, &delivery, class).map_err(|_| SendError::TooLarge(largest))?;
     let terminal_tag = *built.replay_tags.last().ok_or(SendError::NoHops)?;
-    let frame = Frame::sign(built.packet, key).map_err(|_| SendError::Internal)?;
+    let entry = &path.first().ok_or(SendError::NoHops)?.node_id;
+    let frame = Frame::sign(built.packet, key, entry).map_err(|_| SendError::Internal)?;
     Ok(Wrapped {
         frame: frame.encode(),
         class,
@@ -154,11 +168,12 @@ mod tests {
             let mut frame = Frame::decode(&w.frame).expect("a frame");
             for (i, (sign, onion)) in nodes.iter().enumerate() {
                 let id: NodeId = sign.verifying_key().to_bytes();
-                let c = check(&id, &[onion], frame.clone(), NOW, &mut None).expect("ok");
+                let c =
+                    check(&id, &[onion], frame.clone(), NOW, &mut None, |_| Ok(())).expect("ok");
                 assert_eq!(c.expires_at, expiry(NOW));
                 match c.next {
-                    HopNext::Forward { packet, .. } => {
-                        frame = Frame::sign(packet, sign).expect("frames");
+                    HopNext::Forward { packet, next_hop } => {
+                        frame = Frame::sign(packet, sign, &next_hop).expect("frames");
                     }
                     HopNext::Terminal {
                         payload,

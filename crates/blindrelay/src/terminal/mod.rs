@@ -1,15 +1,14 @@
 //! The terminal hop: what this node does with a layer addressed to it as the last hop.
 //!
 //! 1. [`seal_receipt`], CPU work done while the pipeline holds its crypto slot: the receipt
-//!    (this hop's route id, the payload commitment, this node's id, the time) signed by this
-//!    node and sealed to the sender with the route's receipt key;
+//!    (this hop's replay tag for the layer, the payload commitment, this node's id, the time)
+//!    signed by this node and sealed to the sender with the receipt key from the layer's slot;
 //! 2. [`Terminal::deliver`], disk work done with no crypto slot held: the payload committed to
 //!    the [`Inbox`] (SQLite, `synchronous=FULL`), on a blocking thread. Only then is the sealed
 //!    receipt released in the answer; a payload that is not stored gets no receipt.
 //!
-//! A synthetic probe (its terminal layer is of the probe kind,
-//! [`crate::proto::onion::Layer::Probe`]; never its payload) is answered the same way but not
-//! stored.
+//! A synthetic probe (the probe flag of its terminal slot, [`crate::proto::sphinx::Slot`]; never
+//! its payload) is answered the same way but not stored.
 //!
 //! The inbox drains: the operator deletes or takes items (`DELETE /v1/inbox/{id}`), and items
 //! older than the retention period are deleted. One source (`crate::sources`) may hold at most
@@ -28,16 +27,16 @@ use crate::proto::RouteId;
 use crate::proto::receipt::{self, Receipt};
 use crate::sources::SourceKey;
 
-/// The delivery receipt for `payload` at `now`, signed with `key` and sealed with the sender's
-/// `receipt_key`, as the hex the answer carries.
+/// The delivery receipt for `payload` at `now`, naming the terminal layer's replay `tag`, signed
+/// with `key` and sealed with the sender's `receipt_key`, as the hex the answer carries.
 pub fn seal_receipt(
     key: &SigningKey,
-    route_id: &RouteId,
+    tag: &RouteId,
     receipt_key: &[u8; 32],
     payload: &[u8],
     now: u64,
 ) -> String {
-    let r = Receipt::sign(*route_id, receipt::commitment(payload), key, now);
+    let r = Receipt::sign(*tag, receipt::commitment(payload), key, now);
     hex::encode(receipt::seal(&r, receipt_key))
 }
 

@@ -92,6 +92,27 @@ pub fn hex(bytes: &[u8]) -> String {
     hex::encode(bytes)
 }
 
+/// Now, in Unix seconds (the nodes run on the system clock).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
+}
+
+/// A v2 frame for `path` (the last descriptor is the terminal) carrying `payload`, signed by
+/// `key`, every layer expiring at `expires_at` (a sender's own is `send::v2::expiry(now)`).
+pub fn craft(
+    key: &ed25519_dalek::SigningKey,
+    path: &[&blindrelay::proto::Descriptor],
+    payload: &[u8],
+    probe: bool,
+    expires_at: u64,
+) -> blindrelay::send::v2::Wrapped {
+    let hops: Vec<blindrelay::send::Hop> = path.iter().map(|d| blindrelay::send::hop(d)).collect();
+    blindrelay::send::v2::wrap_expiring(&hops, payload, probe, expires_at, key).expect("wraps")
+}
+
 /// Random bytes.
 pub fn random_bytes(n: usize) -> Vec<u8> {
     let mut v = vec![0u8; n];
@@ -214,12 +235,32 @@ pub async fn run_cli(args: &[&str], rust_log: Option<&str>) -> CliOutput {
 const TAP_BYTES: usize = 16 << 20;
 
 /// A recording TCP proxy on loopback: forwards each connection to `upstream` and keeps the
-/// bytes of both directions (at most [`TAP_BYTES`]).
+/// bytes of both directions (at most [`TAP_BYTES`]), and per connection the client's bytes in
+/// runs (a run ends when the server sends), each run numbered from one process-wide sequence.
 #[derive(Debug, Clone)]
 pub struct Tap {
     /// Where it listens.
     pub addr: SocketAddr,
     bytes: Arc<Mutex<Vec<u8>>>,
+    conns: Arc<Mutex<Vec<TapConn>>>,
+}
+
+/// One connection through a [`Tap`]: what the client sent, where each of its runs began and
+/// the run's sequence number.
+#[derive(Debug, Default)]
+struct TapConn {
+    client: Vec<u8>,
+    runs: Vec<(usize, u32)>,
+    in_client_run: bool,
+}
+
+/// The sequence runs are numbered from (see [`tap_mark`]).
+static TAP_SEQ: AtomicU32 = AtomicU32::new(1);
+
+/// The sequence number the next client run will have, at least: runs after this mark are
+/// [`Tap::requests_since`] it.
+pub fn tap_mark() -> u32 {
+    TAP_SEQ.load(Ordering::SeqCst)
 }
 
 impl Tap {
@@ -229,23 +270,68 @@ impl Tap {
             .expect("bind tap");
         let addr = listener.local_addr().expect("addr");
         let bytes = Arc::new(Mutex::new(Vec::new()));
-        let seen = Arc::clone(&bytes);
+        let conns: Arc<Mutex<Vec<TapConn>>> = Arc::new(Mutex::new(Vec::new()));
+        let (seen, all) = (Arc::clone(&bytes), Arc::clone(&conns));
         tokio::spawn(async move {
             while let Ok((down, _)) = listener.accept().await {
                 let seen = Arc::clone(&seen);
+                let all = Arc::clone(&all);
                 tokio::spawn(async move {
                     let Ok(up) = tokio::net::TcpStream::connect(upstream).await else {
                         return;
                     };
+                    let conn = {
+                        let mut all = all.lock().unwrap();
+                        all.push(TapConn::default());
+                        all.len() - 1
+                    };
                     let (dr, dw) = down.into_split();
                     let (ur, uw) = up.into_split();
-                    let a = tokio::spawn(pump(dr, uw, Arc::clone(&seen)));
-                    let b = tokio::spawn(pump(ur, dw, seen));
+                    let to_server = (Arc::clone(&all), conn, true);
+                    let a = tokio::spawn(pump(dr, uw, Arc::clone(&seen), to_server));
+                    let b = tokio::spawn(pump(ur, dw, seen, (all, conn, false)));
                     let _ = tokio::join!(a, b);
                 });
             }
         });
-        Tap { addr, bytes }
+        Tap { addr, bytes, conns }
+    }
+
+    /// The client's requests after the TLS handshake, as a link observer sees them: for every
+    /// client run numbered after `mark`, the bytes of its TLS application-data records, record
+    /// headers included (the client's handshake records and its first encrypted record, the
+    /// TLS 1.3 Finished, are left out).
+    pub fn requests_since(&self, mark: u32) -> Vec<usize> {
+        let conns = self.conns.lock().unwrap();
+        let mut out = Vec::new();
+        for c in conns.iter() {
+            let mut lens = vec![0usize; c.runs.len()];
+            let (mut at, mut finished_seen) = (0usize, false);
+            while at + 5 <= c.client.len() {
+                let kind = c.client[at];
+                let len = usize::from(u16::from_be_bytes([c.client[at + 3], c.client[at + 4]]));
+                if at + 5 + len > c.client.len() {
+                    break;
+                }
+                if kind == 0x17 {
+                    if finished_seen {
+                        let run = c.runs.iter().rposition(|(start, _)| *start <= at);
+                        if let Some(run) = run {
+                            lens[run] += 5 + len;
+                        }
+                    } else {
+                        finished_seen = true;
+                    }
+                }
+                at += 5 + len;
+            }
+            for ((_, seq), len) in c.runs.iter().zip(lens) {
+                if *seq >= mark && len > 0 {
+                    out.push(len);
+                }
+            }
+        }
+        out
     }
 
     /// Everything seen so far, both directions.
@@ -258,6 +344,7 @@ async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
     seen: Arc<Mutex<Vec<u8>>>,
+    (conns, conn, to_server): (Arc<Mutex<Vec<TapConn>>>, usize, bool),
 ) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut buf = vec![0u8; 16 * 1024];
@@ -270,6 +357,20 @@ async fn pump(
             let mut s = seen.lock().unwrap();
             if s.len() + n <= TAP_BYTES {
                 s.extend_from_slice(&buf[..n]);
+            }
+        }
+        {
+            let mut all = conns.lock().unwrap();
+            let c = &mut all[conn];
+            if !to_server {
+                c.in_client_run = false;
+            } else if c.client.len() + n <= TAP_BYTES {
+                if !c.in_client_run {
+                    c.in_client_run = true;
+                    let seq = TAP_SEQ.fetch_add(1, Ordering::SeqCst);
+                    c.runs.push((c.client.len(), seq));
+                }
+                c.client.extend_from_slice(&buf[..n]);
             }
         }
         if to.write_all(&buf[..n]).await.is_err() {
@@ -766,7 +867,7 @@ pub fn peer_rows(status: &Value) -> &Vec<Value> {
 /// Posts a relay request `body` to `endpoint` from `client`: the status and the reason or outcome.
 pub async fn post(client: &reqwest::Client, endpoint: &str, body: Vec<u8>) -> (u16, String) {
     match client
-        .post(format!("{endpoint}/v1/relay"))
+        .post(format!("{endpoint}/v2/relay"))
         .body(body)
         .send()
         .await

@@ -190,7 +190,7 @@ pub fn build_with(
 ///
 /// # Errors
 /// [`BuildError::WeakOnionKey`] when `X25519(x, Kᵢ)` is all zeros: exactly when `Kᵢ` is a
-/// small-order point (see [`crate::proto::onion::onion_key_is_usable`]), whose layer anyone
+/// small-order point (see [`crate::proto::onion_key_is_usable`]), whose layer anyone
 /// could read.
 fn hop_keys(
     route: &[HopSpec],

@@ -44,6 +44,9 @@ pub use build::{BuildError, Built, Delivery, HopSpec, build, build_with};
 pub use peel::{Action, InPlace, PeelError, Peeled, peel, peel_in_place};
 pub use slot::Slot;
 
+/// The first bytes of a version 1 envelope (no longer accepted): told apart only to refuse it
+/// with its own reason.
+pub const V1_MAGIC: [u8; 4] = *b"BRE1";
 /// The version byte of every v2 packet.
 pub const VERSION: u8 = 0x02;
 /// The longest route the format can carry: the header holds this many slots.
@@ -162,7 +165,7 @@ pub enum FramingError {
 /// [`FramingError`] when `packet` is a v1 envelope, has another version or class, or the wrong
 /// length for its class.
 pub fn classify(packet: &[u8]) -> Result<SizeClass, FramingError> {
-    if packet.starts_with(&super::envelope::MAGIC) {
+    if packet.starts_with(&V1_MAGIC) {
         return Err(FramingError::V1Envelope);
     }
     match packet.first() {

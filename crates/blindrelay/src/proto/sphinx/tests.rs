@@ -178,15 +178,7 @@ fn framing_errors_are_distinct_and_v1_is_named() {
     let built = build(&specs(&nodes(1)), &delivery(b"x"), SizeClass::Small).expect("builds");
     let secret = node_from(1).secret;
     let peel1 = |bytes: &[u8]| peel(&[&secret], bytes).map(|_| ());
-    let v1 = crate::proto::Envelope::sign(
-        [1; 16],
-        [2; 32],
-        1,
-        EXPIRES,
-        vec![0; 100],
-        &ed25519_dalek::SigningKey::from_bytes(&[3; 32]),
-    )
-    .encode();
+    let v1 = hex::decode(crate::proto::frame::V1_ENVELOPE_HEX).expect("hex");
     assert_eq!(
         peel1(&v1),
         Err(PeelError::Framing(FramingError::V1Envelope))

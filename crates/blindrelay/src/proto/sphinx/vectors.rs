@@ -45,6 +45,30 @@ const VECTORS: &[(&str, &str)] = &[
         ),
     ),
     (
+        "frame 0 previous hop",
+        "79b5562e8fe654f94078b112e8a98ba7901f853ae695bed7e0e3910bad049664",
+    ),
+    (
+        "frame 0 signing bytes",
+        concat!(
+            "626c696e6472656c61792f6672616d652f76320200ff2ee45601ec1b67310c7790404585ae697331eee1",
+            "c1f8cf2419731c1fff3e6b31cd6bc430f8f3c2dfcc2d9d980a4bca79b5562e8fe654f94078b112e8a98b",
+            "a7901f853ae695bed7e0e3910bad049664a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1",
+            "a1a1a1a1a1a1a1",
+        ),
+    ),
+    (
+        "frame 0 signature",
+        concat!(
+            "329cbfb622cedd9622b144c0c0a4dfe387dcd6de8fd7c6f5fd7f654bc6c2bed9e33141520316ccf81a31",
+            "8021a2c5ee3f7efda4b3a636eb32379c6ac5e47d3102",
+        ),
+    ),
+    (
+        "frame 0 request digest",
+        "e574d3962593e45c3b03b633fd6bd8beceb20dee670c0a8971aed37c096ac79a",
+    ),
+    (
         "alpha 0",
         "ff2ee45601ec1b67310c7790404585ae697331eee1c1f8cf2419731c1fff3e6b",
     ),
@@ -108,6 +132,27 @@ fn compute() -> Vec<(String, String)> {
     }
     let mut packet = built.packet.clone();
     out.push(("header 0".into(), hex::encode(&packet[..HEADER_LEN])));
+    // The first hop's frame: signed by the key of seed 01 02 … 20, for hop 0.
+    let mut seed = [0u8; 32];
+    for (b, v) in seed.iter_mut().zip(1u8..) {
+        *b = v;
+    }
+    let signer = ed25519_dalek::SigningKey::from_bytes(&seed);
+    let frame = crate::proto::frame::Frame::sign(packet.clone(), &signer, &specs[0].node_id)
+        .expect("frames");
+    assert_eq!(frame.verify(&specs[0].node_id), Ok(()));
+    out.push((
+        "frame 0 previous hop".into(),
+        hex::encode(frame.previous_hop),
+    ));
+    let signing = frame.signing_bytes(&specs[0].node_id);
+    assert_eq!(signing.len(), 133);
+    out.push(("frame 0 signing bytes".into(), hex::encode(signing)));
+    out.push(("frame 0 signature".into(), hex::encode(frame.signature)));
+    out.push((
+        "frame 0 request digest".into(),
+        hex::encode(frame.request_digest()),
+    ));
     for (i, secret) in secrets.iter().enumerate() {
         out.push((
             format!("alpha {i}"),

@@ -254,9 +254,9 @@ fn capacity_refuses_new_routes_and_never_evicts_a_live_one() {
 }
 
 #[test]
-fn capacity_with_the_real_8192_routes() {
+fn capacity_with_the_real_default_capacity() {
     on_both(CAPACITY, WINDOW_SECS, |reg| {
-        check_capacity(reg, CAPACITY as u32, 16);
+        check_capacity(reg, CAPACITY as u32, 32);
     });
 }
 

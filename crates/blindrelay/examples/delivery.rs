@@ -1,0 +1,375 @@
+//! Verified deliveries per second through real `blindrelay` node processes on loopback, next to
+//! the CPU the v2 cryptography of one delivery costs, measured in the same run.
+//!
+//! Six nodes (`blindrelay run`, the release binary named by `BLINDRELAY_BIN`) on 127.0.0.x, each
+//! with the other five as pinned peers, TLS links, SQLite stores in a temporary directory. Node 0
+//! sends (`POST /v1/send` on its operator API: it wraps, posts to the entry hop, and answers once
+//! the terminal's receipt opened and verified); node 5 is the terminal; the middles are picked at
+//! random among nodes 1–4. For 1, 3 and 5 hops and 1 KiB and 64 KiB payloads: one client for
+//! the unloaded latency (p50, p99), then 8 concurrent clients for the throughput (deliveries/s,
+//! p50, p99). Every case is bounded in time (2 s alone, 3 s loaded) and count (2 000 sends).
+//!
+//! The design's admission limits (20 requests/s per node, 2/s per previous hop, the cheap budget,
+//! in-flight shares, the replay and inbox shares) are raised by their flags: they bound what an
+//! attacker gets, and would otherwise be what this measures. The figures are the relay's own.
+//!
+//! The crypto bound: one delivery of *h* hops costs the sender's wrap (`send::v2::wrap`), *h*
+//! hops' `pipeline::v2::check` (signature, peel, expiry, slot) plus the next frame's signature
+//! or the terminal's receipt seal, and the sender's receipt check; measured here on one thread.
+//! With every core doing nothing else, `cores / that` deliveries/s is the most the machine could
+//! do; the ratio says how much of a delivery's time is cryptography.
+//!
+//! Run with `scripts/bench-blindrelay delivery`.
+
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use blindrelay::pipeline::v2::{self as hop_v2, HopNext};
+use blindrelay::proto::frame::Frame;
+use blindrelay::proto::receipt;
+use blindrelay::send::Hop;
+use ed25519_dalek::SigningKey;
+use tokio::process::{Child, Command};
+use x25519_dalek::{PublicKey, StaticSecret};
+
+const NODES: usize = 6;
+const CONCURRENCY: usize = 8;
+const ALONE: Duration = Duration::from_secs(2);
+const LOADED: Duration = Duration::from_secs(3);
+const MAX_SENDS: usize = 2000;
+const RELAY_PORT: u16 = 7001;
+const OPERATOR_PORT: u16 = 7070;
+
+/// The flags that lift the design's admission limits out of the way.
+const UNLIMITED: &[&str] = &[
+    "--probe-interval",
+    "0s",
+    "--allow-private-endpoints",
+    "--admission-per-minute",
+    "6000000",
+    "--previous-hop-limit",
+    "1000000",
+    "--cheap-per-second",
+    "100000",
+    "--max-in-flight",
+    "256",
+    "--in-flight-per-source",
+    "256",
+    "--per-next-hop",
+    "64",
+    "--next-hop-queue",
+    "256",
+    "--next-hop-queue-bytes",
+    "268435456",
+    "--outbound-queue",
+    "1024",
+    "--outbound-queue-bytes",
+    "1073741824",
+    "--replay-capacity",
+    "1000000",
+    "--replay-share",
+    "100",
+    "--inbox-max-items",
+    "1000000",
+    "--inbox-max-bytes",
+    "17179869184",
+    "--inbox-share",
+    "100",
+];
+
+struct Node {
+    ip: Ipv4Addr,
+    id: String,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// A loopback address whose relay and operator ports are free now.
+fn free_ip(k: &mut u8) -> Ipv4Addr {
+    loop {
+        *k = k.wrapping_add(1).max(1);
+        let ip = Ipv4Addr::new(127, 0, 88, *k);
+        let free = [RELAY_PORT, OPERATOR_PORT]
+            .iter()
+            .all(|p| std::net::TcpListener::bind((ip, *p)).is_ok());
+        if free {
+            return ip;
+        }
+    }
+}
+
+async fn start(bin: &Path, root: &Path) -> Vec<Node> {
+    let mut k = 0u8;
+    let mut nodes = Vec::new();
+    for i in 0..NODES {
+        let ip = free_ip(&mut k);
+        let dir = root.join(format!("node{i}"));
+        let out = Command::new(bin)
+            .args(["init", "--state-dir"])
+            .arg(&dir)
+            .args(["--endpoint", &format!("https://{ip}:{RELAY_PORT}")])
+            .output()
+            .await
+            .expect("blindrelay init");
+        assert!(out.status.success(), "init failed");
+        let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        nodes.push(Node {
+            ip,
+            id,
+            dir,
+            child: None,
+        });
+    }
+    for i in 0..NODES {
+        let mut args: Vec<String> = vec![
+            "run".into(),
+            "--state-dir".into(),
+            nodes[i].dir.display().to_string(),
+            "--listen".into(),
+            format!("{}:{RELAY_PORT}", nodes[i].ip),
+            "--operator".into(),
+            format!("{}:{OPERATOR_PORT}", nodes[i].ip),
+        ];
+        for (j, other) in nodes.iter().enumerate() {
+            if j != i {
+                args.push("--peer".into());
+                args.push(format!("{}@https://{}:{RELAY_PORT}", other.id, other.ip));
+            }
+        }
+        args.extend(UNLIMITED.iter().map(|s| s.to_string()));
+        let child = Command::new(bin)
+            .args(&args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("blindrelay run");
+        nodes[i].child = Some(child);
+    }
+    nodes
+}
+
+fn operator_client(node: &Node) -> reqwest::Client {
+    let cookie = std::fs::read_to_string(node.dir.join("operator.cookie")).unwrap_or_default();
+    let mut headers = reqwest::header::HeaderMap::new();
+    if let Ok(v) = format!("Bearer {}", cookie.trim()).parse() {
+        headers.insert(reqwest::header::AUTHORIZATION, v);
+    }
+    reqwest::Client::builder()
+        .no_proxy()
+        .default_headers(headers)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+/// Waits (at most 20 s, polling the status) until every node routes to the five others.
+async fn wait_ready(nodes: &[Node]) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for node in nodes {
+        let url = format!("http://{}:{OPERATOR_PORT}/v1/status", node.ip);
+        loop {
+            assert!(Instant::now() < deadline, "the nodes did not come up");
+            let http = operator_client(node);
+            let routable = match http.get(&url).send().await {
+                Ok(r) => r.json::<serde_json::Value>().await.ok().and_then(|v| {
+                    v["system_stats"]["discovery_status"]["peer_store"]["runtime"]["peers"]
+                            ["routable"]
+                            .as_u64()
+                }),
+                Err(_) => None,
+            };
+            if routable == Some(NODES as u64 - 1) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+/// Sends with `clients` concurrent loops for `len`, at most `MAX_SENDS`: successes' latencies
+/// and the failures.
+async fn run_case(
+    sender: &Node,
+    to: &str,
+    hops: usize,
+    payload: &[u8],
+    clients: usize,
+    len: Duration,
+) -> (Vec<Duration>, usize, Duration) {
+    let http = operator_client(sender);
+    let url = format!(
+        "http://{}:{OPERATOR_PORT}/v1/send?to={to}&hops={hops}",
+        sender.ip
+    );
+    let started = Arc::new(AtomicUsize::new(0));
+    let t0 = Instant::now();
+    let until = t0 + len;
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let (http, url, body, started) = (
+            http.clone(),
+            url.clone(),
+            payload.to_vec(),
+            Arc::clone(&started),
+        );
+        tasks.push(tokio::spawn(async move {
+            let (mut ok, mut failed) = (Vec::new(), 0usize);
+            while Instant::now() < until && started.fetch_add(1, Ordering::Relaxed) < MAX_SENDS {
+                let t = Instant::now();
+                match http.post(&url).body(body.clone()).send().await {
+                    Ok(r) if r.status().is_success() => ok.push(t.elapsed()),
+                    _ => failed += 1,
+                }
+            }
+            (ok, failed)
+        }));
+    }
+    let (mut all, mut failed) = (Vec::new(), 0);
+    for t in tasks {
+        let (ok, f) = t.await.expect("client task");
+        all.extend(ok);
+        failed += f;
+    }
+    (all, failed, t0.elapsed())
+}
+
+fn percentile(sorted: &[Duration], p: usize) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = (sorted.len() * p / 100).min(sorted.len() - 1);
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+/// One thread's CPU for the cryptography of one delivery over `hops` hops with `payload`:
+/// (sender's wrap and receipt check, all hops' check and signing), the minimum of `rounds`.
+fn crypto_cost(hops: usize, payload: &[u8], rounds: usize) -> (Duration, Duration) {
+    let keys: Vec<(SigningKey, StaticSecret)> = (0..hops)
+        .map(|i| {
+            (
+                SigningKey::from_bytes(&[i as u8 + 1; 32]),
+                StaticSecret::from([i as u8 + 101; 32]),
+            )
+        })
+        .collect();
+    let path: Vec<Hop> = keys
+        .iter()
+        .map(|(s, o)| Hop {
+            node_id: s.verifying_key().to_bytes(),
+            onion_key: PublicKey::from(o).to_bytes(),
+        })
+        .collect();
+    let me = SigningKey::from_bytes(&[77; 32]);
+    let now = 1_800_000_000;
+    let (mut best_sender, mut best_hops) = (Duration::MAX, Duration::MAX);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let wrapped = blindrelay::send::v2::wrap(&path, payload, false, now, &me).expect("wraps");
+        let mut sender = t.elapsed();
+        let mut frame = Frame::decode(&wrapped.frame).expect("a frame");
+        let mut on_hops = Duration::ZERO;
+        let mut sealed = String::new();
+        for (sign, onion) in &keys {
+            let id = sign.verifying_key().to_bytes();
+            let t = Instant::now();
+            let c = hop_v2::check(&id, &[onion], frame.clone(), now, &mut None, |_| Ok(()))
+                .expect("accepted");
+            match c.next {
+                HopNext::Forward { next_hop, packet } => {
+                    frame = Frame::sign(packet, sign, &next_hop).expect("frames");
+                }
+                HopNext::Terminal {
+                    payload,
+                    receipt_key,
+                    ..
+                } => {
+                    sealed = blindrelay::terminal::seal_receipt(
+                        sign,
+                        &c.tag,
+                        &receipt_key,
+                        &payload,
+                        now,
+                    );
+                }
+            }
+            on_hops += t.elapsed();
+        }
+        let t = Instant::now();
+        let bytes = hex::decode(&sealed).expect("hex");
+        let r = receipt::open(&bytes, &wrapped.receipt_key).expect("opens");
+        let terminal = path[hops - 1].node_id;
+        r.verify(
+            &wrapped.terminal_tag,
+            &receipt::commitment(payload),
+            &terminal,
+            now,
+        )
+        .expect("verifies");
+        sender += t.elapsed();
+        best_sender = best_sender.min(sender);
+        best_hops = best_hops.min(on_hops);
+    }
+    (best_sender, best_hops)
+}
+
+#[tokio::main]
+async fn main() {
+    let bin = PathBuf::from(
+        std::env::var("BLINDRELAY_BIN").unwrap_or_else(|_| "target/release/blindrelay".into()),
+    );
+    assert!(bin.exists(), "no blindrelay binary at {}", bin.display());
+    blindrelay::links::install_provider();
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut nodes = start(&bin, root.path()).await;
+    wait_ready(&nodes).await;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    println!(
+        "{NODES} node processes on loopback, {cores} CPU threads; state in {}",
+        root.path().display()
+    );
+    println!();
+    println!(
+        "| payload | hops | alone: p50 / p99 ms | {CONCURRENCY} clients: deliveries/s | p50 / p99 ms | failed | crypto per delivery (sender + hops) | crypto bound ({cores} threads) | measured ÷ bound |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let terminal = nodes[NODES - 1].id.clone();
+    for size in [1024usize, 64 * 1024] {
+        let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+        for hops in [1usize, 3, 5] {
+            let (mut alone, failed_alone, _) =
+                run_case(&nodes[0], &terminal, hops, &payload, 1, ALONE).await;
+            alone.sort_unstable();
+            let (mut loaded, failed, took) =
+                run_case(&nodes[0], &terminal, hops, &payload, CONCURRENCY, LOADED).await;
+            loaded.sort_unstable();
+            let per_s = loaded.len() as f64 / took.as_secs_f64();
+            let (sender, on_hops) = crypto_cost(hops, &payload, 50);
+            let crypto = sender + on_hops;
+            let bound = cores as f64 / crypto.as_secs_f64();
+            println!(
+                "| {} KiB | {hops} | {:.2} / {:.2} | {per_s:.0} | {:.1} / {:.1} | {} | {:.0} µs ({:.0} + {:.0}) | {bound:.0}/s | {:.1} % |",
+                size / 1024,
+                percentile(&alone, 50),
+                percentile(&alone, 99),
+                percentile(&loaded, 50),
+                percentile(&loaded, 99),
+                failed + failed_alone,
+                crypto.as_secs_f64() * 1e6,
+                sender.as_secs_f64() * 1e6,
+                on_hops.as_secs_f64() * 1e6,
+                100.0 * per_s / bound,
+            );
+        }
+    }
+    for node in &mut nodes {
+        if let Some(mut child) = node.child.take() {
+            let _ = child.kill().await;
+        }
+    }
+}

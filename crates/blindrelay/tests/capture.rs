@@ -1,0 +1,249 @@
+//! What a link observer sees of a v2 delivery, on real processes behind recording proxies
+//! (issue 13, "Tests"): every link message of one delivery has the same length on the wire, for
+//! 1-, 3- and 5-hop routes and every size class, and no node id, replay tag, expiry or payload
+//! appears in clear. And a layer re-wrapped in a fresh frame is refused at every position, also
+//! after every node restarted.
+//!
+//! This process is the sender: it builds the packet itself (so it knows every layer's replay tag
+//! and expiry), frames it under a key of its own and posts it to the entry hop's proxy, as a
+//! node's sender does (same headers); the nodes forward it through the proxies in front of each
+//! other.
+
+mod common;
+
+use blindrelay::node::Node as NodeKeys;
+use blindrelay::proto::descriptor::Descriptor;
+use blindrelay::proto::frame::{Frame, frame_len};
+use blindrelay::proto::receipt;
+use blindrelay::proto::sphinx::{self, Action, Delivery, HopSpec, SizeClass};
+use blindrelay::send::v2::expiry;
+use common::{Net, Tap, http, tap_mark, unix_now};
+use ed25519_dalek::SigningKey;
+use serde_json::Value;
+
+/// A packet built by this process, with what it knows of it.
+struct Sent {
+    frame: Vec<u8>,
+    tags: Vec<[u8; 16]>,
+    expires_at: u64,
+    receipt_key: [u8; 32],
+    packet: Vec<u8>,
+}
+
+fn build(key: &SigningKey, path: &[&Descriptor], payload: &[u8], class: SizeClass) -> Sent {
+    let expires_at = expiry(unix_now());
+    let specs: Vec<HopSpec> = path
+        .iter()
+        .map(|d| HopSpec {
+            node_id: d.node_id,
+            onion_key: d.onion_key,
+            expires_at,
+        })
+        .collect();
+    let receipt_key: [u8; 32] = rand::random();
+    let delivery = Delivery {
+        payload,
+        probe: false,
+        receipt_key,
+    };
+    let built = sphinx::build(&specs, &delivery, class).expect("builds");
+    let frame = Frame::sign(built.packet.clone(), key, &path[0].node_id).expect("frames");
+    Sent {
+        frame: frame.encode(),
+        tags: built.replay_tags,
+        expires_at,
+        receipt_key,
+        packet: built.packet,
+    }
+}
+
+/// Posts `body` to `endpoint` as a node does (`forward::LINK_HOST`, octet-stream): the status
+/// and the JSON answer.
+async fn post(endpoint: &str, body: Vec<u8>) -> (u16, Value) {
+    let r = http()
+        .post(format!("{endpoint}/v2/relay"))
+        .header(reqwest::header::HOST, blindrelay::forward::LINK_HOST)
+        .header("content-type", "application/octet-stream")
+        .body(body)
+        .send()
+        .await
+        .expect("relay request");
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+async fn descriptors(net: &Net) -> Vec<Descriptor> {
+    let mut out = Vec::new();
+    for i in 0..net.len() {
+        let d = serde_json::from_value(net.get_json(i, "/v1/descriptor").await).expect("JSON");
+        out.push(d);
+    }
+    out
+}
+
+/// Every relay request (at least a frame of `class` long) the taps saw after `mark`.
+fn link_messages(taps: &[Tap], mark: u32, class: SizeClass) -> Vec<usize> {
+    taps.iter()
+        .flat_map(|t| t.requests_since(mark))
+        .filter(|len| *len >= frame_len(class))
+        .collect()
+}
+
+fn assert_absent(wire: &[u8], what: &str, needle: &[u8]) {
+    assert!(
+        !wire.windows(needle.len()).any(|w| w == needle),
+        "{what} in clear on a link"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_link_message_of_a_delivery_has_one_length_and_nothing_is_in_clear() {
+    let (net, taps) = Net::start_tapped(5, &["--probe-interval", "0s"]).await;
+    let ds = descriptors(&net).await;
+    let key = SigningKey::from_bytes(&rand::random());
+    let mut sent = Vec::new();
+    for class in SizeClass::ALL {
+        let marker = format!("CAPTURE-MARKER-{class:?}-").into_bytes();
+        let payload: Vec<u8> = marker
+            .iter()
+            .copied()
+            .cycle()
+            .take(class.capacity() - 100)
+            .collect();
+        let mut lengths = Vec::new();
+        for hops in [1, 3, 5] {
+            let path: Vec<&Descriptor> = ds[..hops].iter().collect();
+            let s = build(&key, &path, &payload, class);
+            let mark = tap_mark();
+            let (status, answer) = post(&ds[0].endpoint, s.frame.clone()).await;
+            assert_eq!(status, 200, "{class:?} over {hops}: {answer}");
+            // The receipt names the terminal's tag and verifies.
+            let sealed = hex::decode(answer["receipt"].as_str().expect("receipt")).expect("hex");
+            let r = receipt::open(&sealed, &s.receipt_key).expect("opens");
+            let commitment = receipt::commitment(&payload);
+            let terminal = path[hops - 1].node_id;
+            r.verify(&s.tags[hops - 1], &commitment, &terminal, unix_now())
+                .expect("verifies");
+            let messages = link_messages(&taps, mark, class);
+            assert_eq!(messages.len(), hops, "{class:?} over {hops}: {messages:?}");
+            assert!(
+                messages.iter().all(|m| *m == messages[0]),
+                "{class:?} over {hops}: {messages:?}"
+            );
+            lengths.push(messages[0]);
+            sent.push((s, marker.clone()));
+        }
+        // The same length whatever the route's length: a hop cannot tell its position.
+        assert!(
+            lengths.iter().all(|l| *l == lengths[0]),
+            "{class:?}: {lengths:?}"
+        );
+        let overhead = lengths[0] - frame_len(class);
+        assert!(overhead < 600, "{class:?}: {overhead} bytes of headers");
+        println!(
+            "{class:?}: every link message {} bytes on the wire ({} B frame)",
+            lengths[0],
+            frame_len(class)
+        );
+    }
+    // Nothing in clear on any link: no node id (bytes or hex), no tag, no expiry, no payload.
+    for (i, tap) in taps.iter().enumerate() {
+        let wire = tap.bytes();
+        for d in &ds {
+            assert_absent(&wire, "a node id", &d.node_id);
+            assert_absent(&wire, "a node id in hex", hex::encode(d.node_id).as_bytes());
+            assert_absent(
+                &wire,
+                "a node id prefix",
+                hex::encode(&d.node_id[..4]).as_bytes(),
+            );
+        }
+        let sender = key.verifying_key().to_bytes();
+        assert_absent(&wire, "the sender's id", &sender);
+        for (s, marker) in &sent {
+            for tag in &s.tags {
+                assert_absent(&wire, "a replay tag", tag);
+                assert_absent(&wire, "a replay tag in hex", hex::encode(tag).as_bytes());
+            }
+            assert_absent(&wire, "the expiry", &s.expires_at.to_be_bytes());
+            assert_absent(
+                &wire,
+                "the expiry in decimal",
+                s.expires_at.to_string().as_bytes(),
+            );
+            assert_absent(&wire, "the payload", marker);
+            // The packet's bytes past its version and class (alpha, beta, gamma) are not
+            // carried in clear either.
+            assert_absent(&wire, "the packet", &s.packet[2..64]);
+        }
+        assert!(wire.len() > 1000, "tap {i} saw {} bytes", wire.len());
+    }
+}
+
+/// Each hop's packet of a delivery, as the sender and each hop's keys give it: the packet the
+/// hop at each position received.
+fn packets_along(net: &Net, path: &[usize], first: Vec<u8>) -> Vec<Vec<u8>> {
+    let now = unix_now();
+    let mut out = vec![first];
+    for &i in &path[..path.len() - 1] {
+        let keys = NodeKeys::load(&net.node(i).state_dir).expect("node keys");
+        let secrets = keys.onion_secrets(now);
+        let refs: Vec<_> = secrets.iter().collect();
+        let peeled = sphinx::peel(&refs, out.last().expect("a packet")).expect("peels");
+        match peeled.action {
+            Action::Forward { packet, .. } => out.push(packet),
+            Action::Deliver { .. } => panic!("delivered before the end"),
+        }
+    }
+    out
+}
+
+/// The captured layer of every position, re-wrapped in a fresh frame (another previous hop's
+/// key, fresh signature) and posted straight to that position's node, is refused as
+/// `replay_conflict`: its tag is the layer's, whatever frame carries it. The same after every
+/// node restarted (the tags are on disk); the original frame from its own previous hop is a
+/// duplicate, answered from the registry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rewrapped_layer_is_refused_at_every_position_also_after_a_restart() {
+    let (mut net, _taps) = Net::start_tapped(3, &["--probe-interval", "0s"]).await;
+    let ds = descriptors(&net).await;
+    let key = SigningKey::from_bytes(&rand::random());
+    let path = [0, 1, 2];
+    let route: Vec<&Descriptor> = path.iter().map(|&i| &ds[i]).collect();
+    let s = build(&key, &route, b"once only", SizeClass::Small);
+    let (status, answer) = post(&ds[0].endpoint, s.frame.clone()).await;
+    assert_eq!(
+        (status, answer["outcome"].as_str()),
+        (200, Some("forwarded"))
+    );
+    let first_receipt = answer["receipt"].clone();
+    assert_eq!(net.inbox_ids(2).await.len(), 1);
+    let packets = packets_along(&net, &path, s.packet.clone());
+    for restarted in [false, true] {
+        if restarted {
+            for i in 0..net.len() {
+                net.restart(i).await;
+            }
+            for i in 0..net.len() {
+                net.wait_routable(i, net.len() - 1).await;
+            }
+        }
+        for (pos, packet) in packets.iter().enumerate() {
+            let other = SigningKey::from_bytes(&rand::random());
+            let rewrapped = Frame::sign(packet.clone(), &other, &ds[path[pos]].node_id)
+                .expect("frames")
+                .encode();
+            let (status, answer) = post(&ds[path[pos]].endpoint, rewrapped).await;
+            assert_eq!(
+                (status, answer["error"].as_str()),
+                (400, Some("replay_conflict")),
+                "position {pos}, restarted: {restarted}"
+            );
+        }
+        // The sender retrying its own frame gets the stored answer, not a second delivery.
+        let (status, again) = post(&ds[0].endpoint, s.frame.clone()).await;
+        assert_eq!(status, 200, "{again}");
+        assert_eq!(again["receipt"], first_receipt, "the stored answer");
+        assert_eq!(net.inbox_ids(2).await.len(), 1, "restarted: {restarted}");
+    }
+}
