@@ -153,6 +153,20 @@ pub enum RunError {
     /// A store the node opened before is lost, and the operator did not accept it.
     #[error(transparent)]
     LostState(#[from] stores::LostState),
+    /// The state dir cannot be written (a read-only file system, or no permission).
+    #[error(
+        "the state dir cannot be written ({0}): a node must record every route in replay.db \
+         before it relays it, so it does not start on a read-only state dir"
+    )]
+    ReadOnly(std::io::Error),
+}
+
+/// Refuses a state dir that cannot be written: the node would fail every request (no route can
+/// be reserved) after starting as if well.
+fn check_writable(dir: &std::path::Path) -> Result<(), RunError> {
+    let probe = dir.join(".write-check");
+    std::fs::write(&probe, b"").map_err(RunError::ReadOnly)?;
+    std::fs::remove_file(&probe).map_err(RunError::ReadOnly)
 }
 
 /// A built node: its pipeline (whose context the outbound side uses) and how often it probes.
@@ -178,6 +192,7 @@ pub struct Built {
 /// [`RunError`].
 pub fn build(config: RunConfig) -> Result<Built, RunError> {
     let node = Arc::new(Node::load(&config.state_dir)?);
+    check_writable(&config.state_dir)?;
     let now = config.clock.unix();
     node.rotate_if_due(now)?;
     let relay = &config.relay;

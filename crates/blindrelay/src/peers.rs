@@ -406,6 +406,36 @@ mod tests {
         assert!(!format!("{peers:?}").contains("127.0.0.9"));
     }
 
+    /// A peer that changes its onion key mid-traffic: its newer descriptor replaces the held
+    /// one at once, an older one (a replayed fetch) never brings the former key back, and once
+    /// the newer one expires the peer is not routable until it is fetched again.
+    #[test]
+    fn a_newer_descriptor_with_another_onion_key_replaces_the_held_one() {
+        let clock = Clock::Manual(ManualClock::new(T0));
+        let manual = match &clock {
+            Clock::Manual(m) => Arc::clone(m),
+            Clock::System => unreachable!("a manual clock"),
+        };
+        let peers = Peers::new(vec![], true, clock, [0; 32]);
+        let key = SigningKey::from_bytes(&[3; 32]);
+        let id = key.verifying_key().to_bytes();
+        let other_key =
+            x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from([6u8; 32])).to_bytes();
+        let old = Descriptor::sign(&key, onion_key(), "https://127.0.0.9:7001", T0, 3600);
+        assert!(peers.insert(old.clone()));
+        manual.advance(std::time::Duration::from_secs(60));
+        let new = Descriptor::sign(&key, other_key, "https://127.0.0.9:7001", T0 + 60, 3600);
+        assert!(peers.insert(new.clone()));
+        assert_eq!(
+            peers.descriptor(&id, T0 + 60).map(|d| d.onion_key),
+            Ok(other_key)
+        );
+        assert!(!peers.insert(old), "an older descriptor does not come back");
+        assert_eq!(peers.descriptor(&id, T0 + 61), Ok(new));
+        assert_eq!(peers.descriptor(&id, T0 + 3660), Err(PeerError::Expired));
+        assert!(peers.routable(T0 + 3660).is_empty());
+    }
+
     #[test]
     fn a_peer_without_protocol_2_is_known_but_not_routable() {
         use ed25519_dalek::Signer;

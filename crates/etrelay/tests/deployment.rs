@@ -187,6 +187,7 @@ async fn metrics(w: &World) -> String {
     let url = format!("{}/metrics", control());
     w.front_rt
         .run(async move {
+            let _ = rustls::crypto::ring::default_provider().install_default();
             let client = reqwest::Client::builder()
                 .timeout(Duration::from_secs(10))
                 .build()

@@ -491,7 +491,21 @@ impl Inner {
 
     /// Runs `write` in one immediate transaction, after deleting the rows of purged entries, and
     /// commits. Nothing to do for the memory store.
+    /// Writes in one transaction; a failure (a full or read-only disk) is also logged, at most
+    /// once every [`WRITE_WARNING_EVERY`], since the caller answers it as `replay_capacity`.
     fn write(
+        &mut self,
+        what: &'static str,
+        write: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<(), ReplayError>,
+    ) -> Result<(), ReplayError> {
+        let r = self.write_once(what, write);
+        if let Err(e) = &r {
+            warn_write_failed(what, e);
+        }
+        r
+    }
+
+    fn write_once(
         &mut self,
         what: &'static str,
         write: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<(), ReplayError>,
@@ -561,6 +575,24 @@ fn entry_from_row(row: &rusqlite::Row<'_>) -> Result<(RouteId, Entry), StoreErro
             source: None,
         },
     ))
+}
+
+/// Least time between two warnings of a failed replay write.
+const WRITE_WARNING_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Logs a failed write of the registry (rate-limited: a full disk under traffic fails every
+/// request).
+fn warn_write_failed(what: &str, e: &ReplayError) {
+    static LAST: Mutex<Option<tokio::time::Instant>> = Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(PoisonError::into_inner);
+    let now = tokio::time::Instant::now();
+    if last.is_none_or(|t| now.duration_since(t) >= WRITE_WARNING_EVERY) {
+        *last = Some(now);
+        tracing::warn!(
+            "replay registry: cannot {what}: {e}; new routes are refused (replay_capacity) \
+             until replay.db can be written again (disk full or read-only?)"
+        );
+    }
 }
 
 #[cfg(test)]

@@ -23,6 +23,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+pub mod crash;
 pub mod doc;
 pub use doc::Doc;
 

@@ -96,6 +96,13 @@ pub(crate) struct Reply {
     pub(crate) body: Option<Value>,
 }
 
+/// Makes ring the process's TLS provider unless one is set: the workspace builds reqwest
+/// without a default provider (blindrelay picks its own), and a client cannot be built
+/// without one, even for plain-HTTP URLs.
+pub(crate) fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 #[derive(Debug)]
 pub(crate) struct Client {
     http: reqwest::Client,
@@ -104,6 +111,7 @@ pub(crate) struct Client {
 
 impl Client {
     pub(crate) fn new(base: &ControlUrl) -> Result<Self, AdminError> {
+        install_tls_provider();
         let http = reqwest::Client::builder()
             .timeout(REQUEST_TIMEOUT)
             // The control API is on the tunnel: never through a proxy of the environment.

@@ -54,6 +54,21 @@ pub enum StoreError {
     },
 }
 
+/// Whether `path` (or, when it does not exist, its directory) cannot be written: a read-only
+/// file system or no permission.
+fn read_only(path: &Path) -> bool {
+    const EROFS: i32 = 30;
+    const EACCES: i32 = 13;
+    let probe = if path.exists() {
+        std::fs::OpenOptions::new().append(true).open(path).err()
+    } else {
+        None
+    };
+    probe
+        .and_then(|e| e.raw_os_error())
+        .is_some_and(|n| n == EROFS || n == EACCES)
+}
+
 /// Schema version kept in `PRAGMA user_version`.
 const SCHEMA: i64 = 1;
 
@@ -67,6 +82,8 @@ pub struct Store {
     checkpointer: Mutex<Connection>,
     /// Changes committed since the last checkpoint.
     since_checkpoint: AtomicUsize,
+    /// Opened read-only (a read-only state dir): every write fails.
+    read_only: bool,
 }
 
 /// Changes after which [`Store::needs_checkpoint`] says a checkpoint is due.
@@ -138,7 +155,65 @@ impl Store {
         Ok(store)
     }
 
+    /// Opens the store for writing; on a read-only file system (or directory), read-only: the
+    /// server is relayed with its bans and every write is refused (the operator sees a warning
+    /// here and `state_write_failed` on each write).
     fn connect(path: PathBuf) -> Result<Store, StoreError> {
+        match Store::connect_rw(path.clone()) {
+            Err(e) if read_only(&path) => {
+                let store = Store::connect_read_only(path)?;
+                tracing::warn!(
+                    "{}: the state dir is read-only ({e}): bans kept, no ban can change until \
+                     it is writable and etrelay restarted",
+                    store.path.display()
+                );
+                Ok(store)
+            }
+            r => r,
+        }
+    }
+
+    /// The store opened read-only (`immutable`: no journal or lock file is written).
+    fn connect_read_only(path: PathBuf) -> Result<Store, StoreError> {
+        use rusqlite::OpenFlags;
+        let db = |source| StoreError::Db {
+            path: path.clone(),
+            source,
+        };
+        let escaped: String = path
+            .display()
+            .to_string()
+            .chars()
+            .map(|c| match c {
+                '%' => "%25".to_string(),
+                '?' => "%3f".to_string(),
+                '#' => "%23".to_string(),
+                c => c.to_string(),
+            })
+            .collect();
+        let uri = format!("file:{escaped}?immutable=1");
+        let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_URI;
+        let conn = Connection::open_with_flags(&uri, flags).map_err(db)?;
+        let version: i64 = conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(db)?;
+        if version != SCHEMA {
+            return Err(StoreError::Damaged {
+                path,
+                what: format!("schema version {version} in a read-only store"),
+            });
+        }
+        let checkpointer = Connection::open_with_flags(&uri, flags).map_err(db)?;
+        Ok(Store {
+            path,
+            conn: Mutex::new(conn),
+            checkpointer: Mutex::new(checkpointer),
+            since_checkpoint: AtomicUsize::new(0),
+            read_only: true,
+        })
+    }
+
+    fn connect_rw(path: PathBuf) -> Result<Store, StoreError> {
         let db = |source| StoreError::Db {
             path: path.clone(),
             source,
@@ -199,6 +274,7 @@ impl Store {
             conn: Mutex::new(conn),
             checkpointer: Mutex::new(checkpointer),
             since_checkpoint: AtomicUsize::new(0),
+            read_only: false,
         })
     }
 
@@ -251,16 +327,22 @@ impl Store {
     /// The database refused, or holds a row that is not a ban.
     pub fn load(&self, now: SystemTime) -> Result<Vec<Ban>, StoreError> {
         let conn = self.lock();
-        conn.execute(
-            "DELETE FROM bans WHERE expires_at IS NOT NULL AND expires_at <= ?1",
-            params![unix(now) as i64],
-        )
-        .map_err(self.db())?;
+        // A read-only store keeps its expired bans on disk; they are skipped below.
+        if !self.read_only {
+            conn.execute(
+                "DELETE FROM bans WHERE expires_at IS NOT NULL AND expires_at <= ?1",
+                params![unix(now) as i64],
+            )
+            .map_err(self.db())?;
+        }
         let mut stmt = conn
-            .prepare("SELECT ip, reason, since, expires_at FROM bans ORDER BY since, ip LIMIT ?1")
+            .prepare(
+                "SELECT ip, reason, since, expires_at FROM bans
+                 WHERE expires_at IS NULL OR expires_at > ?2 ORDER BY since, ip LIMIT ?1",
+            )
             .map_err(self.db())?;
         let rows = stmt
-            .query_map(params![MAX_BANS as i64], |r| {
+            .query_map(params![MAX_BANS as i64, unix(now) as i64], |r| {
                 Ok((
                     r.get::<_, String>(0)?,
                     r.get::<_, String>(1)?,

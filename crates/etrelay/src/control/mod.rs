@@ -28,6 +28,7 @@ use tracing::{info, warn};
 pub mod fuzzing;
 pub mod listen;
 mod server_json;
+mod state_error;
 
 use guard::throttle::Throttle;
 pub use listen::ListenLimits;
@@ -111,11 +112,7 @@ impl From<RegistryError> for ApiError {
             }
             RegistryError::State(_) | RegistryError::Store(_) => {
                 warn!("control: {msg}");
-                ApiError::new(
-                    S::INTERNAL_SERVER_ERROR,
-                    "state_write_failed",
-                    "the state file could not be written; nothing changed",
-                )
+                state_error::api_error(&e)
             }
             RegistryError::NoServer => unauthorized(),
             RegistryError::NotRelaying(_) => {

@@ -44,12 +44,19 @@ impl Launch {
             ports: self.ports,
             state_dir: self.state_dir,
             log: self.log,
-            http: reqwest::Client::builder()
-                .timeout(Duration::from_secs(15))
-                .build()
-                .unwrap(),
+            http: http_client(),
         }
     }
+}
+
+/// An HTTP client for the control API (15 s per request). The workspace builds reqwest
+/// without a default TLS provider, so ring is installed first.
+pub fn http_client() -> reqwest::Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(15))
+        .build()
+        .unwrap()
 }
 
 /// A running `etrelay --ports …` process.
