@@ -6,8 +6,9 @@
 //! sends (`POST /v1/send` on its operator API: it wraps, posts to the entry hop, and answers once
 //! the terminal's receipt opened and verified); node 5 is the terminal; the middles are picked at
 //! random among nodes 1–4. For 1, 3 and 5 hops and 1 KiB and 64 KiB payloads: one client for
-//! the unloaded latency (p50, p99), then 8 concurrent clients for the throughput (deliveries/s,
-//! p50, p99). Every case is bounded in time (2 s alone, 3 s loaded) and count (2 000 sends).
+//! the unloaded latency (p50, p99), then 32 concurrent clients (`--clients N`) for the
+//! throughput (deliveries/s, p50, p99); `--hops 3` and `--sizes 1024` pick cases. Every case is
+//! bounded in time (2 s alone, 3 s loaded) and count (10 000 sends).
 //!
 //! The design's admission limits (20 requests/s per node, 2/s per previous hop, the cheap budget,
 //! in-flight shares, the replay and inbox shares) are raised by their flags: they bound what an
