@@ -6,8 +6,9 @@
 //! sends (`POST /v1/send` on its operator API: it wraps, posts to the entry hop, and answers once
 //! the terminal's receipt opened and verified); node 5 is the terminal; the middles are picked at
 //! random among nodes 1–4. For 1, 3 and 5 hops and 1 KiB and 64 KiB payloads: one client for
-//! the unloaded latency (p50, p99), then 8 concurrent clients for the throughput (deliveries/s,
-//! p50, p99). Every case is bounded in time (2 s alone, 3 s loaded) and count (2 000 sends).
+//! the unloaded latency (p50, p99), then 32 concurrent clients (`--clients N`) for the
+//! throughput (deliveries/s, p50, p99); `--hops 3` and `--sizes 1024` pick cases. Every case is
+//! bounded in time (2 s alone, 3 s loaded) and count (10 000 sends).
 //!
 //! The design's admission limits (20 requests/s per node, 2/s per previous hop, the cheap budget,
 //! in-flight shares, the replay and inbox shares) are raised by their flags: they bound what an
@@ -37,10 +38,11 @@ use tokio::process::{Child, Command};
 use x25519_dalek::{PublicKey, StaticSecret};
 
 const NODES: usize = 6;
-const CONCURRENCY: usize = 8;
+/// Concurrent clients of the loaded run unless `--clients N` says otherwise.
+const CONCURRENCY: usize = 32;
 const ALONE: Duration = Duration::from_secs(2);
 const LOADED: Duration = Duration::from_secs(3);
-const MAX_SENDS: usize = 2000;
+const MAX_SENDS: usize = 10_000;
 const RELAY_PORT: u16 = 7001;
 const OPERATOR_PORT: u16 = 7070;
 
@@ -224,7 +226,19 @@ async fn run_case(
                 let t = Instant::now();
                 match http.post(&url).body(body.clone()).send().await {
                     Ok(r) if r.status().is_success() => ok.push(t.elapsed()),
-                    _ => failed += 1,
+                    Ok(r) => {
+                        if failed == 0 && std::env::var_os("DELIVERY_DEBUG").is_some() {
+                            let status = r.status();
+                            eprintln!("failed: {status} {}", r.text().await.unwrap_or_default());
+                        }
+                        failed += 1;
+                    }
+                    Err(e) => {
+                        if failed == 0 && std::env::var_os("DELIVERY_DEBUG").is_some() {
+                            eprintln!("failed: {e}");
+                        }
+                        failed += 1;
+                    }
                 }
             }
             (ok, failed)
@@ -318,8 +332,40 @@ fn crypto_cost(hops: usize, payload: &[u8], rounds: usize) -> (Duration, Duratio
     (best_sender, best_hops)
 }
 
+/// `--clients N`, `--hops 1,3,5`, `--sizes 1024,65536`.
+struct Args {
+    clients: usize,
+    hops: Vec<usize>,
+    sizes: Vec<usize>,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        clients: CONCURRENCY,
+        hops: vec![1, 3, 5],
+        sizes: vec![1024, 64 * 1024],
+    };
+    let list = |v: Option<String>| -> Vec<usize> {
+        v.unwrap_or_default()
+            .split(',')
+            .map(|x| x.parse().expect("a number"))
+            .collect()
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        match flag.as_str() {
+            "--clients" => a.clients = list(it.next())[0].clamp(1, 512),
+            "--hops" => a.hops = list(it.next()),
+            "--sizes" => a.sizes = list(it.next()),
+            other => panic!("unknown flag {other} (--clients N, --hops 1,3,5, --sizes 1024,65536)"),
+        }
+    }
+    a
+}
+
 #[tokio::main]
 async fn main() {
+    let args = args();
     let bin = PathBuf::from(
         std::env::var("BLINDRELAY_BIN").unwrap_or_else(|_| "target/release/blindrelay".into()),
     );
@@ -335,18 +381,19 @@ async fn main() {
     );
     println!();
     println!(
-        "| payload | hops | alone: p50 / p99 ms | {CONCURRENCY} clients: deliveries/s | p50 / p99 ms | failed | crypto per delivery (sender + hops) | crypto bound ({cores} threads) | measured ÷ bound |"
+        "| payload | hops | alone: p50 / p99 ms | {} clients: deliveries/s | p50 / p99 ms | failed | crypto per delivery (sender + hops) | crypto bound ({cores} threads) | measured ÷ bound |",
+        args.clients
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let terminal = nodes[NODES - 1].id.clone();
-    for size in [1024usize, 64 * 1024] {
+    for &size in &args.sizes {
         let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
-        for hops in [1usize, 3, 5] {
+        for &hops in &args.hops {
             let (mut alone, failed_alone, _) =
                 run_case(&nodes[0], &terminal, hops, &payload, 1, ALONE).await;
             alone.sort_unstable();
             let (mut loaded, failed, took) =
-                run_case(&nodes[0], &terminal, hops, &payload, CONCURRENCY, LOADED).await;
+                run_case(&nodes[0], &terminal, hops, &payload, args.clients, LOADED).await;
             loaded.sort_unstable();
             let per_s = loaded.len() as f64 / took.as_secs_f64();
             let (sender, on_hops) = crypto_cost(hops, &payload, 50);

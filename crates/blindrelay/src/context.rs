@@ -127,7 +127,8 @@ impl Context {
         clock: Clock,
         config: ContextConfig,
     ) -> Self {
-        let http = Links::new(config.bind, peers.identity_counter());
+        let http = Links::new(config.bind, peers.identity_counter())
+            .with_idle_per_peer(config.per_next_hop);
         Context {
             node,
             peers,

@@ -137,9 +137,9 @@ pub fn retry_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32) -> Durat
 }
 
 /// The HTTP client for next hops: no proxy, no redirects, bounded timeouts; connections made
-/// from `bind` when given.
+/// from `bind` when given; up to `idle` idle connections kept per host.
 /// `tls` is the link's pinned TLS configuration (`crate::links`).
-pub fn client(bind: Option<IpAddr>, tls: rustls::ClientConfig) -> reqwest::Client {
+pub fn client(bind: Option<IpAddr>, tls: rustls::ClientConfig, idle: usize) -> reqwest::Client {
     crate::links::install_provider();
     reqwest::Client::builder()
         .use_preconfigured_tls(tls)
@@ -150,7 +150,7 @@ pub fn client(bind: Option<IpAddr>, tls: rustls::ClientConfig) -> reqwest::Clien
         .redirect(reqwest::redirect::Policy::none())
         .connect_timeout(CONNECT_TIMEOUT)
         .timeout(REQUEST_TIMEOUT)
-        .pool_max_idle_per_host(2)
+        .pool_max_idle_per_host(idle)
         .build()
         .unwrap_or_else(|_| reqwest::Client::new())
 }

@@ -202,6 +202,9 @@ pub fn unpinned_config() -> rustls::ClientConfig {
 #[derive(Clone)]
 pub struct Links {
     bind: Option<IpAddr>,
+    /// Idle connections kept per peer (at least the requests one next hop may have in flight,
+    /// so a busy link never closes a connection only to handshake again).
+    idle_per_peer: usize,
     clients: Arc<Mutex<HashMap<Option<NodeId>, reqwest::Client>>>,
     refusals: Arc<AtomicU64>,
 }
@@ -221,9 +224,17 @@ impl Links {
     pub fn new(bind: Option<IpAddr>, refusals: Arc<AtomicU64>) -> Self {
         Links {
             bind,
+            idle_per_peer: crate::forward::PER_NEXT_HOP,
             clients: Arc::new(Mutex::new(HashMap::new())),
             refusals,
         }
+    }
+
+    /// The same links, keeping up to `n` idle connections per peer (the node passes its
+    /// `--per-next-hop`).
+    pub fn with_idle_per_peer(mut self, n: usize) -> Self {
+        self.idle_per_peer = n.max(1);
+        self
     }
 
     /// Handshakes refused because the peer's TLS key was not the expected one.
@@ -246,7 +257,11 @@ impl Links {
         if map.len() > MAX_PEERS {
             map.clear();
         }
-        let c = crate::forward::client(self.bind, client_config(key, Arc::clone(&self.refusals)));
+        let c = crate::forward::client(
+            self.bind,
+            client_config(key, Arc::clone(&self.refusals)),
+            self.idle_per_peer,
+        );
         map.insert(key, c.clone());
         c
     }

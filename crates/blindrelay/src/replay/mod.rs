@@ -12,8 +12,8 @@
 mod registry;
 
 pub use registry::{
-    CAPACITY, Digest, INTERRUPTED_BODY, INTERRUPTED_STATUS, Outcome, RESPONSE_MAX_AGE_SECS,
-    ReplayRegistry, RouteId, StoredResponse, WINDOW_SECS,
+    CAPACITY, Digest, INTERRUPTED_BODY, INTERRUPTED_STATUS, MAX_BATCH_BYTES, MAX_BATCH_WRITES,
+    Outcome, RESPONSE_MAX_AGE_SECS, ReplayRegistry, RouteId, StoredResponse, WINDOW_SECS,
 };
 
 use crate::sqlite::StoreError;
@@ -40,4 +40,11 @@ pub enum ReplayError {
     /// never reserved, already completed, reserved for another digest, or its window has ended.
     #[error("no reservation in flight for this route and request")]
     NotInFlight,
+    /// The group commit this write was part of failed: every write of the batch failed with it
+    /// and none of them is reported as done.
+    #[error("group commit failed: {0}")]
+    GroupCommit(std::sync::Arc<ReplayError>),
+    /// The thread committing a batch panicked; the batch is rolled back and failed.
+    #[error("the group commit panicked")]
+    CommitPanicked,
 }

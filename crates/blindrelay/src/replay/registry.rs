@@ -9,18 +9,22 @@
 //! itself.
 //!
 //! Decisions are taken on an in-memory mirror (a `HashMap` plus an expiry-ordered set), so a
-//! `reserve` costs one durable write and no read. The SQLite variant writes the reservation (or
-//! the completion) and commits it (`synchronous=FULL`) before the call returns; rows of purged
-//! entries are deleted in the same transaction as the next write. A SQLite file belongs to one
+//! `reserve` costs one durable write and no read. The SQLite variant commits the reservation (or
+//! the completion, `synchronous=FULL`) before the call returns, in a group commit with the
+//! writes of the other callers waiting at that moment ([`group`]); rows of purged entries are
+//! deleted in the same transaction as the next batch. A SQLite file belongs to one
 //! registry at a time: two registries (or processes) on the same file would not see each other's
 //! decisions.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::fmt;
 use std::path::Path;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use rusqlite::{Connection, TransactionBehavior, params};
+
+use self::group::Write;
+pub use self::group::{MAX_BATCH_BYTES, MAX_BATCH_WRITES};
 
 use super::{ReplayError, ReplayStore};
 use crate::sources::SourceKey;
@@ -97,6 +101,8 @@ struct Entry {
     state: State,
     /// Whose share it counts in (memory only: entries loaded from SQLite count in none).
     source: Option<SourceKey>,
+    /// A write for this entry (its reservation, or its completion) waits for its commit.
+    pending: bool,
 }
 
 struct Inner {
@@ -105,9 +111,36 @@ struct Inner {
     expiry: BTreeSet<(u64, RouteId)>,
     /// Purged from memory, still to delete from SQLite with the next write.
     pending_deletes: Vec<RouteId>,
+    /// The SQLite connection; `None` for the memory store, and while a leader commits a batch.
     db: Option<Connection>,
+    /// SQLite-backed (writes are queued for a group commit).
+    sqlite: bool,
     /// Live routes per source.
     per_source: HashMap<SourceKey, usize>,
+    /// Writes waiting for the next group commit, with their tickets.
+    queue: VecDeque<(u64, Write)>,
+    next_ticket: u64,
+    /// Outcomes of committed (or failed) writes, until their callers take them.
+    results: HashMap<u64, Result<(), Arc<ReplayError>>>,
+    /// Group commits run (SQLite transactions, one fsync each).
+    commits: u64,
+}
+
+impl Inner {
+    fn new(sqlite: bool) -> Self {
+        Self {
+            entries: HashMap::new(),
+            expiry: BTreeSet::new(),
+            pending_deletes: Vec::new(),
+            db: None,
+            sqlite,
+            per_source: HashMap::new(),
+            queue: VecDeque::new(),
+            next_ticket: 0,
+            results: HashMap::new(),
+            commits: 0,
+        }
+    }
 }
 
 /// The route replay registry: SQLite-backed ([`ReplayRegistry::open_sqlite`]) or in memory
@@ -120,6 +153,8 @@ pub struct ReplayRegistry {
     window_secs: u64,
     persistent: bool,
     inner: Mutex<Inner>,
+    /// Signalled when a group commit ends.
+    committed: Condvar,
 }
 
 impl fmt::Debug for ReplayRegistry {
@@ -189,13 +224,7 @@ impl ReplayRegistry {
                 ],
             )
             .ctx("complete interrupted routes")?;
-        let mut inner = Inner {
-            entries: HashMap::new(),
-            expiry: BTreeSet::new(),
-            pending_deletes: Vec::new(),
-            db: None,
-            per_source: HashMap::new(),
-        };
+        let mut inner = Inner::new(true);
         {
             let mut stmt = tx
                 .prepare(
@@ -223,6 +252,7 @@ impl ReplayRegistry {
             window_secs,
             persistent: true,
             inner: Mutex::new(inner),
+            committed: Condvar::new(),
         })
     }
 
@@ -233,13 +263,8 @@ impl ReplayRegistry {
             source_share: capacity,
             window_secs,
             persistent: false,
-            inner: Mutex::new(Inner {
-                entries: HashMap::new(),
-                expiry: BTreeSet::new(),
-                pending_deletes: Vec::new(),
-                db: None,
-                per_source: HashMap::new(),
-            }),
+            inner: Mutex::new(Inner::new(false)),
+            committed: Condvar::new(),
         }
     }
 
@@ -326,24 +351,8 @@ impl ReplayRegistry {
         if inner.entries.len() >= self.capacity {
             return Ok(Outcome::Capacity);
         }
-        inner.write("reserve a route", |tx| {
-            let changed = tx
-                .prepare_cached(
-                    "INSERT INTO replay_routes (route_id, digest, reserved_at, state)
-                     VALUES (?1, ?2, ?3, ?4)",
-                )
-                .and_then(|mut stmt| {
-                    stmt.execute(params![
-                        &route_id[..],
-                        &digest[..],
-                        now_sql,
-                        STATE_IN_FLIGHT
-                    ])
-                })
-                .ctx("insert a route reservation")?;
-            debug_assert_eq!(changed, 1);
-            Ok(())
-        })?;
+        // In the mirror at once (duplicates now get `InFlight`), reported only once committed.
+        let sqlite = inner.sqlite;
         inner.insert(
             route_id,
             Entry {
@@ -351,9 +360,20 @@ impl ReplayRegistry {
                 reserved_at,
                 state: State::InFlight,
                 source,
+                pending: sqlite,
             },
             self.window_secs,
         );
+        if sqlite {
+            self.commit(
+                inner,
+                Write::Reserve {
+                    route_id,
+                    digest,
+                    reserved_at: now_sql,
+                },
+            )?;
+        }
         Ok(Outcome::New)
     }
 
@@ -374,46 +394,42 @@ impl ReplayRegistry {
         let now_sql = sql_time(now)?;
         let mut inner = self.lock();
         inner.purge(now);
-        match inner.entries.get(&route_id) {
-            Some(entry) if entry.digest == digest && matches!(entry.state, State::InFlight) => {}
+        let sqlite = inner.sqlite;
+        match inner.entries.get_mut(&route_id) {
+            Some(entry)
+                if entry.digest == digest
+                    && !entry.pending
+                    && matches!(entry.state, State::InFlight) =>
+            {
+                if !sqlite {
+                    entry.state = State::Completed(StoredResponse {
+                        status,
+                        body: body.to_vec(),
+                        completed_at: now,
+                    });
+                    return Ok(());
+                }
+                // Stays in flight for everyone until the response is committed.
+                entry.pending = true;
+            }
             _ => return Err(ReplayError::NotInFlight),
         }
-        inner.write("complete a route", |tx| {
-            let changed = tx
-                .prepare_cached(
-                    "UPDATE replay_routes SET state = ?1, status = ?2, body = ?3, completed_at = ?4
-                     WHERE route_id = ?5 AND state = ?6",
-                )
-                .and_then(|mut stmt| {
-                    stmt.execute(params![
-                        STATE_COMPLETED,
-                        status,
-                        body,
-                        now_sql,
-                        &route_id[..],
-                        STATE_IN_FLIGHT
-                    ])
-                })
-                .ctx("store a route's response")?;
-            if changed == 1 {
-                Ok(())
-            } else {
-                // The file disagrees with the mirror: someone else writes to it.
-                Err(StoreError::Corrupt {
-                    table: TABLE,
-                    what: "the reservation to complete is missing",
-                }
-                .into())
-            }
-        })?;
-        if let Some(entry) = inner.entries.get_mut(&route_id) {
-            entry.state = State::Completed(StoredResponse {
+        self.commit(
+            inner,
+            Write::Complete {
+                route_id,
                 status,
                 body: body.to_vec(),
                 completed_at: now,
-            });
-        }
-        Ok(())
+                completed_at_sql: now_sql,
+            },
+        )
+    }
+
+    /// Group commits run so far (one SQLite transaction and one fsync each; 0 for the memory
+    /// store): with [`ReplayRegistry::live`], how many writes shared a commit.
+    pub fn group_commits(&self) -> u64 {
+        self.lock().commits
     }
 
     /// How many routes are live (reserved, in flight or completed) at `now`.
@@ -432,8 +448,8 @@ impl ReplayRegistry {
         }
     }
 
-    /// The mirror is only changed after the matching SQLite write succeeded, and each change
-    /// is a single insert or update, so a panic elsewhere cannot leave it half-written.
+    /// The mirror's changes are each a single insert, update or removal (a failed group commit
+    /// undoes its members' one by one), so a panic elsewhere cannot leave it half-written.
     fn lock(&self) -> MutexGuard<'_, Inner> {
         self.inner.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -473,67 +489,33 @@ impl Inner {
                 break;
             }
             self.expiry.pop_first();
-            if let Some(Entry {
-                source: Some(key), ..
-            }) = self.entries.remove(&route_id)
-                && let Some(n) = self.per_source.get_mut(&key)
-            {
-                *n -= 1;
-                if *n == 0 {
-                    self.per_source.remove(&key);
-                }
-            }
-            if self.db.is_some() {
+            self.drop_entry(route_id);
+            if self.sqlite {
                 self.pending_deletes.push(route_id);
             }
         }
     }
 
-    /// Runs `write` in one immediate transaction, after deleting the rows of purged entries, and
-    /// commits. Nothing to do for the memory store.
-    /// Writes in one transaction; a failure (a full or read-only disk) is also logged, at most
-    /// once every [`WRITE_WARNING_EVERY`], since the caller answers it as `replay_capacity`.
-    fn write(
-        &mut self,
-        what: &'static str,
-        write: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<(), ReplayError>,
-    ) -> Result<(), ReplayError> {
-        let r = self.write_once(what, write);
-        if let Err(e) = &r {
-            warn_write_failed(what, e);
+    /// Forgets a reservation whose commit failed (it is not in the file).
+    fn forget(&mut self, route_id: RouteId, window_secs: u64) {
+        if let Some(entry) = self.entries.get(&route_id) {
+            let ends_at = entry.reserved_at.saturating_add(window_secs);
+            self.expiry.remove(&(ends_at, route_id));
+            self.drop_entry(route_id);
         }
-        r
     }
 
-    fn write_once(
-        &mut self,
-        what: &'static str,
-        write: impl FnOnce(&rusqlite::Transaction<'_>) -> Result<(), ReplayError>,
-    ) -> Result<(), ReplayError> {
-        let Inner {
-            db,
-            pending_deletes,
-            ..
-        } = self;
-        let Some(conn) = db.as_mut() else {
-            return Ok(());
-        };
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .ctx(what)?;
-        if !pending_deletes.is_empty() {
-            let mut stmt = tx
-                .prepare_cached("DELETE FROM replay_routes WHERE route_id = ?1")
-                .ctx("prepare deleting expired routes")?;
-            for route_id in pending_deletes.iter() {
-                stmt.execute([&route_id[..]])
-                    .ctx("delete an expired route")?;
+    fn drop_entry(&mut self, route_id: RouteId) {
+        if let Some(Entry {
+            source: Some(key), ..
+        }) = self.entries.remove(&route_id)
+            && let Some(n) = self.per_source.get_mut(&key)
+        {
+            *n -= 1;
+            if *n == 0 {
+                self.per_source.remove(&key);
             }
         }
-        write(&tx)?;
-        tx.commit().ctx(what)?;
-        pending_deletes.clear();
-        Ok(())
     }
 }
 
@@ -573,6 +555,7 @@ fn entry_from_row(row: &rusqlite::Row<'_>) -> Result<(RouteId, Entry), StoreErro
             reserved_at,
             state,
             source: None,
+            pending: false,
         },
     ))
 }
@@ -595,5 +578,6 @@ fn warn_write_failed(what: &str, e: &ReplayError) {
     }
 }
 
+mod group;
 #[cfg(test)]
 mod tests;

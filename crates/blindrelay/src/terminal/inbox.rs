@@ -1,9 +1,17 @@
 //! The terminal's durable inbox: payloads delivered to this node, committed to SQLite before
 //! the delivery receipt is released. Every call may block on the disk.
+//!
+//! Stores are group-committed: the payloads waiting at the moment one caller (the leader) starts
+//! a transaction go in it together (at most [`BATCH_ITEMS`] items and [`BATCH_BYTES`] bytes),
+//! one fsync for all; the others wait for it. A store returns its id only once its own
+//! transaction has committed; if a batch fails, every member fails and stores nothing. A store
+//! alone commits at once.
 
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
@@ -13,6 +21,11 @@ use crate::sqlite::{self, SqliteContext, StoreError, sql_time};
 pub const INBOX_MAX_ITEMS: usize = 10_000;
 /// Payload bytes an inbox holds at most (256 MiB).
 pub const INBOX_MAX_BYTES: u64 = 256 * 1024 * 1024;
+
+/// Payloads one group commit holds at most.
+pub const BATCH_ITEMS: usize = 256;
+/// Payload bytes one group commit holds at most (a larger single payload still goes alone).
+pub const BATCH_BYTES: usize = 4 << 20;
 
 const TABLE: &str = "inbox_items";
 
@@ -29,6 +42,10 @@ pub enum InboxError {
     /// stored.
     #[error("the inbox call was interrupted")]
     Interrupted,
+    /// The group commit this store was part of failed (or its thread panicked: no source);
+    /// nothing of the batch is stored.
+    #[error("inbox group commit failed")]
+    GroupCommit(#[source] Option<Arc<StoreError>>),
 }
 
 /// One stored payload, without its bytes.
@@ -42,19 +59,38 @@ pub struct InboxItem {
     pub size: usize,
 }
 
-struct Inner {
-    conn: Connection,
-    items: usize,
-    bytes: u64,
+/// A store waiting for its group commit.
+struct Pending {
+    received_at: i64,
+    size: i64,
+    payload: Vec<u8>,
 }
 
-/// The terminal's inbox in its own SQLite file. `Send + Sync`; calls are serialized by an
-/// internal mutex and block while SQLite works.
+/// The counts and the group commit's queue (a lock apart from the connection's, so stores can
+/// queue while a batch commits).
+struct State {
+    /// Items and payload bytes stored or waiting for their commit.
+    items: usize,
+    bytes: u64,
+    queue: VecDeque<(u64, Pending)>,
+    next_ticket: u64,
+    /// A leader is committing a batch.
+    committing: bool,
+    results: HashMap<u64, Result<u64, Option<Arc<StoreError>>>>,
+    /// Group commits run.
+    commits: u64,
+}
+
+/// The terminal's inbox in its own SQLite file. `Send + Sync`; SQLite calls are serialized by
+/// an internal mutex and block while SQLite works.
 pub struct Inbox {
     path: PathBuf,
     max_items: usize,
     max_bytes: u64,
-    inner: Mutex<Inner>,
+    conn: Mutex<Connection>,
+    state: Mutex<State>,
+    /// Signalled when a group commit ends.
+    committed: Condvar,
 }
 
 impl fmt::Debug for Inbox {
@@ -107,7 +143,17 @@ impl Inbox {
             path: path.to_path_buf(),
             max_items,
             max_bytes,
-            inner: Mutex::new(Inner { conn, items, bytes }),
+            conn: Mutex::new(conn),
+            state: Mutex::new(State {
+                items,
+                bytes,
+                queue: VecDeque::new(),
+                next_ticket: 0,
+                committing: false,
+                results: HashMap::new(),
+                commits: 0,
+            }),
+            committed: Condvar::new(),
         })
     }
 
@@ -116,42 +162,96 @@ impl Inbox {
     pub fn store(&self, payload: &[u8], received_at: u64) -> Result<u64, InboxError> {
         let received_at = sql_time(received_at)?;
         let size = payload.len() as u64;
-        let mut inner = self.lock();
-        if inner.items >= self.max_items
-            || inner
+        let size_sql = i64::try_from(size).map_err(|_| InboxError::Full)?;
+        let mut state = self.state();
+        if state.items >= self.max_items
+            || state
                 .bytes
                 .checked_add(size)
                 .is_none_or(|total| total > self.max_bytes)
         {
             return Err(InboxError::Full);
         }
-        let size_sql = i64::try_from(size).map_err(|_| InboxError::Full)?;
-        // One statement in autocommit mode: one transaction, synced (synchronous=FULL) when
-        // execute returns.
-        inner
-            .conn
-            .prepare_cached(
-                "INSERT INTO inbox_items (received_at, size, payload) VALUES (?1, ?2, ?3)",
-            )
-            .and_then(|mut stmt| stmt.execute(params![received_at, size_sql, payload]))
-            .ctx("store an inbox item")?;
-        let id = inner.conn.last_insert_rowid();
-        inner.items += 1;
-        inner.bytes += size;
-        u64::try_from(id).map_err(|_| {
-            StoreError::Corrupt {
-                table: TABLE,
-                what: "negative id",
+        // The room is taken now, and given back if the batch fails.
+        state.items += 1;
+        state.bytes += size;
+        let ticket = state.next_ticket;
+        state.next_ticket += 1;
+        state.queue.push_back((
+            ticket,
+            Pending {
+                received_at,
+                size: size_sql,
+                payload: payload.to_vec(),
+            },
+        ));
+        loop {
+            if let Some(result) = state.results.remove(&ticket) {
+                if result.is_err() {
+                    state.items = state.items.saturating_sub(1);
+                    state.bytes = state.bytes.saturating_sub(size);
+                }
+                return result.map_err(InboxError::GroupCommit);
             }
-            .into()
-        })
+            state = if state.committing {
+                self.committed
+                    .wait(state)
+                    .unwrap_or_else(PoisonError::into_inner)
+            } else {
+                self.lead(state)
+            };
+        }
+    }
+
+    /// Commits the stores queued now in one transaction, without the state's lock, then
+    /// hands each its id (or the batch's error) and wakes every waiting caller.
+    fn lead<'a>(&'a self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        state.committing = true;
+        let mut batch = Vec::new();
+        let mut bytes = 0usize;
+        while let Some((_, next)) = state.queue.front() {
+            let size = next.payload.len();
+            if !batch.is_empty()
+                && (batch.len() >= BATCH_ITEMS || bytes.saturating_add(size) > BATCH_BYTES)
+            {
+                break;
+            }
+            bytes = bytes.saturating_add(size);
+            if let Some(item) = state.queue.pop_front() {
+                batch.push(item);
+            }
+        }
+        drop(state);
+        let result = catch_unwind(AssertUnwindSafe(|| write_batch(&mut self.conn(), &batch)))
+            .unwrap_or(Err(None));
+        let mut state = self.state();
+        state.committing = false;
+        state.commits += 1;
+        match result {
+            Ok(ids) => {
+                for ((ticket, _), id) in batch.iter().zip(ids) {
+                    state.results.insert(*ticket, Ok(id));
+                }
+            }
+            Err(e) => {
+                for (ticket, _) in &batch {
+                    state.results.insert(*ticket, Err(e.clone()));
+                }
+            }
+        }
+        self.committed.notify_all();
+        state
+    }
+
+    /// Group commits run so far (one transaction and one fsync each).
+    pub fn group_commits(&self) -> u64 {
+        self.state().commits
     }
 
     /// Every item, oldest (first stored) first.
     pub fn list(&self) -> Result<Vec<InboxItem>, InboxError> {
-        let inner = self.lock();
-        let mut stmt = inner
-            .conn
+        let conn = self.conn();
+        let mut stmt = conn
             .prepare_cached("SELECT id, received_at, size FROM inbox_items ORDER BY id")
             .ctx("prepare listing the inbox")?;
         let mut rows = stmt.query([]).ctx("list the inbox")?;
@@ -176,9 +276,7 @@ impl Inbox {
         let Ok(id) = i64::try_from(id) else {
             return Ok(None);
         };
-        let inner = self.lock();
-        inner
-            .conn
+        self.conn()
             .prepare_cached("SELECT payload FROM inbox_items WHERE id = ?1")
             .and_then(|mut stmt| stmt.query_row([id], |row| row.get(0)).optional())
             .ctx("read an inbox item")
@@ -191,9 +289,8 @@ impl Inbox {
         let Ok(id) = i64::try_from(id) else {
             return Ok(None);
         };
-        let mut inner = self.lock();
-        let size: Option<i64> = inner
-            .conn
+        let conn = self.conn();
+        let size: Option<i64> = conn
             .query_row(
                 "DELETE FROM inbox_items WHERE id = ?1 RETURNING size",
                 [id],
@@ -205,8 +302,9 @@ impl Inbox {
             return Ok(None);
         };
         let size = u64::try_from(size).unwrap_or(0);
-        inner.items = inner.items.saturating_sub(1);
-        inner.bytes = inner.bytes.saturating_sub(size);
+        let mut state = self.state();
+        state.items = state.items.saturating_sub(1);
+        state.bytes = state.bytes.saturating_sub(size);
         Ok(Some(size))
     }
 
@@ -215,10 +313,9 @@ impl Inbox {
     pub fn expire(&self, cutoff: u64, limit: usize) -> Result<Vec<(u64, u64)>, InboxError> {
         let cutoff = sql_time(cutoff)?;
         let limit = i64::try_from(limit).unwrap_or(i64::MAX);
-        let mut inner = self.lock();
+        let conn = self.conn();
         let removed = {
-            let mut stmt = inner
-                .conn
+            let mut stmt = conn
                 .prepare_cached(
                     "DELETE FROM inbox_items WHERE id IN
                        (SELECT id FROM inbox_items WHERE received_at < ?1 ORDER BY id LIMIT ?2)
@@ -240,26 +337,27 @@ impl Inbox {
             }
             out
         };
+        let mut state = self.state();
         for (_, size) in &removed {
-            inner.items = inner.items.saturating_sub(1);
-            inner.bytes = inner.bytes.saturating_sub(*size);
+            state.items = state.items.saturating_sub(1);
+            state.bytes = state.bytes.saturating_sub(*size);
         }
         Ok(removed)
     }
 
     /// How many items the inbox holds (counted in memory: no disk read).
     pub fn len(&self) -> usize {
-        self.lock().items
+        self.state().items
     }
 
     /// Whether the inbox holds no item.
     pub fn is_empty(&self) -> bool {
-        self.lock().items == 0
+        self.state().items == 0
     }
 
     /// Payload bytes the inbox holds.
     pub fn bytes(&self) -> u64 {
-        self.lock().bytes
+        self.state().bytes
     }
 
     /// The caps: items, payload bytes.
@@ -267,10 +365,53 @@ impl Inbox {
         (self.max_items, self.max_bytes)
     }
 
-    /// Counters are only changed after the matching SQLite write succeeded.
-    fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    /// A panic while holding it leaves no half-done write: each call is one statement or one
+    /// transaction, rolled back if not committed.
+    fn conn(&self) -> MutexGuard<'_, Connection> {
+        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// The counts are changed only under this lock, each change whole.
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Inserts `batch` in one transaction and commits (`synchronous=FULL`): the rows' ids.
+fn write_batch(
+    conn: &mut Connection,
+    batch: &[(u64, Pending)],
+) -> Result<Vec<u64>, Option<Arc<StoreError>>> {
+    let wrap = |e: StoreError| Some(Arc::new(e));
+    let tx = conn
+        .transaction()
+        .ctx("begin an inbox group commit")
+        .map_err(wrap)?;
+    let mut ids = Vec::with_capacity(batch.len());
+    {
+        let mut stmt = tx
+            .prepare_cached(
+                "INSERT INTO inbox_items (received_at, size, payload) VALUES (?1, ?2, ?3)",
+            )
+            .ctx("prepare storing inbox items")
+            .map_err(wrap)?;
+        for (_, p) in batch {
+            stmt.execute(params![p.received_at, p.size, p.payload])
+                .ctx("store an inbox item")
+                .map_err(wrap)?;
+            let id = u64::try_from(tx.last_insert_rowid()).map_err(|_| {
+                wrap(StoreError::Corrupt {
+                    table: TABLE,
+                    what: "negative id",
+                })
+            })?;
+            ids.push(id);
+        }
+    }
+    tx.commit()
+        .ctx("commit an inbox group commit")
+        .map_err(wrap)?;
+    Ok(ids)
 }
 
 #[cfg(test)]
@@ -444,16 +585,105 @@ mod tests {
     fn the_connection_is_wal_synchronous_full() {
         let dir = dir();
         let inbox = Inbox::open(&dir.path().join("inbox.db")).unwrap();
-        let inner = inbox.lock();
-        let mode: String = inner
-            .conn
+        let conn = inbox.conn();
+        let mode: String = conn
             .query_row("PRAGMA journal_mode", [], |r| r.get(0))
             .unwrap();
-        let sync: i64 = inner
-            .conn
+        let sync: i64 = conn
             .query_row("PRAGMA synchronous", [], |r| r.get(0))
             .unwrap();
         assert_eq!((mode.as_str(), sync), ("wal", 2));
+    }
+
+    /// Polls `cond` on the inbox's state until it holds (bounded: 10 s).
+    fn wait_until(inbox: &Inbox, what: &str, cond: impl Fn(&State) -> bool) {
+        let start = std::time::Instant::now();
+        while !cond(&inbox.state()) {
+            assert!(
+                start.elapsed() < std::time::Duration::from_secs(10),
+                "never: {what}"
+            );
+            std::thread::yield_now();
+        }
+    }
+
+    #[test]
+    fn stores_waiting_together_share_one_commit_and_report_only_after_it() {
+        let dir = dir();
+        let path = dir.path().join("inbox.db");
+        let inbox = Inbox::open(&path).unwrap();
+        let before = inbox.group_commits();
+        let holder = Connection::open(&path).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let ids: Vec<u64> = std::thread::scope(|scope| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let first = {
+                let tx = tx.clone();
+                let inbox = &inbox;
+                scope.spawn(move || {
+                    let id = inbox.store(b"first", 1).unwrap();
+                    tx.send(()).unwrap();
+                    id
+                })
+            };
+            wait_until(&inbox, "the first store committing", |s| {
+                s.committing && s.queue.is_empty()
+            });
+            let others: Vec<_> = (0..3u8)
+                .map(|i| {
+                    let inbox = &inbox;
+                    scope.spawn(move || inbox.store(&[i; 10], 2).unwrap())
+                })
+                .collect();
+            wait_until(&inbox, "three stores queued", |s| s.queue.len() == 3);
+            assert!(rx.try_recv().is_err(), "reported before its commit");
+            assert_eq!(inbox.len(), 4); // the room is taken while they wait
+            holder.execute_batch("COMMIT").unwrap();
+            let mut ids = vec![first.join().unwrap()];
+            ids.extend(others.into_iter().map(|h| h.join().unwrap()));
+            ids
+        });
+        assert_eq!(inbox.group_commits() - before, 2);
+        assert_eq!(inbox.list().unwrap().len(), 4);
+        let mut sorted = ids.clone();
+        sorted.sort_unstable();
+        sorted.dedup();
+        assert_eq!(sorted.len(), 4);
+    }
+
+    #[test]
+    fn a_failed_batch_fails_each_member_and_gives_its_room_back() {
+        let dir = dir();
+        let path = dir.path().join("inbox.db");
+        let inbox = Inbox::open(&path).unwrap();
+        let holder = Connection::open(&path).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let results: Vec<Result<u64, InboxError>> = std::thread::scope(|scope| {
+            let first = scope.spawn(|| inbox.store(b"first", 1));
+            wait_until(&inbox, "the first store committing", |s| s.committing);
+            let others: Vec<_> = (0..3u8)
+                .map(|i| {
+                    let inbox = &inbox;
+                    scope.spawn(move || inbox.store(&[i; 10], 2))
+                })
+                .collect();
+            wait_until(&inbox, "three stores queued", |s| s.queue.len() == 3);
+            // The table's CHECK refuses a row whose size is not its payload's length: make
+            // every later insert fail by dropping the table under the inbox.
+            holder
+                .execute_batch("DROP TABLE inbox_items; COMMIT")
+                .unwrap();
+            let mut all = vec![first.join().unwrap()];
+            all.extend(others.into_iter().map(|h| h.join().unwrap()));
+            all
+        });
+        assert!(
+            results
+                .iter()
+                .all(|r| matches!(r, Err(InboxError::GroupCommit(Some(_)))))
+        );
+        assert_eq!(inbox.len(), 0);
+        assert_eq!(inbox.bytes(), 0);
     }
 
     #[test]

@@ -21,7 +21,9 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use ed25519_dalek::SigningKey;
-pub use inbox::{INBOX_MAX_BYTES, INBOX_MAX_ITEMS, Inbox, InboxError, InboxItem};
+pub use inbox::{
+    BATCH_BYTES, BATCH_ITEMS, INBOX_MAX_BYTES, INBOX_MAX_ITEMS, Inbox, InboxError, InboxItem,
+};
 
 use crate::proto::RouteId;
 use crate::proto::receipt::{self, Receipt};

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
+use super::group::Write as Queued;
 use super::*;
 
 const T0: u64 = 1_764_450_000;
@@ -610,6 +611,150 @@ fn kill_9_right_after_reserve_loses_nothing() {
     assert_eq!(reserve(&reg, 1, 1, T0 + 10), interrupted(T0 + 10));
     assert_eq!(reserve(&reg, 1, 2, T0 + 10), Outcome::Conflict);
     assert_eq!(reserve(&reg, 2, 2, T0 + 10), done(200, b"ok", T0 + 1));
+}
+
+// ---- group commit ---------------------------------------------------------------------------
+
+/// Polls `cond` on the registry's state until it holds (bounded: 10 s).
+fn wait_until(reg: &ReplayRegistry, what: &str, cond: impl Fn(&Inner) -> bool) {
+    let start = std::time::Instant::now();
+    while !cond(&reg.lock()) {
+        assert!(start.elapsed() < Duration::from_secs(10), "never: {what}");
+        std::thread::yield_now();
+    }
+}
+
+/// Another connection holding the write lock of `path` until dropped (or committed).
+fn hold_write_lock(path: &Path) -> Connection {
+    let conn = Connection::open(path).unwrap();
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    conn
+}
+
+#[test]
+fn a_reservation_is_not_reported_before_its_commit() {
+    let dir = fast_dir();
+    let path = dir.path().join("replay.db");
+    let reg = ReplayRegistry::open_sqlite(&path, 8, WINDOW_SECS, T0).unwrap();
+    let holder = hold_write_lock(&path);
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        scope.spawn(|| {
+            let tx = tx;
+            tx.send(reserve(&reg, 1, 1, T0)).unwrap();
+        });
+        // The caller leads a batch: it holds the connection, waiting for the file's lock.
+        wait_until(&reg, "a batch in progress", |i| {
+            i.db.is_none() && i.queue.is_empty()
+        });
+        assert!(rx.try_recv().is_err(), "reported before its commit");
+        assert!(rows(&path).is_empty());
+        // Meanwhile a duplicate is refused as in flight and a completion is refused.
+        assert_eq!(reserve(&reg, 1, 1, T0), Outcome::InFlight);
+        assert!(matches!(
+            reg.complete(rid(1), dg(1), 200, b"x", T0),
+            Err(ReplayError::NotInFlight)
+        ));
+        holder.execute_batch("COMMIT").unwrap();
+        assert_eq!(rx.recv().unwrap(), Outcome::New);
+        assert_eq!(rows(&path), vec![(rid(1).to_vec(), 0, None, None)]);
+    });
+}
+
+#[test]
+fn writes_waiting_together_share_one_commit_and_a_failed_batch_fails_each_member() {
+    let dir = fast_dir();
+    let path = dir.path().join("replay.db");
+    let reg = ReplayRegistry::open_sqlite(&path, 64, WINDOW_SECS, T0).unwrap();
+    assert_eq!(reserve(&reg, 100, 1, T0), Outcome::New);
+    let commits_before = reg.group_commits();
+    let holder = hold_write_lock(&path);
+    let results: Vec<(u32, Result<Outcome, String>)> = std::thread::scope(|scope| {
+        // The leader: waits for the file's lock with its own write only.
+        let leader = scope.spawn(|| (1, reg.reserve(rid(1), dg(1), T0)));
+        wait_until(&reg, "the leader committing", |i| i.db.is_none());
+        // Three followers and a completion queue behind it: the next batch.
+        let mut handles = vec![leader];
+        for n in [2u32, 3, 4] {
+            let reg = &reg;
+            handles.push(scope.spawn(move || (n, reg.reserve(rid(n), dg(1), T0))));
+        }
+        handles.push(scope.spawn(|| {
+            (
+                100,
+                reg.complete(rid(100), dg(1), 200, b"ok", T0)
+                    .map(|()| Outcome::New),
+            )
+        }));
+        wait_until(&reg, "four writes queued", |i| i.queue.len() == 4);
+        // A row the registry does not know makes route 3's insert fail: its whole batch fails.
+        holder
+            .execute(
+                "INSERT INTO replay_routes (route_id, digest, reserved_at, state)
+                 VALUES (?1, ?2, ?3, 0)",
+                params![&rid(3)[..], &dg(9)[..], T0 as i64],
+            )
+            .unwrap();
+        holder.execute_batch("COMMIT").unwrap();
+        handles
+            .into_iter()
+            .map(|h| {
+                let (n, r) = h.join().unwrap();
+                (n, r.map_err(|e| e.to_string()))
+            })
+            .collect()
+    });
+    let mut results = results;
+    results.sort_by_key(|(n, _)| *n);
+    assert_eq!(results[0], (1, Ok(Outcome::New)));
+    for (n, r) in &results[1..] {
+        let err = r
+            .as_ref()
+            .expect_err("a member of the failed batch succeeded");
+        assert!(err.starts_with("group commit failed"), "{n}: {err}");
+    }
+    // Two transactions: the leader's alone, then the four others together.
+    assert_eq!(reg.group_commits() - commits_before, 2);
+    // Nothing of the failed batch is in the file or the mirror: the routes can be reserved
+    // again, and route 100 is still in flight (its completion can be stored again).
+    let in_file: Vec<Vec<u8>> = rows(&path).into_iter().map(|r| r.0).collect();
+    assert!(!in_file.contains(&rid(2).to_vec()) && !in_file.contains(&rid(4).to_vec()));
+    assert_eq!(reserve(&reg, 2, 1, T0), Outcome::New);
+    assert_eq!(reserve(&reg, 4, 1, T0), Outcome::New);
+    assert_eq!(reserve(&reg, 100, 1, T0), Outcome::InFlight);
+    complete(&reg, 100, 1, 200, b"ok", T0);
+    assert_eq!(reserve(&reg, 100, 1, T0), done(200, b"ok", T0));
+}
+
+#[test]
+fn a_batch_holds_at_most_its_bounds() {
+    let mut inner = Inner::new(true);
+    let reserve = |n: u32| Queued::Reserve {
+        route_id: rid(n),
+        digest: dg(1),
+        reserved_at: 0,
+    };
+    let complete = |n: u32, len: usize| Queued::Complete {
+        route_id: rid(n),
+        status: 200,
+        body: vec![0; len],
+        completed_at: 0,
+        completed_at_sql: 0,
+    };
+    for n in 0..(MAX_BATCH_WRITES as u32 + 3) {
+        inner.queue.push_back((u64::from(n), reserve(n)));
+    }
+    assert_eq!(inner.take_batch().len(), MAX_BATCH_WRITES);
+    assert_eq!(inner.take_batch().len(), 3);
+    assert!(inner.take_batch().is_empty());
+    inner.queue.push_back((0, complete(0, MAX_BATCH_BYTES / 2)));
+    inner.queue.push_back((1, complete(1, MAX_BATCH_BYTES / 2)));
+    inner.queue.push_back((2, complete(2, 1)));
+    inner.queue.push_back((3, complete(3, MAX_BATCH_BYTES * 2)));
+    assert_eq!(inner.take_batch().len(), 2);
+    assert_eq!(inner.take_batch().len(), 1);
+    // A single write larger than the bound still goes, alone.
+    assert_eq!(inner.take_batch().len(), 1);
 }
 
 // ---- property test: memory, sqlite and a plain model agree -------------------------------

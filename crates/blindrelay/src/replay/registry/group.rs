@@ -1,0 +1,265 @@
+//! Group commit: every SQLite write of the registry (a reservation, a stored response) waits in
+//! one queue, and one caller at a time, the *leader*, commits all the writes queued at that
+//! moment in one transaction with one fsync (`synchronous=FULL`), at most
+//! [`MAX_BATCH_WRITES`] writes and [`MAX_BATCH_BYTES`] bytes of stored bodies per batch.
+//! Callers that queued meanwhile wait on a condition variable; when a batch ends, one of them
+//! leads the next. A caller alone commits at once (nothing is waited for), so a quiet node pays
+//! one commit per write as before, and a loaded one pays one fsync per batch.
+//!
+//! The durability rule is unchanged: a call returns [`super::Outcome::New`] (or `Ok` for a
+//! completion) only after the transaction holding its own write has committed. A write's
+//! effect on the in-memory mirror is visible to the other callers before its commit (a
+//! reservation waiting for its commit answers concurrent duplicates `route_in_flight`, and
+//! counts in the capacity), and is undone if its batch fails: every member of a failed batch
+//! gets [`ReplayError::GroupCommit`], the reservations are forgotten and the completions left
+//! in flight, exactly as when a single write failed.
+//!
+//! The queue holds at most one write per blocked caller; callers are the runtime's blocking
+//! threads (bounded by tokio's `max_blocking_threads`).
+
+use std::mem;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::{Arc, MutexGuard, PoisonError};
+
+use rusqlite::{Connection, TransactionBehavior, params};
+
+use super::{
+    Digest, Inner, ReplayError, ReplayRegistry, RouteId, STATE_COMPLETED, STATE_IN_FLIGHT, State,
+    StoredResponse, TABLE,
+};
+use crate::sqlite::{SqliteContext, StoreError};
+
+/// Writes one group commit holds at most.
+pub const MAX_BATCH_WRITES: usize = 256;
+/// Bytes of stored response bodies one group commit holds at most (a larger single write still
+/// goes alone).
+pub const MAX_BATCH_BYTES: usize = 1 << 20;
+
+/// One queued write.
+#[derive(Debug)]
+pub(super) enum Write {
+    /// Insert a reservation, in flight.
+    Reserve {
+        route_id: RouteId,
+        digest: Digest,
+        reserved_at: i64,
+    },
+    /// Store the final response of a reservation in flight.
+    Complete {
+        route_id: RouteId,
+        status: u16,
+        body: Vec<u8>,
+        completed_at: u64,
+        completed_at_sql: i64,
+    },
+}
+
+impl Write {
+    fn bytes(&self) -> usize {
+        match self {
+            Write::Reserve { .. } => 0,
+            Write::Complete { body, .. } => body.len(),
+        }
+    }
+}
+
+impl ReplayRegistry {
+    /// Queues `write` (its effect already applied to the mirror as pending) and returns once the
+    /// transaction holding it has committed (`Ok`) or failed (the error, the mirror undone).
+    pub(super) fn commit<'a>(
+        &'a self,
+        mut inner: MutexGuard<'a, Inner>,
+        write: Write,
+    ) -> Result<(), ReplayError> {
+        let ticket = inner.next_ticket;
+        inner.next_ticket += 1;
+        inner.queue.push_back((ticket, write));
+        loop {
+            if let Some(result) = inner.results.remove(&ticket) {
+                return result.map_err(ReplayError::GroupCommit);
+            }
+            if inner.db.is_some() {
+                // Nobody is committing and this write is still queued: lead the next batch.
+                inner = self.lead(inner);
+            } else {
+                inner = self
+                    .committed
+                    .wait(inner)
+                    .unwrap_or_else(PoisonError::into_inner);
+            }
+        }
+    }
+
+    /// Takes the connection and the writes queued now, commits them without the lock, then
+    /// applies the outcome to the mirror and wakes every waiting caller.
+    fn lead<'a>(&'a self, mut inner: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
+        let Some(mut conn) = inner.db.take() else {
+            return inner;
+        };
+        let batch = inner.take_batch();
+        let deletes = mem::take(&mut inner.pending_deletes);
+        drop(inner);
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            write_batch(&mut conn, &deletes, &batch)
+        }))
+        .unwrap_or(Err(ReplayError::CommitPanicked));
+        let mut inner = self.lock();
+        inner.db = Some(conn);
+        inner.commits += 1;
+        let result = match result {
+            Ok(()) => Ok(()),
+            Err(e) => {
+                super::warn_write_failed("reserve a route or store its answer", &e);
+                inner.pending_deletes.extend(deletes);
+                Err(Arc::new(e))
+            }
+        };
+        for (ticket, write) in batch {
+            inner.settle(write, result.is_ok(), self.window_secs);
+            inner.results.insert(ticket, result.clone());
+        }
+        self.committed.notify_all();
+        inner
+    }
+}
+
+impl Inner {
+    /// The oldest queued writes, within the batch bounds (at least one).
+    pub(super) fn take_batch(&mut self) -> Vec<(u64, Write)> {
+        let mut batch = Vec::new();
+        let mut bytes = 0usize;
+        while let Some((_, next)) = self.queue.front() {
+            let size = next.bytes();
+            if !batch.is_empty()
+                && (batch.len() >= MAX_BATCH_WRITES || bytes.saturating_add(size) > MAX_BATCH_BYTES)
+            {
+                break;
+            }
+            bytes = bytes.saturating_add(size);
+            if let Some(item) = self.queue.pop_front() {
+                batch.push(item);
+            }
+        }
+        batch
+    }
+
+    /// Applies a committed write to the mirror, or undoes a failed one.
+    fn settle(&mut self, write: Write, committed: bool, window_secs: u64) {
+        match write {
+            Write::Reserve {
+                route_id, digest, ..
+            } => {
+                let ours = self
+                    .entries
+                    .get(&route_id)
+                    .is_some_and(|e| e.pending && e.digest == digest);
+                if !ours {
+                    return;
+                }
+                if committed {
+                    if let Some(entry) = self.entries.get_mut(&route_id) {
+                        entry.pending = false;
+                    }
+                } else {
+                    self.forget(route_id, window_secs);
+                }
+            }
+            Write::Complete {
+                route_id,
+                status,
+                body,
+                completed_at,
+                ..
+            } => {
+                if let Some(entry) = self.entries.get_mut(&route_id) {
+                    entry.pending = false;
+                    if committed {
+                        entry.state = State::Completed(StoredResponse {
+                            status,
+                            body,
+                            completed_at,
+                        });
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Deletes the purged rows and applies `batch` in one immediate transaction, then commits.
+fn write_batch(
+    conn: &mut Connection,
+    deletes: &[RouteId],
+    batch: &[(u64, Write)],
+) -> Result<(), ReplayError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .ctx("begin a group commit")?;
+    if !deletes.is_empty() {
+        let mut stmt = tx
+            .prepare_cached("DELETE FROM replay_routes WHERE route_id = ?1")
+            .ctx("prepare deleting expired routes")?;
+        for route_id in deletes {
+            stmt.execute([&route_id[..]])
+                .ctx("delete an expired route")?;
+        }
+    }
+    for (_, write) in batch {
+        match write {
+            Write::Reserve {
+                route_id,
+                digest,
+                reserved_at,
+            } => {
+                tx.prepare_cached(
+                    "INSERT INTO replay_routes (route_id, digest, reserved_at, state)
+                     VALUES (?1, ?2, ?3, ?4)",
+                )
+                .and_then(|mut stmt| {
+                    stmt.execute(params![
+                        &route_id[..],
+                        &digest[..],
+                        reserved_at,
+                        STATE_IN_FLIGHT
+                    ])
+                })
+                .ctx("insert a route reservation")?;
+            }
+            Write::Complete {
+                route_id,
+                status,
+                body,
+                completed_at_sql,
+                ..
+            } => {
+                let changed = tx
+                    .prepare_cached(
+                        "UPDATE replay_routes
+                         SET state = ?1, status = ?2, body = ?3, completed_at = ?4
+                         WHERE route_id = ?5 AND state = ?6",
+                    )
+                    .and_then(|mut stmt| {
+                        stmt.execute(params![
+                            STATE_COMPLETED,
+                            status,
+                            body,
+                            completed_at_sql,
+                            &route_id[..],
+                            STATE_IN_FLIGHT
+                        ])
+                    })
+                    .ctx("store a route's response")?;
+                if changed != 1 {
+                    // The file disagrees with the mirror: someone else writes to it.
+                    return Err(StoreError::Corrupt {
+                        table: TABLE,
+                        what: "the reservation to complete is missing",
+                    }
+                    .into());
+                }
+            }
+        }
+    }
+    tx.commit().ctx("commit a group commit")?;
+    Ok(())
+}
