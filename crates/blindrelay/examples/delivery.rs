@@ -20,6 +20,10 @@
 //! With every core doing nothing else, `cores / that` deliveries/s is the most the machine could
 //! do; the ratio says how much of a delivery's time is cryptography.
 //!
+//! With `--backpressure`: one 3-hop 1 KiB loaded run while 16 connections post frames that each
+//! take a crypto slot of node 1 (they pass the framing and the signature and fail at the peel:
+//! an onion key nobody holds), and the round trip of every `backpressure` answer is kept.
+//!
 //! Run with `scripts/bench-blindrelay delivery`.
 
 use std::net::Ipv4Addr;
@@ -43,6 +47,8 @@ const CONCURRENCY: usize = 32;
 const ALONE: Duration = Duration::from_secs(2);
 const LOADED: Duration = Duration::from_secs(3);
 const MAX_SENDS: usize = 10_000;
+/// Connections that overload one node's crypto admission in the `--backpressure` run.
+const OVERLOAD_CONNS: usize = 16;
 const RELAY_PORT: u16 = 7001;
 const OPERATOR_PORT: u16 = 7070;
 
@@ -261,6 +267,86 @@ fn percentile(sorted: &[Duration], p: usize) -> f64 {
     sorted[i].as_secs_f64() * 1000.0
 }
 
+/// Answers to requests that overload one node's crypto admission: how fast `backpressure` comes.
+struct Overload {
+    backpressure: Vec<Duration>,
+    other: Vec<Duration>,
+    errors: usize,
+}
+
+/// `conns` loops post, until `until`, a frame to `target` that passes the framing and the
+/// signature and fails at the peel (an onion key nobody holds): each costs the node a crypto
+/// slot, so together they keep the slots taken. Every answer's round trip is kept, split into
+/// `backpressure` and the rest.
+async fn overload(target: &Node, conns: usize, until: Instant) -> Overload {
+    let id: [u8; 32] = hex::decode(&target.id)
+        .ok()
+        .and_then(|v| v.try_into().ok())
+        .expect("a node id");
+    let prober = SigningKey::from_bytes(&[201; 32]);
+    let bogus = PublicKey::from(&StaticSecret::from([202; 32])).to_bytes();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let path = [Hop {
+        node_id: id,
+        onion_key: bogus,
+    }];
+    let frame = blindrelay::send::v2::wrap(&path, &[0; 1024], false, now, &prober)
+        .expect("wraps")
+        .frame;
+    let http = reqwest::Client::builder()
+        .use_preconfigured_tls(blindrelay::links::unpinned_config())
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .expect("client");
+    let url = format!("https://{}:{RELAY_PORT}/v2/relay", target.ip);
+    let mut tasks = Vec::new();
+    for _ in 0..conns {
+        let (http, url, frame) = (http.clone(), url.clone(), frame.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut out = Overload {
+                backpressure: Vec::new(),
+                other: Vec::new(),
+                errors: 0,
+            };
+            let mut n = 0;
+            while Instant::now() < until && n < MAX_SENDS {
+                n += 1;
+                let t = Instant::now();
+                match http.post(&url).body(frame.clone()).send().await {
+                    Ok(r) => {
+                        let text = r.text().await.unwrap_or_default();
+                        let took = t.elapsed();
+                        if text.contains("\"backpressure\"") {
+                            out.backpressure.push(took);
+                        } else {
+                            out.other.push(took);
+                        }
+                    }
+                    Err(_) => out.errors += 1,
+                }
+            }
+            out
+        }));
+    }
+    let mut all = Overload {
+        backpressure: Vec::new(),
+        other: Vec::new(),
+        errors: 0,
+    };
+    for t in tasks {
+        let o = t.await.expect("prober task");
+        all.backpressure.extend(o.backpressure);
+        all.other.extend(o.other);
+        all.errors += o.errors;
+    }
+    all.backpressure.sort_unstable();
+    all.other.sort_unstable();
+    all
+}
+
 /// One thread's CPU for the cryptography of one delivery over `hops` hops with `payload`:
 /// (sender's wrap and receipt check, all hops' check and signing), the minimum of `rounds`.
 fn crypto_cost(hops: usize, payload: &[u8], rounds: usize) -> (Duration, Duration) {
@@ -332,9 +418,10 @@ fn crypto_cost(hops: usize, payload: &[u8], rounds: usize) -> (Duration, Duratio
     (best_sender, best_hops)
 }
 
-/// `--clients N`, `--hops 1,3,5`, `--sizes 1024,65536`.
+/// `--clients N`, `--hops 1,3,5`, `--sizes 1024,65536`, `--backpressure`.
 struct Args {
     clients: usize,
+    backpressure: bool,
     hops: Vec<usize>,
     sizes: Vec<usize>,
 }
@@ -342,6 +429,7 @@ struct Args {
 fn args() -> Args {
     let mut a = Args {
         clients: CONCURRENCY,
+        backpressure: false,
         hops: vec![1, 3, 5],
         sizes: vec![1024, 64 * 1024],
     };
@@ -357,7 +445,10 @@ fn args() -> Args {
             "--clients" => a.clients = list(it.next())[0].clamp(1, 512),
             "--hops" => a.hops = list(it.next()),
             "--sizes" => a.sizes = list(it.next()),
-            other => panic!("unknown flag {other} (--clients N, --hops 1,3,5, --sizes 1024,65536)"),
+            "--backpressure" => a.backpressure = true,
+            other => panic!(
+                "unknown flag {other} (--clients N, --hops 1,3,5, --sizes 1024,65536, --backpressure)"
+            ),
         }
     }
     a
@@ -413,6 +504,40 @@ async fn main() {
                 100.0 * per_s / bound,
             );
         }
+    }
+    if args.backpressure {
+        let payload: Vec<u8> = (0..1024).map(|i| (i % 251) as u8).collect();
+        let until = Instant::now() + LOADED;
+        let (sent, probed) = tokio::join!(
+            run_case(&nodes[0], &terminal, 3, &payload, args.clients, LOADED),
+            overload(&nodes[1], OVERLOAD_CONNS, until),
+        );
+        let (delivered, failed, took) = sent;
+        println!();
+        println!(
+            "Overload: {} clients sending 3-hop 1 KiB deliveries, and {OVERLOAD_CONNS} connections posting frames that take a crypto slot each to node 1, for {} s.",
+            args.clients,
+            LOADED.as_secs()
+        );
+        println!();
+        println!("| answers | count | p50 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|");
+        for (name, v) in [
+            ("`backpressure`", &probed.backpressure),
+            ("others (`onion_peel_failed`, …)", &probed.other),
+        ] {
+            println!(
+                "| {name} | {} | {:.2} | {:.2} | {:.2} |",
+                v.len(),
+                percentile(v, 50),
+                percentile(v, 99),
+                v.last().map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0),
+            );
+        }
+        println!(
+            "\nDuring it: {:.0} deliveries/s, {failed} failed; {} prober requests failed in transport.",
+            delivered.len() as f64 / took.as_secs_f64(),
+            probed.errors
+        );
     }
     for node in &mut nodes {
         if let Some(mut child) = node.child.take() {
