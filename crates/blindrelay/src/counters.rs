@@ -48,6 +48,9 @@ guard::counter_set! {
             replay_capacity: Counter,
             /// Refused: the source holds its share of the replay registry's live routes.
             replay_share_exceeded: Counter,
+            /// Refused: this node could not write its state (the replay reservation or the
+            /// inbox; a full or read-only disk). Nothing reserved or stored; never scored.
+            state_write_failed: Counter,
             /// Refused: the inbox holds its most items or bytes.
             inbox_full: Counter,
             /// Refused: the source holds its share of the inbox.

@@ -531,7 +531,7 @@ impl Pipeline {
                 .map_err(|e| match e {
                     Undelivered::Full => Reason::InboxFull,
                     Undelivered::ShareExceeded => Reason::InboxShareExceeded,
-                    Undelivered::Failed => Reason::ForwardFailed,
+                    Undelivered::Failed => Reason::StateWriteFailed,
                 })?;
         }
         Ok(Answer::Delivered { receipt, probe })

@@ -492,7 +492,7 @@ impl Inner {
     /// Runs `write` in one immediate transaction, after deleting the rows of purged entries, and
     /// commits. Nothing to do for the memory store.
     /// Writes in one transaction; a failure (a full or read-only disk) is also logged, at most
-    /// once every [`WRITE_WARNING_EVERY`], since the caller answers it as `replay_capacity`.
+    /// once every [`WRITE_WARNING_EVERY`], since the caller answers it as `state_write_failed`.
     fn write(
         &mut self,
         what: &'static str,
@@ -589,7 +589,7 @@ fn warn_write_failed(what: &str, e: &ReplayError) {
     if last.is_none_or(|t| now.duration_since(t) >= WRITE_WARNING_EVERY) {
         *last = Some(now);
         tracing::warn!(
-            "replay registry: cannot {what}: {e}; new routes are refused (replay_capacity) \
+            "replay registry: cannot {what}: {e}; new routes are refused (state_write_failed) \
              until replay.db can be written again (disk full or read-only?)"
         );
     }
