@@ -315,8 +315,12 @@ pub async fn post(
             }
         }
     }
-    if MAX_ATTEMPTS > 1 {
+    // No answer: after retrying (the attempts or the deadline spent), or with no time left for
+    // a retry at all (the one attempt, or the wait for its turn, used the whole deadline).
+    if retry > 0 {
         counters.retry_exhausted.inc();
+    } else {
+        counters.deadline_exhausted.inc();
     }
     Forwarded::Exhausted
 }

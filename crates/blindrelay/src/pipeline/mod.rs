@@ -501,8 +501,8 @@ impl Pipeline {
                 ctx.health.record_route(next_hop, true, now);
                 Ok(Answer::Forwarded { receipt })
             }
-            Forwarded::Refused { status, .. } => {
-                ctx.health.record_refused(next_hop, status, now);
+            Forwarded::Refused { status, reason } => {
+                ctx.health.record_refused(next_hop, status, reason, now);
                 Err(Reason::ForwardFailed)
             }
             Forwarded::Exhausted => {
