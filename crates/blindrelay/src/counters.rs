@@ -48,6 +48,9 @@ guard::counter_set! {
             replay_capacity: Counter,
             /// Refused: the source holds its share of the replay registry's live routes.
             replay_share_exceeded: Counter,
+            /// Refused: this node could not write its state (the replay reservation or the
+            /// inbox; a full or read-only disk). Nothing reserved or stored; never scored.
+            state_write_failed: Counter,
             /// Refused: the inbox holds its most items or bytes.
             inbox_full: Counter,
             /// Refused: the source holds its share of the inbox.
@@ -95,12 +98,18 @@ guard::counter_set! {
             inbox_expired: Counter,
             /// The next hop or the terminal store failed.
             forward_failed: Counter,
-            /// Retries made.
+            /// Retries made: attempts after one that got no answer (a busy answer's retries are
+            /// `busy_retried`).
             retry_attempted: Counter,
             /// Forwards that succeeded after a retry.
             retry_succeeded: Counter,
-            /// Forwards that failed after retrying.
+            /// Forwards that got no answer after retrying (at least one retry made, then the
+            /// attempts or the deadline spent). Never more than `retry_attempted`.
             retry_exhausted: Counter,
+            /// Forwards that got no answer and had no time for a retry: the one attempt (or the
+            /// wait for its turn) used the whole deadline. With `retry_exhausted`, every forward
+            /// that got no answer counts in exactly one of the two.
+            deadline_exhausted: Counter,
             /// Single-hop probes sent.
             probe_attempted: Counter,
             /// Single-hop probes answered.

@@ -226,7 +226,8 @@ fn reason_of(body: Option<&[u8]>) -> Option<Reason> {
 
 /// True for an answer the design says to retry: `503 route_in_flight` (the same request is
 /// still being handled there: its answer will be stored and replayed) and a `429` of a moment
-/// (`backpressure`, `source_limited`, or a `429` naming no reason). The other `429`s
+/// (`backpressure`, `source_limited`, or a `429` naming no reason), and `503
+/// state_write_failed` (nothing was reserved there). The other `429`s
 /// (`rate_limited`, `quarantined`, `inbox_share_exceeded`, `replay_share_exceeded`) last
 /// minutes: a retry within a deadline of seconds cannot succeed, so they are final.
 fn busy(status: u16, reason: Option<Reason>) -> bool {
@@ -314,8 +315,12 @@ pub async fn post(
             }
         }
     }
-    if MAX_ATTEMPTS > 1 {
+    // No answer: after retrying (the attempts or the deadline spent), or with no time left for
+    // a retry at all (the one attempt, or the wait for its turn, used the whole deadline).
+    if retry > 0 {
         counters.retry_exhausted.inc();
+    } else {
+        counters.deadline_exhausted.inc();
     }
     Forwarded::Exhausted
 }

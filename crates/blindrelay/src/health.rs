@@ -55,6 +55,10 @@ named_enum! {
         /// A next hop answered busy (`429`, `503`: backpressure, its share, a route in flight):
         /// its own state for a moment, not a failure of the route.
         Busy = "busy",
+        /// A next hop answered that a hop past it failed (`forward_failed`): it did its part (it
+        /// peeled, reserved and forwarded); which later hop failed nobody upstream can tell, so
+        /// this is a contact, not a route failure of this peer.
+        Beyond = "beyond",
         /// Anything else.
         Other = "other",
     }
@@ -312,19 +316,22 @@ impl Health {
         self.record_route_reason(peer, ok, Bucket::Transport, now);
     }
 
-    /// A next hop's refusal of a forward or send, by its HTTP status: a `429` or `503` is the
-    /// next hop busy (backpressure, its share, a route still in flight: its own state, see
-    /// `reason::Blame::ThisNode`/`Nobody` from its side), noted in the `busy` bucket as a
-    /// contact, not a route failure; any other refusal is a route failure (`refused`).
-    pub fn record_refused(&self, peer: &NodeId, status: u16, now: u64) {
-        if matches!(status, 429 | 503) {
-            self.with(peer, now, |s| {
-                s.last_contact = Some(now);
-                s.reasons[Bucket::Busy as usize] += 1;
-            });
-        } else {
-            self.record_route_reason(peer, false, Bucket::Refused, now);
-        }
+    /// A next hop's refusal of a forward or send, by its HTTP status and the reason it names: a
+    /// `429` or `503` is the next hop busy (backpressure, its share, a route still in flight,
+    /// its disk: its own state, see `reason::Blame::ThisNode`/`Nobody` from its side), noted in
+    /// the `busy` bucket as a contact, not a route failure; `forward_failed` is a failure past
+    /// the next hop (a hop's own store failure is `state_write_failed`), noted in `beyond` as a
+    /// contact; any other refusal is a route failure (`refused`).
+    pub fn record_refused(&self, peer: &NodeId, status: u16, reason: Option<Reason>, now: u64) {
+        let contact = match (status, reason) {
+            (429 | 503, _) => Bucket::Busy,
+            (_, Some(Reason::ForwardFailed)) => Bucket::Beyond,
+            _ => return self.record_route_reason(peer, false, Bucket::Refused, now),
+        };
+        self.with(peer, now, |s| {
+            s.last_contact = Some(now);
+            s.reasons[contact as usize] += 1;
+        });
     }
 
     /// As [`Health::record_route`], with the bucket of a failure.
@@ -528,13 +535,19 @@ mod tests {
     fn a_busy_answer_is_busy_not_a_route_failure() {
         let h = Health::default();
         let id = [3u8; 32];
-        h.record_refused(&id, 429, 100);
-        h.record_refused(&id, 503, 100);
+        h.record_refused(&id, 429, None, 100);
+        h.record_refused(&id, 503, Some(Reason::StateWriteFailed), 100);
         let s = h.summary(100, &HashMap::new(), |_| 0);
         let r = &s.rows[0];
         assert_eq!((r.health, r.route_failures), (HealthState::Healthy, 0));
         assert_eq!(r.reasons, BTreeMap::from([(Bucket::Busy, 2)]));
-        h.record_refused(&id, 502, 100);
+        // A later hop's failure, passed on: not this peer's.
+        h.record_refused(&id, 502, Some(Reason::ForwardFailed), 100);
+        let s = h.summary(100, &HashMap::new(), |_| 0);
+        let r = &s.rows[0];
+        assert_eq!((r.health, r.route_failures), (HealthState::Healthy, 0));
+        assert_eq!(r.reasons.get(&Bucket::Beyond), Some(&1));
+        h.record_refused(&id, 502, Some(Reason::NoRoute), 100);
         let s = h.summary(100, &HashMap::new(), |_| 0);
         assert_eq!(s.rows[0].route_failures, 1);
         assert_eq!(s.rows[0].reasons.get(&Bucket::Refused), Some(&1));

@@ -92,11 +92,14 @@ pub enum Reason {
     /// A version 1 envelope (`BRE1…`, or any body posted to `/v1/relay`): the node speaks v2
     /// only.
     V1NotAccepted,
+    /// This node could not write its state (the replay reservation or the inbox: a full or
+    /// read-only disk): nothing was reserved or stored, so the same frame may be sent again.
+    StateWriteFailed,
 }
 
 impl Reason {
     /// Every reason, for the docs' table and tests.
-    pub const ALL: [Reason; 29] = {
+    pub const ALL: [Reason; 30] = {
         use Reason::*;
         [
             Backpressure,
@@ -128,6 +131,7 @@ impl Reason {
             ReplayShareExceeded,
             NextHopQueueFull,
             V1NotAccepted,
+            StateWriteFailed,
         ]
     };
 
@@ -164,6 +168,7 @@ impl Reason {
             ReplayShareExceeded => "replay_share_exceeded",
             NextHopQueueFull => "next_hop_queue_full",
             V1NotAccepted => "v1_not_accepted",
+            StateWriteFailed => "state_write_failed",
         }
     }
 
@@ -181,7 +186,9 @@ impl Reason {
             | TtlExhausted | ReplayConflict | V1NotAccepted => 400,
             ReplayResponseExpired => 409,
             NoRoute | InvalidEndpoint | ForwardFailed => 502,
-            RouteInFlight | ReplayCapacity | NextHopBusy | NextHopQueueFull => 503,
+            RouteInFlight | ReplayCapacity | NextHopBusy | NextHopQueueFull | StateWriteFailed => {
+                503
+            }
         }
     }
 
@@ -210,6 +217,7 @@ impl Reason {
             ReplayShareExceeded => &c.replay_share_exceeded,
             NextHopQueueFull => &c.next_hop_queue_full,
             V1NotAccepted => &c.v1_not_accepted,
+            StateWriteFailed => &c.state_write_failed,
         }
     }
 
@@ -238,11 +246,16 @@ impl Reason {
     /// A refusal a sender may retry within its deadline: nothing was reserved and the condition
     /// lasts milliseconds (a busy node, a source over its share for a moment), or the same
     /// request is still being handled (`route_in_flight`: the design says the sender may retry;
-    /// its answer is stored and replayed).
+    /// its answer is stored and replayed), or the node could not write its state
+    /// (`state_write_failed`: nothing was reserved or stored; a disk that fills for a moment,
+    /// e.g. during a checkpoint, frees again).
     pub fn is_retryable(self) -> bool {
         matches!(
             self,
-            Reason::Backpressure | Reason::SourceLimited | Reason::RouteInFlight
+            Reason::Backpressure
+                | Reason::SourceLimited
+                | Reason::RouteInFlight
+                | Reason::StateWriteFailed
         )
     }
 
@@ -269,7 +282,9 @@ impl Reason {
             // This node's own state, or a later hop's.
             Backpressure | MalformedEnvelope | EnvelopeTooLarge | ReplayCapacity
             | ForwardFailed | SourceLimited | RequestTimeout | NextHopBusy | InboxFull
-            | InboxShareExceeded | ReplayShareExceeded | NextHopQueueFull => Blame::ThisNode,
+            | InboxShareExceeded | ReplayShareExceeded | NextHopQueueFull | StateWriteFailed => {
+                Blame::ThisNode
+            }
         }
     }
 
@@ -306,7 +321,7 @@ mod tests {
     /// The design's table, row by row: reason, status, counter, scored.
     #[test]
     fn the_table_of_the_docs() {
-        let table: [(&str, u16, &str, bool); 29] = [
+        let table: [(&str, u16, &str, bool); 30] = [
             ("backpressure", 429, "backpressure_dropped", false),
             ("malformed_envelope", 400, "envelope_too_large", false),
             ("envelope_too_large", 413, "envelope_too_large", false),
@@ -336,6 +351,7 @@ mod tests {
             ("replay_share_exceeded", 429, "replay_share_exceeded", false),
             ("next_hop_queue_full", 503, "next_hop_queue_full", false),
             ("v1_not_accepted", 400, "v1_not_accepted", false),
+            ("state_write_failed", 503, "state_write_failed", false),
         ];
         let charged = ["invalid_previous_hop", "invalid_signature", "self_loop"];
         for r in Reason::ALL {

@@ -226,7 +226,9 @@ pub(crate) async fn deliver_along(
     let now = ctx.clock.unix();
     match &answer {
         Forwarded::Accepted { .. } => ctx.health.record_route(&entry, true, now),
-        Forwarded::Refused { status, .. } => ctx.health.record_refused(&entry, *status, now),
+        Forwarded::Refused { status, reason } => {
+            ctx.health.record_refused(&entry, *status, *reason, now);
+        }
         Forwarded::Exhausted => ctx.health.record_route(&entry, false, now),
     }
     let sealed = match answer {

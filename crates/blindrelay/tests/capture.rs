@@ -60,8 +60,13 @@ fn build(key: &SigningKey, path: &[&Descriptor], payload: &[u8], class: SizeClas
 /// Posts `body` to `endpoint` as a node does (`forward::LINK_HOST`, octet-stream): the status
 /// and the JSON answer.
 async fn post(endpoint: &str, body: Vec<u8>) -> (u16, Value) {
+    post_to(endpoint, "/v2/relay", body).await
+}
+
+/// As [`post`], to `path`.
+async fn post_to(endpoint: &str, path: &str, body: Vec<u8>) -> (u16, Value) {
     let r = http()
-        .post(format!("{endpoint}/v2/relay"))
+        .post(format!("{endpoint}{path}"))
         .header(reqwest::header::HOST, blindrelay::forward::LINK_HOST)
         .header("content-type", "application/octet-stream")
         .body(body)
@@ -81,12 +86,21 @@ async fn descriptors(net: &Net) -> Vec<Descriptor> {
     out
 }
 
+/// Every answer the taps saw after `mark` (see `Tap::answers_since`).
+fn link_answers(taps: &[Tap], mark: u32) -> Vec<usize> {
+    taps.iter().flat_map(|t| t.answers_since(mark)).collect()
+}
+
 /// Every relay request (at least a frame of `class` long) the taps saw after `mark`.
 fn link_messages(taps: &[Tap], mark: u32, class: SizeClass) -> Vec<usize> {
     taps.iter()
         .flat_map(|t| t.requests_since(mark))
         .filter(|len| *len >= frame_len(class))
         .collect()
+}
+
+fn rand_bytes(n: usize) -> Vec<u8> {
+    (0..n).map(|_| rand::random::<u8>()).collect()
 }
 
 fn assert_absent(wire: &[u8], what: &str, needle: &[u8]) {
@@ -102,6 +116,7 @@ async fn every_link_message_of_a_delivery_has_one_length_and_nothing_is_in_clear
     let ds = descriptors(&net).await;
     let key = SigningKey::from_bytes(&rand::random());
     let mut sent = Vec::new();
+    let mut answer_lens = Vec::new();
     for class in SizeClass::ALL {
         let marker = format!("CAPTURE-MARKER-{class:?}-").into_bytes();
         let payload: Vec<u8> = marker
@@ -131,6 +146,10 @@ async fn every_link_message_of_a_delivery_has_one_length_and_nothing_is_in_clear
                 "{class:?} over {hops}: {messages:?}"
             );
             lengths.push(messages[0]);
+            // Every answer on the way back (the terminal's, then each hop's) has one length.
+            let answers = link_answers(&taps, mark);
+            assert_eq!(answers.len(), hops, "{class:?} over {hops}: {answers:?}");
+            answer_lens.extend(answers);
             sent.push((s, marker.clone()));
         }
         // The same length whatever the route's length: a hop cannot tell its position.
@@ -146,6 +165,32 @@ async fn every_link_message_of_a_delivery_has_one_length_and_nothing_is_in_clear
             frame_len(class)
         );
     }
+    // A refusal's answer and a duplicate's have that length too: one decided after reading the
+    // body (not a frame), one before (a v1 request, whose connection is then closed), and a
+    // frame already delivered (its stored answer).
+    let (duplicate, _) = &sent[0];
+    let asks: [(&str, Vec<u8>, u16); 3] = [
+        ("/v2/relay", rand_bytes(frame_len(SizeClass::Small)), 400),
+        ("/v1/relay", rand_bytes(200), 400),
+        ("/v2/relay", duplicate.frame.clone(), 200),
+    ];
+    for (path, body, want) in asks {
+        let mark = tap_mark();
+        let (status, answer) = post_to(&ds[0].endpoint, path, body).await;
+        assert_eq!(status, want, "{path}: {answer}");
+        let answers = link_answers(&taps, mark);
+        assert_eq!(answers.len(), 1, "{path} {answer}: {answers:?}");
+        println!("answer {status} {answer}: {} bytes on the wire", answers[0]);
+        answer_lens.extend(answers);
+    }
+    assert!(
+        answer_lens.iter().all(|l| *l == answer_lens[0]),
+        "answers of different lengths on the links: {answer_lens:?}"
+    );
+    println!(
+        "every answer (accepted, refused, replayed) {} bytes on the wire",
+        answer_lens[0]
+    );
     // Nothing in clear on any link: no node id (bytes or hex), no tag, no expiry, no payload.
     for (i, tap) in taps.iter().enumerate() {
         let wire = tap.bytes();

@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{Net, hex, random_bytes};
+use common::{Net, counter, hex, random_bytes};
 
 /// Size of the state tmpfs.
 const TMPFS_SIZE: &str = "4m";
@@ -132,6 +132,16 @@ async fn a_full_or_read_only_state_dir_refuses_cleanly_and_recovers() {
     acked.push(p);
     let status = net.status(1).await;
     assert!(status.is_object(), "the full node's operator API answers");
+    // Its own reason, not the registry's capacity: `503 state_write_failed`, counted.
+    assert!(
+        counter(&status, "state_write_failed") >= 1,
+        "a failed reservation is counted state_write_failed: {status}"
+    );
+    assert_eq!(
+        counter(&status, "replay_capacity"),
+        0,
+        "a full disk is not a full registry"
+    );
     assert!(
         net.node(1).count("cannot reserve a route") >= 1,
         "the full node says why: {:?}",
@@ -151,6 +161,9 @@ async fn a_full_or_read_only_state_dir_refuses_cleanly_and_recovers() {
     assert!(!ok, "a full terminal refuses");
     println!("FIGURE terminal full, sender sees: {}", err.trim());
     assert_eq!(net.inbox_ids(2).await.len(), before, "nothing stored");
+    let status = net.status(2).await;
+    assert!(counter(&status, "state_write_failed") >= 1, "{status}");
+    assert_eq!(counter(&status, "replay_capacity"), 0, "{status}");
     stores_whole(&dirs[2]);
     std::fs::remove_file(&filler).unwrap();
     let p = payload("terminal space back");

@@ -3,8 +3,10 @@
 //! pinned TLS link comes up) and misbehaves at the HTTP level without reading the frame: it
 //! never answers, resets the connection, answers garbage over TLS, or answers bytes that are not
 //! TLS. Each send ends within its deadline, the fake gets at most the bounded attempts, node 1
-//! counts the failed forward and marks node 2 (not node 0) in its peer health, node 0 does not
-//! quarantine node 1 (which only passed the failure on), and once node 2 is back the nodes
+//! counts the failed forward and marks node 2 (not node 0) in its peer health, node 0 neither
+//! quarantines node 1 (which only passed the failure on) nor notes it as failed (`beyond`, not
+//! `refused`), the retry counters say how each forward ended (`retry_exhausted` after retries,
+//! `deadline_exhausted` with none), and once node 2 is back the nodes
 //! deliver again. The fake serves node 2's real descriptor (fetched before) byte for byte.
 //!
 //! The figures (`FIGURE next hop …` lines, `--nocapture`) show per fault the time the send
@@ -185,13 +187,14 @@ impl FakeHop {
 }
 
 /// The counters of node `i` that a failed forward moves.
-async fn counters(net: &Net, i: usize) -> [u64; 4] {
+async fn counters(net: &Net, i: usize) -> [u64; 5] {
     let s = net.status(i).await;
     [
         counter(&s, "forward_failed"),
         counter(&s, "retry_attempted"),
         counter(&s, "retry_exhausted"),
         counter(&s, "quarantine_started"),
+        counter(&s, "deadline_exhausted"),
     ]
 }
 
@@ -243,13 +246,14 @@ async fn a_next_hop_that_times_out_resets_or_answers_garbage() {
         println!(
             "FIGURE next hop {fault:?}: send failed in {:.2} s ({}), the fake got {requests} \
              request(s) on {connections} connection(s); node 1 forward_failed +{}, \
-             retry_attempted +{}, retry_exhausted +{}; node 1 sees node 2 as {} ({}); node 0 \
-             sees node 1 as {} ({})",
+             retry_attempted +{}, retry_exhausted +{}, deadline_exhausted +{}; node 1 sees node \
+             2 as {} ({}); node 0 sees node 1 as {} ({})",
             took.as_secs_f64(),
             err.trim(),
             after1[0] - before1[0],
             after1[1] - before1[1],
             after1[2] - before1[2],
+            after1[4] - before1[4],
             to2["health"],
             to2["reasons"],
             to1["health"],
@@ -270,6 +274,36 @@ async fn a_next_hop_that_times_out_resets_or_answers_garbage() {
             "{fault:?}: node 0 quarantined someone"
         );
         assert_eq!(to1["quarantined"], false, "{fault:?}: {to1}");
+        // Nor does it note them as node 1's failures: node 1 answered, and said a hop past it
+        // failed (`beyond`).
+        assert!(
+            !matches!(to1["health"].as_str(), Some("degraded" | "failing")),
+            "{fault:?}: node 0 blames node 1: {to1}"
+        );
+        assert!(to1["reasons"].get("refused").is_none(), "{fault:?}: {to1}");
+        assert!(
+            to1["reasons"]["beyond"].as_u64() >= Some(1),
+            "{fault:?}: {to1}"
+        );
+        // The retry counters say what happened: the attempts made, and how the forward ended.
+        let (retries, exhausted, timed_out) = (
+            after1[1] - before1[1],
+            after1[2] - before1[2],
+            after1[4] - before1[4],
+        );
+        assert!(
+            retries < requests as u64,
+            "{fault:?}: {retries} retries for {requests} attempts"
+        );
+        match fault {
+            Fault::Garbage => assert_eq!((exhausted, timed_out), (0, 0), "{fault:?}: an answer"),
+            _ if retries > 0 => assert_eq!((exhausted, timed_out), (1, 0), "{fault:?}"),
+            _ => assert_eq!(
+                (exhausted, timed_out),
+                (0, 1),
+                "{fault:?}: no time for a retry"
+            ),
+        }
         assert_ne!(
             to2["health"], "healthy",
             "{fault:?}: node 1 still trusts node 2: {to2}"

@@ -126,25 +126,24 @@ fn status(code: u16) -> StatusCode {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let (status, error, message) = self.parts();
+        if let ApiError::Refused(r) = self {
+            // A relay refusal: at the one length of every relay answer on the link.
+            return super::fixed::relay_response(
+                status,
+                &ErrorBody::code(error).to_json(),
+                closes(r),
+            );
+        }
         let body = ErrorBody {
             error: Cow::Borrowed(error),
             message,
         };
-        let mut resp = (
+        (
             status,
             [(header::CONTENT_TYPE, "application/json")],
             body.to_json(),
         )
-            .into_response();
-        if let ApiError::Refused(r) = self
-            && closes(r)
-        {
-            resp.headers_mut().insert(
-                header::CONNECTION,
-                header::HeaderValue::from_static("close"),
-            );
-        }
-        resp
+            .into_response()
     }
 }
 
@@ -223,7 +222,14 @@ mod tests {
             let resp = ApiError::Refused(r).into_response();
             let status = resp.status().as_u16();
             let body = axum::body::to_bytes(resp.into_body(), 4096).await.unwrap();
-            assert_eq!((status, body.to_vec()), wire(&Err(r)), "{}", r.as_str());
+            let (wire_status, wire_body) = wire(&Err(r));
+            let padded = crate::proto::answer::pad(&wire_body);
+            assert_eq!(
+                (status, body.to_vec()),
+                (wire_status, padded),
+                "{}",
+                r.as_str()
+            );
         }
     }
 

@@ -20,6 +20,7 @@
 
 pub mod cookie;
 mod error;
+mod fixed;
 pub mod serve;
 
 use std::sync::Arc;
@@ -168,15 +169,12 @@ async fn relay_request(
     }
 }
 
-/// An answer as the protocol has it (a replayed one exactly as first sent).
+/// An answer as the protocol has it (a replayed one exactly as first sent), at the one length
+/// of every relay answer on the link.
 fn relay_answer(answer: &Answer) -> Response {
     let (status, body) = answer.wire();
-    (
-        StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-        [(header::CONTENT_TYPE, "application/json")],
-        body,
-    )
-        .into_response()
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    fixed::relay_response(status, &body, false)
 }
 
 /// `POST /v1/send`'s query string.

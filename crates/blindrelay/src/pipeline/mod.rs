@@ -501,8 +501,8 @@ impl Pipeline {
                 ctx.health.record_route(next_hop, true, now);
                 Ok(Answer::Forwarded { receipt })
             }
-            Forwarded::Refused { status, .. } => {
-                ctx.health.record_refused(next_hop, status, now);
+            Forwarded::Refused { status, reason } => {
+                ctx.health.record_refused(next_hop, status, reason, now);
                 Err(Reason::ForwardFailed)
             }
             Forwarded::Exhausted => {
@@ -531,7 +531,7 @@ impl Pipeline {
                 .map_err(|e| match e {
                     Undelivered::Full => Reason::InboxFull,
                     Undelivered::ShareExceeded => Reason::InboxShareExceeded,
-                    Undelivered::Failed => Reason::ForwardFailed,
+                    Undelivered::Failed => Reason::StateWriteFailed,
                 })?;
         }
         Ok(Answer::Delivered { receipt, probe })

@@ -25,7 +25,8 @@ pub(super) enum Reserved {
 ///
 /// # Errors
 /// The registry's refusal (`route_in_flight`, `replay_conflict`, `replay_response_expired`,
-/// `replay_capacity`); `replay_capacity` too when the registry cannot be written.
+/// `replay_capacity`, `replay_share_exceeded`); `state_write_failed` when the registry cannot
+/// be written (a full or read-only disk: nothing was reserved).
 pub(super) async fn reserve(
     replay: &Arc<ReplayRegistry>,
     route_id: RouteId,
@@ -42,8 +43,8 @@ pub(super) async fn reserve(
     match reserved {
         Ok(Ok(outcome)) => decide(outcome),
         Ok(Err(_)) | Err(_) => {
-            debug!("replay registry unavailable");
-            Err(Reason::ReplayCapacity)
+            debug!("replay registry cannot be written");
+            Err(Reason::StateWriteFailed)
         }
     }
 }

@@ -5,11 +5,28 @@
 //!
 //! The error shape `{"error", "message"}` is also every error body of the operator API; relay
 //! refusals carry no message.
+//!
+//! On the link every answer's body is [`ANSWER_LEN`] bytes: the JSON, then spaces ([`pad`]; JSON
+//! allows whitespace after the value), so an accepted answer, a replayed one and every refusal
+//! look alike to a link observer.
 
 use std::borrow::Cow;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+
+/// The length of every relay answer's body on the link: more than the longest answer (an
+/// accepted one: 420 bytes with the hex of a sealed receipt; a refusal: at most 35).
+pub const ANSWER_LEN: usize = 512;
+
+/// `body` followed by spaces up to [`ANSWER_LEN`] bytes (a body already that long or longer,
+/// which no answer of this protocol is, is returned as it is). Still the same JSON.
+pub fn pad(body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(ANSWER_LEN.max(body.len()));
+    out.extend_from_slice(body);
+    out.resize(ANSWER_LEN.max(body.len()), b' ');
+    out
+}
 
 /// What an accepting hop did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,6 +92,27 @@ impl<'a> ErrorBody<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_padded_answer_is_the_same_json_at_one_length() {
+        let sealed = "ab".repeat(24 + crate::proto::receipt::RECEIPT_LEN + 16);
+        for outcome in [Outcome::Delivered, Outcome::Forwarded] {
+            let a = Accepted {
+                outcome,
+                receipt: sealed.clone(),
+            };
+            let padded = pad(&a.to_json());
+            assert_eq!(padded.len(), ANSWER_LEN);
+            assert_eq!(serde_json::from_slice::<Accepted>(&padded).unwrap(), a);
+        }
+        for r in crate::reason::Reason::ALL {
+            let padded = pad(&ErrorBody::code(r.as_str()).to_json());
+            assert_eq!(padded.len(), ANSWER_LEN);
+            let e: ErrorBody<'_> = serde_json::from_slice(&padded).unwrap();
+            assert_eq!(e.error, r.as_str());
+        }
+        assert_eq!(pad(&[b'x'; 600]).len(), 600);
+    }
 
     #[test]
     fn the_documented_shapes() {

@@ -572,7 +572,7 @@ fn warn_write_failed(what: &str, e: &ReplayError) {
     if last.is_none_or(|t| now.duration_since(t) >= WRITE_WARNING_EVERY) {
         *last = Some(now);
         tracing::warn!(
-            "replay registry: cannot {what}: {e}; new routes are refused (replay_capacity) \
+            "replay registry: cannot {what}: {e}; new routes are refused (state_write_failed) \
              until replay.db can be written again (disk full or read-only?)"
         );
     }

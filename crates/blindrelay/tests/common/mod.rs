@@ -252,6 +252,50 @@ struct TapConn {
     client: Vec<u8>,
     runs: Vec<(usize, u32)>,
     in_client_run: bool,
+    server: Vec<u8>,
+    server_runs: Vec<(usize, u32)>,
+    in_server_run: bool,
+}
+
+/// A TLS 1.3 close_notify alert's record on the wire: header, alert, content type, AEAD tag.
+const CLOSE_NOTIFY_RECORD: usize = 5 + 2 + 1 + 16;
+
+/// For every run of `bytes` numbered at `mark` or after, the bytes of its TLS application-data
+/// records, headers included; the first application-data record (a client's TLS 1.3 Finished)
+/// is left out when `skip_first_record`, and so is a close_notify alert's record.
+fn record_lens(
+    bytes: &[u8],
+    runs: &[(usize, u32)],
+    mark: u32,
+    skip_first_record: bool,
+) -> Vec<usize> {
+    let mut lens = vec![0usize; runs.len()];
+    let (mut at, mut first_seen) = (0usize, !skip_first_record);
+    while at + 5 <= bytes.len() {
+        let kind = bytes[at];
+        let len = usize::from(u16::from_be_bytes([bytes[at + 3], bytes[at + 4]]));
+        if at + 5 + len > bytes.len() {
+            break;
+        }
+        if kind == 0x17 {
+            if first_seen {
+                let run = runs.iter().rposition(|(start, _)| *start <= at);
+                if let Some(run) = run
+                    && 5 + len != CLOSE_NOTIFY_RECORD
+                {
+                    lens[run] += 5 + len;
+                }
+            } else {
+                first_seen = true;
+            }
+        }
+        at += 5 + len;
+    }
+    runs.iter()
+        .zip(lens)
+        .filter(|((_, seq), len)| *seq >= mark && *len > 0)
+        .map(|(_, len)| len)
+        .collect()
 }
 
 /// The sequence runs are numbered from (see [`tap_mark`]).
@@ -303,35 +347,26 @@ impl Tap {
     /// TLS 1.3 Finished, are left out).
     pub fn requests_since(&self, mark: u32) -> Vec<usize> {
         let conns = self.conns.lock().unwrap();
-        let mut out = Vec::new();
-        for c in conns.iter() {
-            let mut lens = vec![0usize; c.runs.len()];
-            let (mut at, mut finished_seen) = (0usize, false);
-            while at + 5 <= c.client.len() {
-                let kind = c.client[at];
-                let len = usize::from(u16::from_be_bytes([c.client[at + 3], c.client[at + 4]]));
-                if at + 5 + len > c.client.len() {
-                    break;
-                }
-                if kind == 0x17 {
-                    if finished_seen {
-                        let run = c.runs.iter().rposition(|(start, _)| *start <= at);
-                        if let Some(run) = run {
-                            lens[run] += 5 + len;
-                        }
-                    } else {
-                        finished_seen = true;
-                    }
-                }
-                at += 5 + len;
-            }
-            for ((_, seq), len) in c.runs.iter().zip(lens) {
-                if *seq >= mark && len > 0 {
-                    out.push(len);
-                }
-            }
-        }
-        out
+        conns
+            .iter()
+            .flat_map(|c| record_lens(&c.client, &c.runs, mark, true))
+            .collect()
+    }
+
+    /// The server's answers as a link observer sees them: for every server run numbered after
+    /// `mark`, the bytes of its TLS application-data records, record headers included (the
+    /// server's handshake flight, its first run, is left out, and so is a close_notify alert).
+    pub fn answers_since(&self, mark: u32) -> Vec<usize> {
+        let conns = self.conns.lock().unwrap();
+        conns
+            .iter()
+            .flat_map(|c| {
+                let runs = c.server_runs.get(1..).unwrap_or_default();
+                let start = runs.first().map_or(c.server.len(), |(at, _)| *at);
+                let runs: Vec<_> = runs.iter().map(|(at, seq)| (at - start, *seq)).collect();
+                record_lens(&c.server[start..], &runs, mark, false)
+            })
+            .collect()
     }
 
     /// Everything seen so far, both directions.
@@ -364,7 +399,16 @@ async fn pump(
             let c = &mut all[conn];
             if !to_server {
                 c.in_client_run = false;
+                if c.server.len() + n <= TAP_BYTES {
+                    if !c.in_server_run {
+                        c.in_server_run = true;
+                        let seq = TAP_SEQ.fetch_add(1, Ordering::SeqCst);
+                        c.server_runs.push((c.server.len(), seq));
+                    }
+                    c.server.extend_from_slice(&buf[..n]);
+                }
             } else if c.client.len() + n <= TAP_BYTES {
+                c.in_server_run = false;
                 if !c.in_client_run {
                     c.in_client_run = true;
                     let seq = TAP_SEQ.fetch_add(1, Ordering::SeqCst);
