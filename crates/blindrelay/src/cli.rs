@@ -180,8 +180,7 @@ pub struct RunArgs {
     /// fewer than 2).
     #[arg(long)]
     pub crypto_slots: Option<usize>,
-    /// How long an inbound request may wait for a crypto slot before it is refused
-    /// (`backpressure`); 0, the default, refuses at once as the design says.
+    /// How long a request may wait for a crypto slot before it is refused (`backpressure`).
     #[arg(long, default_value_t = humantime::Duration::from(context::DEFAULT_CRYPTO_WAIT))]
     pub crypto_wait: humantime::Duration,
     /// Relay requests in flight to one next hop at most.

@@ -5,10 +5,9 @@
 //! The crypto gate is the design's crypto admission budget: signature checks, onion layers and
 //! receipt signing take a slot. Inbound requests may use all but one slot
 //! (the pipeline's step 2); outbound work (route building, receipt checking) may use them
-//! all, so it proceeds under an inbound burst. An inbound request waits for a slot at most the
-//! crypto wait (`--crypto-wait`, [`DEFAULT_CRYPTO_WAIT`]: by default not at all, as the design
-//! says), the node's own work at most [`OWN_WORK_CRYPTO_WAIT`], woken as soon as a slot is given
-//! back; then it is refused. Disk work never holds a slot.
+//! all, so it proceeds under an inbound burst. A request waits for a slot at most the crypto
+//! wait (`--crypto-wait`, [`DEFAULT_CRYPTO_WAIT`]), woken as soon as a slot is given back; then
+//! it is refused. Disk work never holds a slot.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -32,16 +31,8 @@ pub fn crypto_slots(threads: usize) -> usize {
     threads.div_ceil(2).clamp(4, 8)
 }
 
-/// How long an inbound request may wait for a crypto slot by default before it is refused:
-/// not at all. The design refuses at once when every slot is taken (`backpressure`, no queue),
-/// so an overloaded node answers in the time the check takes and an attacker cannot make
-/// requests queue; senders retry `backpressure` within their deadline.
-pub const DEFAULT_CRYPTO_WAIT: Duration = Duration::ZERO;
-
-/// How long the node's own work (building a route, checking a receipt) waits for a crypto slot
-/// before the send is refused: it is the operator's own traffic, so a short wait is better than
-/// a refusal, and one slot is kept for it anyway.
-pub const OWN_WORK_CRYPTO_WAIT: Duration = Duration::from_millis(50);
+/// How long a request may wait for a crypto slot by default before it is refused.
+pub const DEFAULT_CRYPTO_WAIT: Duration = Duration::from_millis(50);
 
 /// Crypto slots for this host.
 pub fn default_crypto_slots() -> usize {

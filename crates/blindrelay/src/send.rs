@@ -198,7 +198,7 @@ pub(crate) async fn deliver_along(
     // The sender waits longer than the entry hop's late deadline: its final answer comes first.
     let deadline = tokio::time::Instant::now() + forward::SENDER_DEADLINE;
     let slot = ctx
-        .crypto_slot(ctx.crypto.limit(), context::OWN_WORK_CRYPTO_WAIT)
+        .crypto_slot(ctx.crypto.limit(), ctx.crypto_wait)
         .await
         .ok_or(SendError::Backpressure)?;
     let node = Arc::clone(&ctx.node);
