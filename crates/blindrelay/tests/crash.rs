@@ -94,18 +94,7 @@ async fn inbox(net: &Net, seen: &mut BTreeMap<u64, Vec<u8>>) -> Vec<Vec<u8>> {
 /// Every SQLite store of every node opens and passes the integrity check.
 fn stores_whole(net: &Net) {
     for node in net.nodes() {
-        for name in ["replay.db", "inbox.db"] {
-            let path = node.state_dir.join(name);
-            let conn = rusqlite::Connection::open_with_flags(
-                &path,
-                rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-            )
-            .unwrap_or_else(|e| panic!("{} does not open: {e}", path.display()));
-            let check: String = conn
-                .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            assert_eq!(check, "ok", "{}", path.display());
-        }
+        common::stores_whole(&node.state_dir);
     }
 }
 

@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{Net, counter, hex, random_bytes};
+use common::{Net, counter, hex, random_bytes, stores_whole};
 
 /// Size of the state tmpfs.
 const TMPFS_SIZE: &str = "4m";
@@ -79,22 +79,6 @@ fn fill(dir: &Path) -> PathBuf {
         }
     }
     panic!("the state tmpfs never filled up");
-}
-
-/// Both SQLite stores of `dir` open and pass the integrity check.
-fn stores_whole(dir: &Path) {
-    for name in ["replay.db", "inbox.db"] {
-        let path = dir.join(name);
-        let conn = rusqlite::Connection::open_with_flags(
-            &path,
-            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
-        )
-        .unwrap_or_else(|e| panic!("{} does not open: {e}", path.display()));
-        let check: String = conn
-            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
-            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        assert_eq!(check, "ok", "{}", path.display());
-    }
 }
 
 fn payload(what: &str) -> Vec<u8> {

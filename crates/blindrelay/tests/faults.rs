@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use common::{Net, RELAY_PORT, counter, hex, http, peer_rows, random_bytes};
 use serde_json::Value;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 
 /// How the fake next hop misbehaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -70,38 +70,6 @@ impl Drop for FakeHop {
     }
 }
 
-/// Reads an HTTP request head (and its declared body), bounded in bytes and time; the head.
-async fn read_request<S: tokio::io::AsyncRead + Unpin>(conn: &mut S) -> String {
-    let mut req = Vec::new();
-    let mut buf = [0u8; 4096];
-    let read = async {
-        loop {
-            let n = conn.read(&mut buf).await.unwrap_or(0);
-            if n == 0 {
-                break;
-            }
-            req.extend_from_slice(&buf[..n]);
-            let text = String::from_utf8_lossy(&req).to_lowercase();
-            if let Some(end) = text.find("\r\n\r\n") {
-                let len = text[..end]
-                    .lines()
-                    .find_map(|l| l.strip_prefix("content-length:"))
-                    .and_then(|v| v.trim().parse::<usize>().ok())
-                    .unwrap_or(0);
-                if req.len() >= end + 4 + len || req.len() > 1 << 20 {
-                    break;
-                }
-            }
-        }
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
-    String::from_utf8_lossy(&req)
-        .lines()
-        .next()
-        .unwrap_or_default()
-        .to_string()
-}
-
 impl FakeHop {
     /// Listens on `addr` as the node whose identity seed is `seed`, misbehaving as `fault`.
     async fn start(addr: SocketAddr, seed: [u8; 32], descriptor: Vec<u8>) -> Self {
@@ -148,7 +116,7 @@ impl FakeHop {
                     else {
                         return;
                     };
-                    let head = read_request(&mut conn).await;
+                    let head = common::read_request(&mut conn).await;
                     if head.starts_with("GET /v1/descriptor") {
                         let answer = format!(
                             "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\

@@ -162,7 +162,7 @@ async fn scripted(
 ) {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind((common::fresh_ip(), 0))
         .await
         .expect("bind");
@@ -180,30 +180,8 @@ async fn scripted(
             let Ok(mut conn) = tls.accept(conn).await else {
                 return;
             };
-            let mut req = Vec::new();
-            let mut buf = [0u8; 4096];
             // Head, then the body it declares; bounded in bytes and time.
-            let read = async {
-                loop {
-                    let n = conn.read(&mut buf).await.unwrap_or(0);
-                    if n == 0 {
-                        break;
-                    }
-                    req.extend_from_slice(&buf[..n]);
-                    let text = String::from_utf8_lossy(&req).to_lowercase();
-                    if let Some(end) = text.find("\r\n\r\n") {
-                        let len = text[..end]
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse::<usize>().ok())
-                            .unwrap_or(0);
-                        if req.len() >= end + 4 + len || req.len() > 1 << 20 {
-                            break;
-                        }
-                    }
-                }
-            };
-            let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+            common::read_request(&mut conn).await;
             seen.fetch_add(1, Ordering::SeqCst);
             let answer = format!(
                 "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",

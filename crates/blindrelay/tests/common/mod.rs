@@ -986,3 +986,53 @@ impl ReportSink {
         }
     }
 }
+
+/// Reads an HTTP request head and the body it declares, bounded in bytes (1 MiB) and time (5 s);
+/// the request's first line.
+pub async fn read_request<S: AsyncRead + Unpin>(conn: &mut S) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut req = Vec::new();
+    let mut buf = [0u8; 4096];
+    let read = async {
+        loop {
+            let n = conn.read(&mut buf).await.unwrap_or(0);
+            if n == 0 {
+                break;
+            }
+            req.extend_from_slice(&buf[..n]);
+            let text = String::from_utf8_lossy(&req).to_lowercase();
+            if let Some(end) = text.find("\r\n\r\n") {
+                let len = text[..end]
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+                    .unwrap_or(0);
+                if req.len() >= end + 4 + len || req.len() > 1 << 20 {
+                    break;
+                }
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(5), read).await;
+    String::from_utf8_lossy(&req)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Asserts that the replay and inbox databases in `dir` open and pass SQLite's integrity check.
+pub fn stores_whole(dir: &Path) {
+    for name in ["replay.db", "inbox.db"] {
+        let path = dir.join(name);
+        let conn = rusqlite::Connection::open_with_flags(
+            &path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_ONLY,
+        )
+        .unwrap_or_else(|e| panic!("{} does not open: {e}", path.display()));
+        let check: String = conn
+            .query_row("PRAGMA integrity_check", [], |r| r.get(0))
+            .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(check, "ok", "{}", path.display());
+    }
+}
