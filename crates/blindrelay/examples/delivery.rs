@@ -22,7 +22,9 @@
 //!
 //! With `--backpressure`: one 3-hop 1 KiB loaded run while 16 connections post frames that each
 //! take a crypto slot of node 1 (they pass the framing and the signature and fail at the peel:
-//! an onion key nobody holds), and the round trip of every `backpressure` answer is kept.
+//! an onion key nobody holds), half from a known peer's address and half from a stranger's, and
+//! the round trip of every answer is kept by the error it names (`backpressure`,
+//! `source_limited`, `onion_peel_failed`).
 //!
 //! Run with `scripts/bench-blindrelay delivery`.
 
@@ -267,18 +269,19 @@ fn percentile(sorted: &[Duration], p: usize) -> f64 {
     sorted[i].as_secs_f64() * 1000.0
 }
 
-/// Answers to requests that overload one node's crypto admission: how fast `backpressure` comes.
+/// Answers to requests that overload one node's crypto admission, by the error they got
+/// (`backpressure`, `source_limited`, `onion_peel_failed`, …): how fast each came.
+#[derive(Default)]
 struct Overload {
-    backpressure: Vec<Duration>,
-    other: Vec<Duration>,
+    answers: std::collections::BTreeMap<String, Vec<Duration>>,
     errors: usize,
 }
 
-/// `conns` loops post, until `until`, a frame to `target` that passes the framing and the
-/// signature and fails at the peel (an onion key nobody holds): each costs the node a crypto
-/// slot, so together they keep the slots taken. Every answer's round trip is kept, split into
-/// `backpressure` and the rest.
-async fn overload(target: &Node, conns: usize, until: Instant) -> Overload {
+/// `conns` loops post from `from`, until `until`, a frame to `target` that passes the framing
+/// and the signature and fails at the peel (an onion key nobody holds): each costs the node a
+/// crypto slot, so together they keep the slots taken. Every answer's round trip is kept, by
+/// the error it names.
+async fn overload(target: &Node, from: Ipv4Addr, conns: usize, until: Instant) -> Overload {
     let id: [u8; 32] = hex::decode(&target.id)
         .ok()
         .and_then(|v| v.try_into().ok())
@@ -298,6 +301,7 @@ async fn overload(target: &Node, conns: usize, until: Instant) -> Overload {
     let http = reqwest::Client::builder()
         .use_preconfigured_tls(blindrelay::links::unpinned_config())
         .no_proxy()
+        .local_address(Some(from.into()))
         .timeout(Duration::from_secs(10))
         .build()
         .expect("client");
@@ -306,24 +310,17 @@ async fn overload(target: &Node, conns: usize, until: Instant) -> Overload {
     for _ in 0..conns {
         let (http, url, frame) = (http.clone(), url.clone(), frame.clone());
         tasks.push(tokio::spawn(async move {
-            let mut out = Overload {
-                backpressure: Vec::new(),
-                other: Vec::new(),
-                errors: 0,
-            };
+            let mut out = Overload::default();
             let mut n = 0;
             while Instant::now() < until && n < MAX_SENDS {
                 n += 1;
                 let t = Instant::now();
                 match http.post(&url).body(frame.clone()).send().await {
                     Ok(r) => {
-                        let text = r.text().await.unwrap_or_default();
+                        let body: serde_json::Value = r.json().await.unwrap_or_default();
                         let took = t.elapsed();
-                        if text.contains("\"backpressure\"") {
-                            out.backpressure.push(took);
-                        } else {
-                            out.other.push(took);
-                        }
+                        let error = body["error"].as_str().unwrap_or("(no error)").to_owned();
+                        out.answers.entry(error).or_default().push(took);
                     }
                     Err(_) => out.errors += 1,
                 }
@@ -331,19 +328,17 @@ async fn overload(target: &Node, conns: usize, until: Instant) -> Overload {
             out
         }));
     }
-    let mut all = Overload {
-        backpressure: Vec::new(),
-        other: Vec::new(),
-        errors: 0,
-    };
+    let mut all = Overload::default();
     for t in tasks {
         let o = t.await.expect("prober task");
-        all.backpressure.extend(o.backpressure);
-        all.other.extend(o.other);
+        for (error, took) in o.answers {
+            all.answers.entry(error).or_default().extend(took);
+        }
         all.errors += o.errors;
     }
-    all.backpressure.sort_unstable();
-    all.other.sort_unstable();
+    for v in all.answers.values_mut() {
+        v.sort_unstable();
+    }
     all
 }
 
@@ -508,35 +503,40 @@ async fn main() {
     if args.backpressure {
         let payload: Vec<u8> = (0..1024).map(|i| (i % 251) as u8).collect();
         let until = Instant::now() + LOADED;
-        let (sent, probed) = tokio::join!(
+        // Half the connections from a known peer's address (node 2, pinned at node 1), half
+        // from a stranger's (an address no node has).
+        let stranger = Ipv4Addr::new(127, 0, 99, 1);
+        let (sent, known, strange) = tokio::join!(
             run_case(&nodes[0], &terminal, 3, &payload, args.clients, LOADED),
-            overload(&nodes[1], OVERLOAD_CONNS, until),
+            overload(&nodes[1], nodes[2].ip, OVERLOAD_CONNS / 2, until),
+            overload(&nodes[1], stranger, OVERLOAD_CONNS / 2, until),
         );
         let (delivered, failed, took) = sent;
         println!();
         println!(
-            "Overload: {} clients sending 3-hop 1 KiB deliveries, and {OVERLOAD_CONNS} connections posting frames that take a crypto slot each to node 1, for {} s.",
+            "Overload: {} clients sending 3-hop 1 KiB deliveries, and {OVERLOAD_CONNS} connections posting frames that take a crypto slot each to node 1 (half from a known peer's address, half from a stranger's), for {} s.",
             args.clients,
             LOADED.as_secs()
         );
         println!();
-        println!("| answers | count | p50 ms | p99 ms | max ms |\n|---|---:|---:|---:|---:|");
-        for (name, v) in [
-            ("`backpressure`", &probed.backpressure),
-            ("others (`onion_peel_failed`, …)", &probed.other),
-        ] {
-            println!(
-                "| {name} | {} | {:.2} | {:.2} | {:.2} |",
-                v.len(),
-                percentile(v, 50),
-                percentile(v, 99),
-                v.last().map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0),
-            );
+        println!(
+            "| from | answer | count | p50 ms | p99 ms | max ms |\n|---|---|---:|---:|---:|---:|"
+        );
+        for (from, probed) in [("known peer", &known), ("stranger", &strange)] {
+            for (error, v) in &probed.answers {
+                println!(
+                    "| {from} | `{error}` | {} | {:.2} | {:.2} | {:.2} |",
+                    v.len(),
+                    percentile(v, 50),
+                    percentile(v, 99),
+                    v.last().map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0),
+                );
+            }
         }
         println!(
             "\nDuring it: {:.0} deliveries/s, {failed} failed; {} prober requests failed in transport.",
             delivered.len() as f64 / took.as_secs_f64(),
-            probed.errors
+            known.errors + strange.errors
         );
     }
     for node in &mut nodes {

@@ -180,7 +180,9 @@ pub struct RunArgs {
     /// fewer than 2).
     #[arg(long)]
     pub crypto_slots: Option<usize>,
-    /// How long a request may wait for a crypto slot before it is refused (`backpressure`).
+    /// How long this node's own send (`POST /v1/send`, probes) may wait for a crypto slot before
+    /// it is refused (`backpressure`). Relay requests from other nodes never wait: they get a
+    /// slot at once or `backpressure` at once.
     #[arg(long, default_value_t = humantime::Duration::from(context::DEFAULT_CRYPTO_WAIT))]
     pub crypto_wait: humantime::Duration,
     /// Relay requests in flight to one next hop at most.

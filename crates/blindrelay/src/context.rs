@@ -3,11 +3,12 @@
 //! tested without a replay registry, an inbox or a listener.
 //!
 //! The crypto gate is the design's crypto admission budget: signature checks, onion layers and
-//! receipt signing take a slot. Inbound requests may use all but one slot
-//! (the pipeline's step 2); outbound work (route building, receipt checking) may use them
-//! all, so it proceeds under an inbound burst. A request waits for a slot at most the crypto
-//! wait (`--crypto-wait`, [`DEFAULT_CRYPTO_WAIT`]), woken as soon as a slot is given back; then
-//! it is refused. Disk work never holds a slot.
+//! receipt signing take a slot. Inbound requests may use all but one slot and never wait for
+//! one (the pipeline's step 2, [`Context::try_crypto_slot`]); outbound work (route building,
+//! receipt checking: the node's own sends) may use them all, so it proceeds under an inbound
+//! burst, and waits for a slot at most the crypto wait (`--crypto-wait`,
+//! [`DEFAULT_CRYPTO_WAIT`]), woken as soon as a slot is given back; then it is refused. Disk
+//! work never holds a slot.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -31,7 +32,7 @@ pub fn crypto_slots(threads: usize) -> usize {
     threads.div_ceil(2).clamp(4, 8)
 }
 
-/// How long a request may wait for a crypto slot by default before it is refused.
+/// How long the node's own send may wait for a crypto slot by default before it is refused.
 pub const DEFAULT_CRYPTO_WAIT: Duration = Duration::from_millis(50);
 
 /// Crypto slots for this host.
@@ -56,7 +57,7 @@ pub struct Context {
     pub crypto: Gate,
     /// Woken whenever a crypto slot is given back.
     crypto_freed: Arc<Notify>,
-    /// How long a request may wait for a crypto slot.
+    /// How long the node's own send may wait for a crypto slot.
     pub crypto_wait: Duration,
     /// Requests in flight per next hop.
     pub next_hops: NextHopSlots,
@@ -73,7 +74,7 @@ pub struct Context {
 pub struct ContextConfig {
     /// Crypto slots in all.
     pub crypto_slots: usize,
-    /// How long a request may wait for a crypto slot.
+    /// How long the node's own send may wait for a crypto slot.
     pub crypto_wait: Duration,
     /// Requests in flight per next hop.
     pub per_next_hop: usize,
@@ -145,6 +146,16 @@ impl Context {
         }
     }
 
+    /// A crypto slot if fewer than `below` are in use now; never waits.
+    pub fn try_crypto_slot(&self, below: usize) -> Option<CryptoSlot> {
+        self.crypto
+            .try_acquire_below(below)
+            .map(|permit| CryptoSlot {
+                permit: Some(permit),
+                freed: Arc::clone(&self.crypto_freed),
+            })
+    }
+
     /// A crypto slot while fewer than `below` are in use, waiting at most `wait` for one.
     pub async fn crypto_slot(&self, below: usize, wait: Duration) -> Option<CryptoSlot> {
         let deadline = tokio::time::Instant::now() + wait;
@@ -152,11 +163,8 @@ impl Context {
             let freed = self.crypto_freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            if let Some(permit) = self.crypto.try_acquire_below(below) {
-                return Some(CryptoSlot {
-                    permit: Some(permit),
-                    freed: Arc::clone(&self.crypto_freed),
-                });
+            if let Some(slot) = self.try_crypto_slot(below) {
+                return Some(slot);
             }
             if tokio::time::timeout_at(deadline, freed).await.is_err() {
                 return None;

@@ -77,7 +77,7 @@ guard::counter_set! {
             /// Quarantines started.
             quarantine_started: Counter,
             /// Refused for lack of capacity: the node's request rate or in-flight total is spent,
-            /// or no crypto slot came free within the crypto wait.
+            /// or every inbound crypto slot is taken.
             backpressure_dropped: Counter,
             /// Connections closed at once: their source holds its connection cap, or the node
             /// holds its most connections.

@@ -54,7 +54,7 @@ pub struct RelayConfig {
     pub listen: serve::ListenConfig,
     /// Crypto slots in all.
     pub crypto_slots: usize,
-    /// How long a request may wait for a crypto slot.
+    /// How long this node's own send may wait for a crypto slot (relay requests never wait).
     pub crypto_wait: Duration,
     /// Requests in flight per next hop.
     pub per_next_hop: usize,

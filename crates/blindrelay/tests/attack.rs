@@ -396,17 +396,28 @@ async fn deliver_verified(
     payload: &[u8],
 ) -> bool {
     let route = craft(key, path, payload);
-    let Ok(r) = client
-        .post(format!("{}/v2/relay", path[0].endpoint))
-        .body(route.frame.clone())
-        .send()
-        .await
-    else {
-        return false;
-    };
-    let Ok(v) = r.json::<Value>().await else {
-        return false;
-    };
+    let mut v = Value::Null;
+    // Retried as a sender does on a short `429` (crypto admission refuses at once).
+    for _ in 0..200 {
+        let Ok(r) = client
+            .post(format!("{}/v2/relay", path[0].endpoint))
+            .body(route.frame.clone())
+            .send()
+            .await
+        else {
+            return false;
+        };
+        let status = r.status().as_u16();
+        let Ok(body) = r.json::<Value>().await else {
+            return false;
+        };
+        v = body;
+        let what = v["error"].as_str().unwrap_or_default().to_owned();
+        if !common::is_busy(&(status, what)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     let Some(sealed) = v["receipt"].as_str().and_then(|h| hex::decode(h).ok()) else {
         return false;
     };
@@ -443,7 +454,7 @@ async fn a_hung_next_hop_costs_a_small_bounded_share() {
         let (hung, endpoint) = (hung.clone(), b.endpoint.clone());
         stuck.push(tokio::spawn(async move {
             let t = Instant::now();
-            let r = common::post(&hung, &endpoint, body).await;
+            let r = common::post_retrying(&hung, &endpoint, body).await;
             (r, t.elapsed())
         }));
     }

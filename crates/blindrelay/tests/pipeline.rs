@@ -760,6 +760,52 @@ async fn submit_from(n: &Node, source: &blindrelay::sources::Source, bytes: Vec<
     Reply { status, body }
 }
 
+/// Step 2 never waits: with every inbound crypto slot taken a request is refused at once
+/// (`backpressure`); a stranger over the strangers' share is refused with `source_limited` (the
+/// node is not out of CPU, so not `attention`) while a known peer's request still gets a slot.
+#[tokio::test]
+async fn crypto_admission_refuses_at_once_and_strangers_cannot_take_the_known_peers_slot() {
+    let (_m, clock) = manual();
+    let n = node(&clock, |_| {}).await;
+    let peer = node(&clock, |_| {}).await;
+    introduce(&n, &peer);
+    let p = key();
+    let known = n.pipeline.classify(peer.addr.ip());
+    assert!(known.key().is_known());
+    let stranger = |i: u8| n.pipeline.classify(IpAddr::from([10, 78, i, 1]));
+    let strangers = n.pipeline.strangers();
+    // Two strangers hold the strangers' share of the 4 slots (2: all inbound slots but one).
+    let a = strangers.take(stranger(1).key()).expect("stranger 1");
+    let b = strangers.take(stranger(2).key()).expect("stranger 2");
+    let req = || frame(&p, &[to(&n)], b"x", expiry(clock.unix())).encode();
+    let t = std::time::Instant::now();
+    assert_eq!(
+        reason(&submit_from(&n, &stranger(3), req()).await),
+        "source_limited"
+    );
+    assert!(t.elapsed() < Duration::from_millis(25), "refused at once");
+    assert_eq!(n.ctx.counters.snapshot().source_limited, 1);
+    assert_ne!(status_of(&n).quality()["status"], "attention");
+    assert_eq!(reason(&submit_from(&n, &known, req()).await), "delivered");
+    drop((a, b));
+    assert_eq!(
+        reason(&submit_from(&n, &stranger(3), req()).await),
+        "delivered"
+    );
+    // Every inbound slot taken: refused at once, not after a wait.
+    let busy: Vec<_> = (0..3)
+        .map(|_| n.ctx.crypto.try_acquire().unwrap())
+        .collect();
+    let t = std::time::Instant::now();
+    assert_eq!(
+        reason(&submit_from(&n, &known, req()).await),
+        "backpressure"
+    );
+    assert!(t.elapsed() < Duration::from_millis(25), "refused at once");
+    drop(busy);
+    assert_eq!(reason(&submit_from(&n, &known, req()).await), "delivered");
+}
+
 #[tokio::test]
 async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
     let (m, clock) = manual();

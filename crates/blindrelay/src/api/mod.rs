@@ -161,7 +161,18 @@ async fn relay_request(
     let p = Arc::clone(&pipeline);
     let mut task = tokio::spawn(async move { p.process(admitted).await });
     match tokio::time::timeout_at(answer_by, &mut task).await {
-        Ok(joined) => Ok(relay_answer(&joined.map_err(|_| ApiError::Internal)??)),
+        Ok(joined) => Ok(match joined.map_err(|_| ApiError::Internal)? {
+            Ok(answer) => relay_answer(&answer),
+            // Refused after admission (steps 2–8): the body was read and judged, so the
+            // connection stays open whatever the reason (a stranger over its crypto share
+            // retries on it).
+            Err(r) => {
+                let (status, body) = crate::pipeline::wire(&Err(r));
+                let status =
+                    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+                fixed::relay_response(status, &body, false)
+            }
+        }),
         Err(_) => {
             pipeline.ctx().counters.answered_in_flight.inc();
             Err(ApiError::Refused(Reason::RouteInFlight))

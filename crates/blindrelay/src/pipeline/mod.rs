@@ -5,8 +5,9 @@
 //!    framed (the cheap checks: size, framing), the request can be judged and takes its fair
 //!    share of the design's process-wide totals: a token of the admission rate and one of the
 //!    64 in-flight slots ([`Pipeline::admit`]);
-//! 2. [`crypto`]: a crypto slot (inbound requests get all but one), waiting at most the crypto
-//!    wait for one, or backpressure;
+//! 2. [`crypto`]: a crypto slot (inbound requests get all but one, strangers a share of those),
+//!    taken at once or refused at once: `backpressure`, or `source_limited` for a stranger
+//!    over its share;
 //! 3. [`authenticate`]: the v2 frame's framing (a v1 envelope is `v1_not_accepted`), then on the
 //!    crypto slot its previous hop's signature ([`v2`]);
 //! 4. [`hop_guard`]: the previous-hop rate limit and quarantine;
@@ -174,6 +175,7 @@ pub struct Pipeline {
     sources: Classifier,
     connections: Connections,
     hops: HopGuard,
+    strangers: Arc<crypto::Strangers>,
     replay: Arc<ReplayRegistry>,
     terminal: Terminal,
 }
@@ -194,6 +196,7 @@ impl Pipeline {
             sources: Classifier::new(grouping, Arc::clone(&ctx.peers)),
             connections,
             hops: HopGuard::with_rate(hop_guard::MAX_BUCKETS, ctx.hop_rate),
+            strangers: crypto::Strangers::new(ctx.crypto.limit()),
             ctx,
             replay,
             terminal,
@@ -208,6 +211,11 @@ impl Pipeline {
     /// The previous-hop guard.
     pub fn hops(&self) -> &HopGuard {
         &self.hops
+    }
+
+    /// The crypto slots strangers hold (step 2).
+    pub fn strangers(&self) -> &Arc<crypto::Strangers> {
+        &self.strangers
     }
 
     /// The replay registry.
@@ -300,13 +308,14 @@ impl Pipeline {
         source: &Source,
         deadline: tokio::time::Instant,
     ) -> Result<Answer, Reason> {
-        // Step 2, then 3–7 on a blocking thread while the slot is held.
-        let slot = crypto::admit(&self.ctx).await?;
+        // Step 2, then 3–7 on a blocking thread while the slot (and a stranger's share) is held.
+        let (slot, share) = crypto::admit(&self.ctx, &self.strangers, source.key())?;
         let (now, instant) = (self.ctx.clock.unix(), self.ctx.clock.instant());
         let me = Arc::clone(self);
         let (prev, checked) = context::on_crypto_slot(slot, move || {
             let mut prev = None;
             let checked = me.check(frame, now, instant, &mut prev);
+            drop(share);
             (prev, checked)
         })
         .await

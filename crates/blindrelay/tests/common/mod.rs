@@ -926,6 +926,30 @@ pub async fn post(client: &reqwest::Client, endpoint: &str, body: Vec<u8>) -> (u
     }
 }
 
+/// [`post`] as a sender or forwarder does it: a `429` of `backpressure` or `source_limited`
+/// (crypto admission refuses at once when its slots are taken) is retried after a short pause,
+/// at most 200 times.
+pub async fn post_retrying(
+    client: &reqwest::Client,
+    endpoint: &str,
+    body: Vec<u8>,
+) -> (u16, String) {
+    let mut answer = post(client, endpoint, body.clone()).await;
+    for _ in 0..200 {
+        if !is_busy(&answer) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        answer = post(client, endpoint, body.clone()).await;
+    }
+    answer
+}
+
+/// A short `429` a sender retries.
+pub fn is_busy((status, what): &(u16, String)) -> bool {
+    *status == 429 && (what == "backpressure" || what == "source_limited")
+}
+
 /// A loopback receiver of the status reports a node pushes (`--report-url`): no real peer
 /// receives them, so the test serves one. Keeps at most 1 000 bodies.
 #[derive(Debug, Clone)]
