@@ -261,6 +261,75 @@ async fn run_case(
     (all, failed, t0.elapsed())
 }
 
+/// The counters every node's `GET /metrics` shows that say what a loaded run spent besides
+/// deliveries, summed over the nodes: relay requests received, `backpressure` refusals, busy
+/// retries (of `backpressure`, `source_limited`, `route_in_flight`), requests that waited for
+/// their turn (`paced`).
+const SPENT: [&str; 4] = [
+    "blindrelay_received_total",
+    "blindrelay_backpressure_dropped_total",
+    "blindrelay_busy_retried_total",
+    "blindrelay_paced_total",
+];
+
+async fn spent(nodes: &[Node]) -> [u64; 4] {
+    let mut sum = [0u64; 4];
+    for node in nodes {
+        let url = format!("http://{}:{OPERATOR_PORT}/metrics", node.ip);
+        let Ok(r) = operator_client(node).get(&url).send().await else {
+            continue;
+        };
+        let text = r.text().await.unwrap_or_default();
+        for line in text.lines() {
+            let mut it = line.split_whitespace();
+            let (Some(name), Some(v)) = (it.next(), it.next()) else {
+                continue;
+            };
+            if let Some(i) = SPENT.iter().position(|s| *s == name) {
+                sum[i] += v.parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    sum
+}
+
+/// CPU time (user + system) and context switches of a process, all its threads, from
+/// `/proc` (Linux; `None` elsewhere). `/proc`'s ticks are 1/100 s on Linux.
+fn proc_cpu(pid: u32) -> Option<(Duration, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let mut switches = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
+        let status = std::fs::read_to_string(task.path().join("status")).unwrap_or_default();
+        for line in status.lines() {
+            if let Some(v) = line
+                .strip_prefix("voluntary_ctxt_switches:")
+                .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))
+            {
+                switches += v.trim().parse::<u64>().unwrap_or(0);
+            }
+        }
+    }
+    Some((Duration::from_millis(ticks * 10), switches))
+}
+
+/// CPU time and context switches of every node process and of this harness (its clients).
+fn cpu_now(nodes: &[Node]) -> (Duration, u64, Duration) {
+    let (mut cpu, mut switches) = (Duration::ZERO, 0);
+    for node in nodes {
+        if let Some((c, s)) = node.child.as_ref().and_then(Child::id).and_then(proc_cpu) {
+            cpu += c;
+            switches += s;
+        }
+    }
+    let me = proc_cpu(std::process::id()).map_or(Duration::ZERO, |(c, _)| c);
+    (cpu, switches, me)
+}
+
 fn percentile(sorted: &[Duration], p: usize) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -472,14 +541,33 @@ async fn main() {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let terminal = nodes[NODES - 1].id.clone();
+    let mut spent_rows = Vec::new();
     for &size in &args.sizes {
         let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
         for &hops in &args.hops {
             let (mut alone, failed_alone, _) =
                 run_case(&nodes[0], &terminal, hops, &payload, 1, ALONE).await;
             alone.sort_unstable();
+            let before = spent(&nodes).await;
+            let (cpu0, switches0, me0) = cpu_now(&nodes);
             let (mut loaded, failed, took) =
                 run_case(&nodes[0], &terminal, hops, &payload, args.clients, LOADED).await;
+            let (cpu1, switches1, me1) = cpu_now(&nodes);
+            let after = spent(&nodes).await;
+            let d: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
+            let per = |x: f64| x / loaded.len().max(1) as f64;
+            spent_rows.push(format!(
+                "| {} KiB | {hops} | {} | {} | {} | {} | {} | {:.0} µs | {:.0} µs | {:.1} |",
+                size / 1024,
+                loaded.len(),
+                d[0],
+                d[1],
+                d[2],
+                d[3],
+                per((cpu1 - cpu0).as_secs_f64() * 1e6),
+                per((me1 - me0).as_secs_f64() * 1e6),
+                per((switches1 - switches0) as f64),
+            ));
             loaded.sort_unstable();
             let per_s = loaded.len() as f64 / took.as_secs_f64();
             let (sender, on_hops) = crypto_cost(hops, &payload, 50);
@@ -499,6 +587,17 @@ async fn main() {
                 100.0 * per_s / bound,
             );
         }
+    }
+    println!();
+    println!(
+        "During the loaded runs, summed over the nodes (`GET /metrics`, `/proc`): relay requests received, `backpressure` refusals, busy retries, requests paced; CPU time of the six node processes and of this harness's clients, and the nodes' context switches, per delivery."
+    );
+    println!();
+    println!(
+        "| payload | hops | deliveries | relay requests | backpressure | busy retries | paced | node CPU per delivery | client CPU per delivery | node context switches per delivery |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+    );
+    for row in &spent_rows {
+        println!("{row}");
     }
     if args.backpressure {
         let payload: Vec<u8> = (0..1024).map(|i| (i % 251) as u8).collect();

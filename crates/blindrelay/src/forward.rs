@@ -11,7 +11,10 @@
 //! answer will be stored and replayed) or a `429` of a moment (`backpressure`,
 //! `source_limited`, or naming no reason) — is retried too, at most [`MAX_BUSY_RETRIES`] times,
 //! the *n*-th after [`busy_delay`] (the delay × min(n, [`MAX_BUSY_BACKOFF`])); every other
-//! answer is definitive. Every attempt waits its turn under the next hop's previous-hop rate
+//! answer is definitive. A `backpressure` answer (no crypto slot free at that instant; a slot
+//! is held for well under a millisecond of CPU) is retried sooner: the *n*-th after
+//! [`backpressure_delay`], the delay ÷ 32 doubled at each retry, never more than
+//! [`busy_delay`]. Every attempt waits its turn under the next hop's previous-hop rate
 //! ([`crate::outbound`]).
 //!
 //! **Deadlines**: one fixed budget per hop. A v2 hop does not know how many hops follow it (the
@@ -245,6 +248,17 @@ pub fn busy_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32, n: u32) -
     retry_delay(route_id, next_hop, attempt) * n.clamp(1, MAX_BUSY_BACKOFF)
 }
 
+/// The delay before busy retry number `n` (1-based) of a `backpressure` answer: the next hop
+/// had no crypto slot free at that instant, and its slots are held for well under a
+/// millisecond of CPU each, so the first retry comes after the formula's delay ÷ 32 (1.5–4.7
+/// ms), doubling at each retry, and never later than [`busy_delay`] would (from the ninth
+/// retry on, the same). A next hop that stays overloaded sees the retries thin out as fast.
+pub fn backpressure_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32, n: u32) -> Duration {
+    let doubling =
+        retry_delay(route_id, next_hop, attempt) * (1 << n.clamp(1, 9).saturating_sub(1)) / 32;
+    doubling.min(busy_delay(route_id, next_hop, attempt, n))
+}
+
 /// Posts a frame to `url` (the next hop of `turn`) until `deadline`, each attempt in its
 /// turn (`crate::outbound`), with retries on transport errors and on a busy next hop's
 /// retryable `429`.
@@ -276,7 +290,11 @@ pub async fn post(
                 let reason = (status != 200)
                     .then(|| reason_of(body.as_deref()))
                     .flatten();
-                let delay = busy_delay(route_id, next_hop, retry + 1, busy_retries + 1);
+                let delay = if reason == Some(Reason::Backpressure) {
+                    backpressure_delay(route_id, next_hop, retry + 1, busy_retries + 1)
+                } else {
+                    busy_delay(route_id, next_hop, retry + 1, busy_retries + 1)
+                };
                 if busy(status, reason)
                     && busy_retries < MAX_BUSY_RETRIES
                     && Instant::now() + delay < deadline
@@ -417,6 +435,30 @@ mod tests {
             busy_delay(&route, &hop, 1, 100),
             retry_delay(&route, &hop, 1) * MAX_BUSY_BACKOFF
         );
+    }
+
+    #[test]
+    fn backpressure_is_retried_sooner_doubling_up_to_the_busy_delay() {
+        let (route, hop) = ([0x11; 16], [0x22; 32]);
+        // The pinned formula's delay before attempt 2 is 57 ms.
+        let ms = |n| backpressure_delay(&route, &hop, 1, n).as_micros();
+        assert_eq!(ms(1), 57_000 / 32);
+        assert_eq!(ms(2), 57_000 / 16);
+        assert_eq!(ms(6), 57_000);
+        for n in 1..=MAX_BUSY_RETRIES {
+            let (b, busy) = (
+                backpressure_delay(&route, &hop, 1, n),
+                busy_delay(&route, &hop, 1, n),
+            );
+            assert!(b <= busy, "retry {n}: never later than a busy retry");
+            if n >= 9 {
+                assert_eq!(b, busy, "retry {n}: the busy schedule from the ninth on");
+            }
+        }
+        for i in 0..200u8 {
+            let first = backpressure_delay(&[i; 16], &hop, 1, 1);
+            assert!((1_562..4_657).contains(&first.as_micros()), "{first:?}");
+        }
     }
 
     // Computed independently (Python hashlib) for route 16×0x11 and next hop 32×0x22.
