@@ -188,6 +188,24 @@ pub async fn on_crypto_slot<T: Send + 'static>(
     .ok()
 }
 
+/// Runs crypto `work` on a blocking thread while holding `slot`, gives the slot back, then runs
+/// `then` on the same thread with the work's output: disk work that follows the crypto work
+/// (a SQLite commit) takes no second hop off the reactor and holds no slot. `None` if either
+/// panicked.
+pub async fn on_crypto_slot_then<A, T: Send + 'static>(
+    slot: CryptoSlot,
+    work: impl FnOnce() -> A + Send + 'static,
+    then: impl FnOnce(A) -> T + Send + 'static,
+) -> Option<T> {
+    tokio::task::spawn_blocking(move || {
+        let out = work();
+        drop(slot);
+        then(out)
+    })
+    .await
+    .ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,6 +239,14 @@ mod tests {
         let slot = ctx.crypto_slot(1, Duration::ZERO).await.unwrap();
         assert_eq!(on_crypto_slot(slot, || panic!("boom")).await, None::<()>);
         assert_eq!(ctx.crypto.in_use(), 0, "given back after a panic too");
+        let slot = ctx.crypto_slot(1, Duration::ZERO).await.unwrap();
+        let (g, h) = (ctx.crypto.clone(), ctx.crypto.clone());
+        let seen = on_crypto_slot_then(slot, move || g.in_use(), move |a| (a, h.in_use())).await;
+        assert_eq!(
+            seen,
+            Some((1, 0)),
+            "held for the work, given back before `then`"
+        );
     }
 
     #[tokio::test]

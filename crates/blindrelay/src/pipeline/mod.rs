@@ -22,8 +22,12 @@
 //! Steps 3–7 up to the reservation are CPU work (a signature check, a Sphinx layer, and the
 //! signing of what step 8 sends: the next frame or the sealed receipt); they run on a
 //! blocking thread while the crypto slot is held. The slot is given back before any disk work
-//! (the reservation, the inbox, the replay record, each a SQLite commit on a blocking thread)
-//! and before any network work (the forward).
+//! (the reservation, the inbox, the replay record, each a SQLite commit) and before any
+//! network work (the forward). The disk work that follows the checks runs on the same
+//! blocking thread once the slot is given back: the reservation, and at the terminal the inbox
+//! and the replay record, take no second hop off the reactor (each hop is a thread wake-up
+//! there and back); a forward's replay record runs on a blocking thread of its own once the
+//! next hop answered.
 //!
 //! Every step returns a decision: go on, or a [`Reason`]. A refusal after authentication is
 //! blamed as [`Reason::blame`] says: only what the previous hop signed itself is charged to it
@@ -163,6 +167,22 @@ enum Next {
         payload: Vec<u8>,
         receipt: String,
         probe: bool,
+    },
+}
+
+/// Where a request stands when its blocking work is over.
+enum Staged {
+    /// Answered (a duplicate's stored answer, or the terminal's verdict, recorded).
+    Done(Result<Answer, Reason>),
+    /// Reserved: step 8 forwards `frame` to `endpoint` in `turn`, holding the next hop's slot,
+    /// then records the answer under `tag` and `digest`.
+    Forward {
+        tag: ReplayTag,
+        digest: Digest,
+        endpoint: String,
+        frame: Vec<u8>,
+        turn: Turn,
+        next_hop_slot: NextHopSlot,
     },
 }
 
@@ -308,21 +328,59 @@ impl Pipeline {
         source: &Source,
         deadline: tokio::time::Instant,
     ) -> Result<Answer, Reason> {
-        // Step 2, then 3–7 on a blocking thread while the slot (and a stranger's share) is held.
+        // Step 2, then 3–7 on a blocking thread while the slot (and a stranger's share) is held;
+        // then, the slot given back, the reservation on the same thread (and at the terminal,
+        // step 8 and the replay record): one hop off the reactor for all of it.
         let (slot, share) = crypto::admit(&self.ctx, &self.strangers, source.key())?;
         let (now, instant) = (self.ctx.clock.unix(), self.ctx.clock.instant());
-        let me = Arc::clone(self);
-        let (prev, checked) = context::on_crypto_slot(slot, move || {
-            let mut prev = None;
-            let checked = me.check(frame, now, instant, &mut prev);
-            drop(share);
-            (prev, checked)
-        })
+        let (me, then) = (Arc::clone(self), Arc::clone(self));
+        let source = *source;
+        let staged = context::on_crypto_slot_then(
+            slot,
+            move || {
+                let mut prev = None;
+                let checked = me.check(frame, now, instant, &mut prev);
+                drop(share);
+                (prev, checked)
+            },
+            move |(prev, checked)| then.reserve_and_deliver(prev, checked, &source, instant),
+        )
         .await
-        .ok_or(Reason::ForwardFailed)?;
+        .ok_or(Reason::ForwardFailed)??;
+        let (tag, digest, endpoint, frame, turn, _next_hop_slot) = match staged {
+            Staged::Done(verdict) => return verdict,
+            Staged::Forward {
+                tag,
+                digest,
+                endpoint,
+                frame,
+                turn,
+                next_hop_slot,
+            } => (tag, digest, endpoint, frame, turn, next_hop_slot),
+        };
+        // Step 8, then the replay record.
+        trace!(next = %Prefix(turn.hop()), "forwarding");
+        let until = deadline.checked_sub(FINISH_MARGIN).unwrap_or(deadline);
+        let verdict = self.forward(&endpoint, &tag, frame, until, turn).await;
+        let completed_at = self.ctx.clock.unix();
+        reserve::complete(&self.replay, tag, digest, wire(&verdict), completed_at).await;
+        verdict
+    }
+
+    /// What follows steps 3–7 on their blocking thread, with no crypto slot held (blocking:
+    /// SQLite commits): the refusal of what they refused; the next hop's slot and place; the
+    /// end of step 7, the reservation, on disk; then at the terminal step 8 (the payload
+    /// committed, the receipt released) and the replay record. A forward is staged for the
+    /// reactor.
+    fn reserve_and_deliver(
+        &self,
+        prev: Option<NodeId>,
+        checked: Result<Checked, Reason>,
+        source: &Source,
+        instant: Instant,
+    ) -> Result<Staged, Reason> {
         let c = checked.inspect_err(|r| self.refused(prev, *r, instant))?;
-        let (_next_hop_slot, turn) = self.next_hop(&c.next)?;
-        // The end of step 7: the reservation, on disk, with no slot held.
+        let (next_hop_slot, turn) = self.next_hop(&c.next)?;
         let reserved = reserve::reserve(
             &self.replay,
             c.tag,
@@ -331,13 +389,13 @@ impl Pipeline {
             c.keep_through,
             source.key(),
         );
-        match reserved.await {
+        match reserved {
             Ok(Reserved::New) => {}
             Ok(Reserved::Duplicate(stored)) => {
                 self.ctx
                     .health
                     .record_contact(&c.prev, self.ctx.clock.unix());
-                return Ok(Answer::Replayed(stored));
+                return Ok(Staged::Done(Ok(Answer::Replayed(stored))));
             }
             Err(r) => {
                 self.refused(Some(c.prev), r, instant);
@@ -354,20 +412,24 @@ impl Pipeline {
         } else {
             self.ctx.health.record_contact(&c.prev, now);
         }
-        // Step 8, then the replay record.
-        let (verdict, completed_at) = match (c.next, turn) {
+        let verdict = match (c.next, turn, next_hop_slot) {
             (
                 Next::Forward {
                     endpoint, frame, ..
                 },
                 Some(turn),
+                Some(slot),
             ) => {
-                trace!(next = %Prefix(turn.hop()), "forwarding");
-                let until = deadline.checked_sub(FINISH_MARGIN).unwrap_or(deadline);
-                let verdict = self.forward(&endpoint, &c.tag, frame, until, turn).await;
-                (verdict, self.ctx.clock.unix())
+                return Ok(Staged::Forward {
+                    tag: c.tag,
+                    digest: c.digest,
+                    endpoint,
+                    frame,
+                    turn,
+                    next_hop_slot: slot,
+                });
             }
-            (Next::Forward { .. }, None) => (Err(Reason::ForwardFailed), c.now),
+            (Next::Forward { .. }, _, _) => Err(Reason::ForwardFailed),
             (
                 Next::Terminal {
                     payload,
@@ -375,13 +437,11 @@ impl Pipeline {
                     probe,
                 },
                 _,
-            ) => (
-                self.deliver(payload, receipt, probe, c.now, source).await,
-                c.now,
-            ),
+                _,
+            ) => self.deliver(&payload, receipt, probe, c.now, source),
         };
-        reserve::complete(&self.replay, c.tag, c.digest, wire(&verdict), completed_at).await;
-        verdict
+        reserve::complete_now(&self.replay, c.tag, c.digest, wire(&verdict), c.now);
+        Ok(Staged::Done(verdict))
     }
 
     /// A forward's slot to its next hop and its place in the next hop's queue: a next hop with
@@ -524,10 +584,10 @@ impl Pipeline {
     }
 
     /// Step 8 at the terminal: the payload committed (a probe's is not stored), then the
-    /// receipt released.
-    async fn deliver(
+    /// receipt released. Blocking (a SQLite commit).
+    fn deliver(
         &self,
-        payload: Vec<u8>,
+        payload: &[u8],
         receipt: String,
         probe: bool,
         now: u64,
@@ -535,8 +595,7 @@ impl Pipeline {
     ) -> Result<Answer, Reason> {
         if !probe {
             self.terminal
-                .deliver(payload, now, source.key())
-                .await
+                .store(payload, now, source.key())
                 .map_err(|e| match e {
                     Undelivered::Full => Reason::InboxFull,
                     Undelivered::ShareExceeded => Reason::InboxShareExceeded,

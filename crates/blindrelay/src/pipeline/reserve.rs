@@ -1,6 +1,7 @@
 //! The end of step 7, the route replay reservation, and after step 8 the replay record (the
 //! final answer, success or failure, kept for duplicates). Both are SQLite commits
-//! (`synchronous=FULL`): they run on a blocking thread, with no crypto slot held.
+//! (`synchronous=FULL`): they run on a blocking thread, with no crypto slot held (the
+//! reservation on the one its crypto work ran on, once the slot is given back).
 
 use std::sync::Arc;
 
@@ -27,22 +28,20 @@ pub(super) enum Reserved {
 /// The registry's refusal (`route_in_flight`, `replay_conflict`, `replay_response_expired`,
 /// `replay_capacity`, `replay_share_exceeded`); `state_write_failed` when the registry cannot
 /// be written (a full or read-only disk: nothing was reserved).
-pub(super) async fn reserve(
-    replay: &Arc<ReplayRegistry>,
+///
+/// Blocking (a SQLite commit): the pipeline calls it on the blocking thread its crypto work
+/// ran on, once the crypto slot is given back.
+pub(super) fn reserve(
+    replay: &ReplayRegistry,
     route_id: RouteId,
     digest: Digest,
     now: u64,
     keep_through: u64,
     source: SourceKey,
 ) -> Result<Reserved, Reason> {
-    let registry = Arc::clone(replay);
-    let reserved = tokio::task::spawn_blocking(move || {
-        registry.reserve_through(route_id, digest, now, keep_through, Some(source))
-    })
-    .await;
-    match reserved {
-        Ok(Ok(outcome)) => decide(outcome),
-        Ok(Err(_)) | Err(_) => {
+    match replay.reserve_through(route_id, digest, now, keep_through, Some(source)) {
+        Ok(outcome) => decide(outcome),
+        Err(_) => {
             debug!("replay registry cannot be written");
             Err(Reason::StateWriteFailed)
         }
@@ -70,15 +69,30 @@ pub(super) async fn complete(
     replay: &Arc<ReplayRegistry>,
     route_id: RouteId,
     digest: Digest,
-    (status, body): (u16, Vec<u8>),
+    answer: (u16, Vec<u8>),
     now: u64,
 ) {
     let registry = Arc::clone(replay);
-    let stored = tokio::task::spawn_blocking(move || {
-        registry.complete(route_id, digest, status, &body, now)
-    })
-    .await;
-    if !matches!(stored, Ok(Ok(()))) {
+    let done =
+        tokio::task::spawn_blocking(move || complete_now(&registry, route_id, digest, answer, now))
+            .await;
+    if done.is_err() {
+        debug!("replay registry: completion not stored");
+    }
+}
+
+/// [`complete`], blocking: for a caller already on a blocking thread.
+pub(super) fn complete_now(
+    replay: &ReplayRegistry,
+    route_id: RouteId,
+    digest: Digest,
+    (status, body): (u16, Vec<u8>),
+    now: u64,
+) {
+    if replay
+        .complete(route_id, digest, status, &body, now)
+        .is_err()
+    {
         debug!("replay registry: completion not stored");
     }
 }

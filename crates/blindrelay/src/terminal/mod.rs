@@ -17,6 +17,7 @@
 mod inbox;
 
 use std::collections::HashMap;
+use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -125,6 +126,18 @@ impl Terminal {
         now: u64,
         source: SourceKey,
     ) -> Result<u64, Undelivered> {
+        let terminal = self.clone();
+        tokio::task::spawn_blocking(move || terminal.store(&payload, now, source))
+            .await
+            .unwrap_or(Err(Undelivered::Failed))
+    }
+
+    /// Commits `payload` from `source` to the inbox and returns once it is on disk (blocking:
+    /// call off the reactor).
+    ///
+    /// # Errors
+    /// [`Undelivered`]: nothing is stored.
+    pub fn store(&self, payload: &[u8], now: u64, source: SourceKey) -> Result<u64, Undelivered> {
         let size = payload.len() as u64;
         let (max_items, max_bytes) = self.inbox.limits();
         let pct = u64::from(self.share_percent);
@@ -146,9 +159,7 @@ impl Terminal {
             *items += 1;
             *bytes += size;
         }
-        let inbox = Arc::clone(&self.inbox);
-        let stored = tokio::task::spawn_blocking(move || inbox.store(&payload, now))
-            .await
+        let stored = catch_unwind(AssertUnwindSafe(|| self.inbox.store(payload, now)))
             .unwrap_or(Err(InboxError::Interrupted));
         let mut shares = self.shares();
         match stored {
