@@ -156,10 +156,12 @@ impl RelayLoop {
                         warn!("public socket: {e}");
                         break;
                     }
-                    self.drain();
                     // Ready sockets do not make tokio tasks yield by themselves: under a flood
-                    // this loop would never let the sessions run. Yield after every turn.
-                    tokio::task::yield_now().await;
+                    // this loop would never let the sessions run. Yield after every full turn
+                    // (after a short one the socket waits for its next datagram anyway).
+                    if self.drain() {
+                        tokio::task::yield_now().await;
+                    }
                 }
                 r = readable(self.handler.cache.as_ref()) => {
                     if r.is_ok() {
@@ -173,8 +175,9 @@ impl RelayLoop {
         }
     }
 
-    /// Reads what is queued on the public socket, a few batches at most.
-    fn drain(&mut self) {
+    /// Reads what is queued on the public socket, a few batches at most. True when it stopped
+    /// with datagrams possibly still queued (every round took a full batch).
+    fn drain(&mut self) -> bool {
         for _ in 0..ROUNDS_PER_WAKE {
             match self.batch.try_recv(&self.handler.shared.public) {
                 Ok(_) => {
@@ -187,14 +190,18 @@ impl RelayLoop {
                     }
                     self.handler.release_joins(now);
                     self.handler.send_touched();
+                    if self.batch.drained() {
+                        return false;
+                    }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
                 Err(e) => {
                     // ICMP errors reported on the socket: nothing to do with the queue.
                     trace!(error = %e, "public receive");
                 }
             }
         }
+        true
     }
 }
 
