@@ -173,13 +173,37 @@ impl Context {
     }
 }
 
+/// How much lower than the process's own priority (nice value) a thread runs once it has done
+/// crypto work.
+pub const CRYPTO_NICE: i32 = 5;
+
+std::thread_local! {
+    static LOWERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Lowers the calling thread's priority by [`CRYPTO_NICE`], once per thread (on Linux the nice
+/// value is per thread). Best effort: a failure leaves the priority as it was.
+fn lower_this_threads_priority() {
+    if LOWERED.with(|done| done.replace(true)) {
+        return;
+    }
+    if let Ok(nice) = rustix::process::getpriority_process(None) {
+        let _ = rustix::process::setpriority_process(None, (nice + CRYPTO_NICE).min(19));
+    }
+}
+
 /// Runs CPU-heavy crypto `work` on a blocking thread (off the async reactor) while holding
 /// `slot`, which is given back as soon as the work is done. `None` if the work panicked.
+///
+/// The blocking thread runs at a lower priority than the runtime's workers
+/// ([`CRYPTO_NICE`]): when the CPUs are saturated, the workers that read requests, refuse them
+/// (`backpressure` at once) and answer go first, and the cryptography takes the CPU they leave.
 pub async fn on_crypto_slot<T: Send + 'static>(
     slot: CryptoSlot,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Option<T> {
     tokio::task::spawn_blocking(move || {
+        lower_this_threads_priority();
         let out = work();
         drop(slot);
         out
@@ -247,6 +271,18 @@ mod tests {
             Some((1, 0)),
             "held for the work, given back before `then`"
         );
+    }
+
+    #[tokio::test]
+    async fn crypto_runs_below_the_workers_priority() {
+        let (_dir, ctx) = context(1);
+        let mine = rustix::process::getpriority_process(None).unwrap();
+        let slot = ctx.try_crypto_slot(1).unwrap();
+        let seen = on_crypto_slot(slot, || rustix::process::getpriority_process(None).unwrap())
+            .await
+            .unwrap();
+        assert_eq!(seen, (mine + CRYPTO_NICE).min(19));
+        assert_eq!(rustix::process::getpriority_process(None).unwrap(), mine);
     }
 
     #[tokio::test]

@@ -12,12 +12,62 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use quinn_udp::{RecvMeta, UdpSocketState};
 use rustix::net::{MMsgHdr, SendAncillaryBuffer, SendFlags, sendmmsg};
 use tokio::io::Interest;
+use tokio::io::unix::AsyncFd;
 use tokio::net::UdpSocket;
 
 /// Datagrams (or GRO buffers) taken per system call.
 pub const BATCH: usize = quinn_udp::BATCH_SIZE;
 /// Room for one receive slot: the largest UDP datagram.
 const SLOT: usize = 65_536;
+
+/// The public socket, registered with the runtime for reading only.
+///
+/// Everyone sends from it without waiting (a full send buffer drops the datagram, as a
+/// congested UDP hop would), so nothing ever waits for it to be writable. A socket registered for
+/// writing too (as tokio's `UdpSocket` always is) is woken with `EPOLLOUT` each time a sent
+/// datagram leaves its buffer: one spurious `epoll_wait` return per answer relayed.
+#[derive(Debug)]
+pub struct PublicSocket {
+    fd: AsyncFd<std::net::UdpSocket>,
+}
+
+impl PublicSocket {
+    /// Takes over `socket` (bound, non-blocking) for reading only.
+    ///
+    /// # Errors
+    /// The socket cannot be taken from tokio's reactor or registered again.
+    pub fn new(socket: UdpSocket) -> io::Result<Self> {
+        let std = socket.into_std()?;
+        std.set_nonblocking(true)?;
+        // Deprecated in favour of an `unsafe` constructor because an `AsRawFd` type could close
+        // its descriptor while it is registered; `std::net::UdpSocket` owns its descriptor and
+        // the `AsyncFd` owns the socket, so the registration is sound as it is.
+        #[allow(deprecated)]
+        let fd = AsyncFd::with_interest(std, Interest::READABLE)?;
+        Ok(PublicSocket { fd })
+    }
+
+    /// Waits until a datagram may be queued.
+    ///
+    /// # Errors
+    /// The reactor is gone.
+    pub async fn readable(&self) -> io::Result<()> {
+        self.fd.readable().await.map(drop)
+    }
+
+    /// Sends `data` to `to` without waiting.
+    ///
+    /// # Errors
+    /// `WouldBlock` when the send buffer is full; other errors from the socket.
+    pub fn try_send_to(&self, data: &[u8], to: SocketAddr) -> io::Result<usize> {
+        self.fd.get_ref().send_to(data, to)
+    }
+
+    /// The socket itself (options, address).
+    pub fn get_ref(&self) -> &std::net::UdpSocket {
+        self.fd.get_ref()
+    }
+}
 
 /// Receive buffers and metadata for one socket.
 #[derive(Debug)]
@@ -33,9 +83,9 @@ impl BatchRecv {
     ///
     /// # Errors
     /// The socket options could not be read or set.
-    pub fn new(socket: &UdpSocket) -> io::Result<Self> {
+    pub fn new(socket: &PublicSocket) -> io::Result<Self> {
         Ok(BatchRecv {
-            state: UdpSocketState::new(socket.into())?,
+            state: UdpSocketState::new(socket.get_ref().into())?,
             bufs: vec![0; BATCH * SLOT],
             metas: [RecvMeta::default(); BATCH],
             filled: 0,
@@ -44,10 +94,16 @@ impl BatchRecv {
 
     /// Takes what is queued on `socket` (up to [`BATCH`] slots) without waiting.
     ///
+    /// A short batch (fewer than [`BATCH`] slots filled) means the queue was empty when the
+    /// kernel answered: the socket's readiness is cleared then and there ([`BatchRecv::drained`]),
+    /// which saves the `recvmmsg` that would only have found the queue empty. That is race-free:
+    /// tokio clears only the readiness it had seen before the call, so a datagram that arrived
+    /// since makes the socket ready again.
+    ///
     /// # Errors
     /// `WouldBlock` when nothing is queued (readiness is cleared, so `readable()` waits again);
     /// other errors from the socket.
-    pub fn try_recv(&mut self, socket: &UdpSocket) -> io::Result<usize> {
+    pub fn try_recv(&mut self, socket: &PublicSocket) -> io::Result<usize> {
         let BatchRecv {
             state, bufs, metas, ..
         } = self;
@@ -55,11 +111,26 @@ impl BatchRecv {
         let mut iovs: [IoSliceMut<'_>; BATCH] = std::array::from_fn(|_| {
             IoSliceMut::new(chunks.next().expect("invariant: bufs holds BATCH slots"))
         });
-        let n = socket.try_io(Interest::READABLE, || {
-            state.recv(socket.into(), &mut iovs, metas)
-        })?;
-        self.filled = n;
-        Ok(n)
+        let mut got = 0;
+        let r = socket.fd.try_io(Interest::READABLE, |s| {
+            got = state.recv(s.into(), &mut iovs, metas)?;
+            if got < BATCH {
+                Err(io::ErrorKind::WouldBlock.into())
+            } else {
+                Ok(got)
+            }
+        });
+        self.filled = got;
+        match r {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => Ok(got),
+            r => r,
+        }
+    }
+
+    /// True when the last [`BatchRecv::try_recv`] found the queue empty after what it took: the
+    /// socket's readiness is cleared, `readable()` waits for the next datagram.
+    pub fn drained(&self) -> bool {
+        self.filled < BATCH
     }
 
     /// The datagrams of the last [`BatchRecv::try_recv`], GRO buffers split by stride.
@@ -161,5 +232,45 @@ mod tests {
         // IPv4-compatible (deprecated) addresses are not mapped ones.
         let compat: IpAddr = "::192.0.2.5".parse().unwrap();
         assert_eq!(canonical_ip(compat), compat);
+    }
+
+    /// A short batch clears the readiness without a second `recvmmsg`, and the next datagram
+    /// still wakes the reader; a full batch leaves it set.
+    #[tokio::test]
+    async fn a_short_batch_clears_readiness_and_the_next_datagram_still_wakes() {
+        let wait = std::time::Duration::from_secs(5);
+        let public = PublicSocket::new(UdpSocket::bind("127.0.0.1:0").await.unwrap()).unwrap();
+        let to = public.get_ref().local_addr().unwrap();
+        let mut batch = BatchRecv::new(&public).unwrap();
+        let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        for round in 0..3u8 {
+            client.send_to(&[round], to).unwrap();
+            tokio::time::timeout(wait, public.readable())
+                .await
+                .expect("woken by the datagram")
+                .unwrap();
+            assert_eq!(batch.try_recv(&public).unwrap(), 1);
+            assert!(batch.drained());
+            assert_eq!(batch.datagrams().next().unwrap().1, &[round]);
+        }
+        for i in 0..BATCH + 1 {
+            client.send_to(&[i as u8], to).unwrap();
+        }
+        tokio::time::timeout(wait, public.readable())
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(batch.try_recv(&public).unwrap(), BATCH);
+        assert!(!batch.drained(), "a full batch: more may be queued");
+        tokio::time::timeout(wait, public.readable())
+            .await
+            .expect("still ready")
+            .unwrap();
+        assert_eq!(batch.try_recv(&public).unwrap(), 1);
+        assert!(batch.drained());
+        assert_eq!(
+            batch.try_recv(&public).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
     }
 }

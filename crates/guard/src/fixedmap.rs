@@ -79,17 +79,34 @@ impl<K: Hash + Eq, V> FixedMap<K, V> {
     }
 
     /// Keeps the entries for which `keep` is true.
-    pub(crate) fn retain(&mut self, mut keep: impl FnMut(&K, &V) -> bool) {
-        let mut i = 0;
-        while i < self.slots.len() {
+    pub(crate) fn retain(&mut self, keep: impl FnMut(&K, &V) -> bool) {
+        self.retain_slots(0, self.slots.len(), keep);
+    }
+
+    /// Looks at `count` slots from `start` (wrapping) and keeps, of the entries there, those for
+    /// which `keep` is true; returns the slot after the last one looked at. A removal shifts the
+    /// entries of its probe run back, so an entry may move past the window's end and be looked
+    /// at by the next window instead: a sweep in windows forgets nothing it should keep, and
+    /// what it should drop is dropped within one more round.
+    pub(crate) fn retain_slots(
+        &mut self,
+        start: usize,
+        count: usize,
+        mut keep: impl FnMut(&K, &V) -> bool,
+    ) -> usize {
+        let mut i = start & self.mask;
+        let mut left = count.min(self.slots.len());
+        while left > 0 {
             let drop = matches!(&self.slots[i], Some((k, v)) if !keep(k, v));
             if drop {
                 // The shift may move a later entry into `i`: look at `i` again.
                 self.remove_at(i);
             } else {
-                i += 1;
+                i = (i + 1) & self.mask;
+                left -= 1;
             }
         }
+        i
     }
 
     /// Empties slot `hole` and shifts back the entries of its probe run.
@@ -139,7 +156,7 @@ mod tests {
     proptest! {
         /// Behaves as a std HashMap capped at `max_len`, and never reallocates.
         #[test]
-        fn same_as_a_hashmap(ops in proptest::collection::vec((0u8..3, 0u16..40), 0..600)) {
+        fn same_as_a_hashmap(ops in proptest::collection::vec((0u8..4, 0u16..40), 0..600)) {
             let mut m = FixedMap::new(16);
             let mut model = HashMap::new();
             let slots = m.slots();
@@ -162,6 +179,18 @@ mod tests {
                         m.retain(|key, _| key % 3 != k % 3);
                         model.retain(|key, _| key % 3 != k % 3);
                     }
+                    3 => {
+                        // A window: nothing kept is lost; what is gone was to be dropped.
+                        let start = usize::from(k) * 5;
+                        let next = m.retain_slots(start, usize::from(k % 11), |key, _| key % 4 != k % 4);
+                        prop_assert_eq!(next, (start + usize::from(k % 11)) & m.mask);
+                        for key in model.keys() {
+                            if key % 4 != k % 4 {
+                                prop_assert!(m.get(key).is_some());
+                            }
+                        }
+                        model.retain(|key, _| m.get(key).is_some());
+                    }
                     _ => {
                         prop_assert_eq!(m.get(&k), model.get(&k));
                         if let Some(v) = m.get_mut(&k) {
@@ -179,6 +208,27 @@ mod tests {
                 prop_assert_eq!(m.slots.as_ptr(), ptr);
             }
         }
+    }
+
+    /// Windows that cover every slot once drop what a full retain drops.
+    #[test]
+    fn windows_over_every_slot_are_a_full_retain() {
+        let mut m = FixedMap::new(64);
+        for k in 0..64u32 {
+            m.insert_new(k, ()).unwrap();
+        }
+        let mut at = 7;
+        for _ in 0..m.slots() / 16 {
+            at = m.retain_slots(at, 16, |k, _| k % 2 == 0);
+        }
+        assert_eq!(at, 7);
+        // A removal may move an entry to be dropped behind the window: one more round.
+        for _ in 0..m.slots() / 16 {
+            at = m.retain_slots(at, 16, |k, _| k % 2 == 0);
+        }
+        let mut left: Vec<u32> = m.iter().map(|(k, _)| *k).collect();
+        left.sort_unstable();
+        assert_eq!(left, (0..64).filter(|k| k % 2 == 0).collect::<Vec<_>>());
     }
 
     #[test]

@@ -68,6 +68,8 @@ pub struct KeyedLimiter<K, R: Rule> {
     entries: FixedMap<K, Entry<R::State>>,
     /// When a full map last forced a sweep.
     last_forced_sweep: Option<Instant>,
+    /// Where the next [`KeyedLimiter::sweep_part`] starts.
+    cursor: usize,
 }
 
 impl<K: Hash + Eq + Clone, R: Rule> KeyedLimiter<K, R> {
@@ -78,6 +80,7 @@ impl<K: Hash + Eq + Clone, R: Rule> KeyedLimiter<K, R> {
             limits,
             entries: FixedMap::new(limits.max_keys),
             last_forced_sweep: None,
+            cursor: 0,
         }
     }
 
@@ -129,6 +132,20 @@ impl<K: Hash + Eq + Clone, R: Rule> KeyedLimiter<K, R> {
         let before = self.entries.len();
         let (rule, forget) = (&self.rule, self.limits.forget);
         self.entries.retain(|_, e| {
+            !(now.saturating_duration_since(e.last_seen) >= forget && rule.at_rest(&e.state, now))
+        });
+        before - self.entries.len()
+    }
+
+    /// [`KeyedLimiter::sweep`] over one `parts`-th of the table's slots, from where the last
+    /// call stopped: `parts` calls sweep the whole table, each costing that share of a full
+    /// sweep's time (a full sweep of a large table is a stall of a millisecond or more for its
+    /// owner's loop). Returns how many keys were dropped.
+    pub fn sweep_part(&mut self, now: Instant, parts: usize) -> usize {
+        let before = self.entries.len();
+        let (rule, forget) = (&self.rule, self.limits.forget);
+        let count = self.entries.slots().div_ceil(parts.max(1));
+        self.cursor = self.entries.retain_slots(self.cursor, count, |_, e| {
             !(now.saturating_duration_since(e.last_seen) >= forget && rule.at_rest(&e.state, now))
         });
         before - self.entries.len()
@@ -273,6 +290,33 @@ mod tests {
         assert!(l.get(&2).is_some());
         assert_eq!(l.sweep(t0 + Duration::from_secs(260)), 1);
         assert!(l.is_empty());
+    }
+
+    #[test]
+    fn a_sweep_in_parts_forgets_what_a_full_sweep_does() {
+        let t0 = Instant::now();
+        let mut l = KeyedLimiter::new(TokenBucket::new(2, Duration::from_secs(100)), limits(64));
+        for k in 0..64u32 {
+            l.check(&k, t0).unwrap();
+            if k % 2 == 1 {
+                l.check(&k, t0).unwrap(); // drained: not at rest for 200 s
+            }
+        }
+        let soon = t0 + Duration::from_secs(30);
+        let none: usize = (0..4).map(|_| l.sweep_part(soon, 4)).sum();
+        assert_eq!(none, 0, "nothing idle for `forget` yet");
+        let later = t0 + Duration::from_secs(450);
+        // Every key is at rest at `later`: two rounds of four parts forget them all.
+        let dropped: usize = (0..8).map(|_| l.sweep_part(later, 4)).sum();
+        assert_eq!(dropped, 64);
+        assert!(l.is_empty());
+        // One part looks at a quarter of the slots.
+        for k in 0..64u32 {
+            l.check(&k, later).unwrap();
+        }
+        let much_later = later + Duration::from_secs(1000);
+        let first = l.sweep_part(much_later, 4);
+        assert!(first > 0 && first < 64, "{first}");
     }
 
     #[test]

@@ -97,7 +97,9 @@ async fn send_to_masters(shared: &Shared, send: ToMasters) {
 }
 
 async fn send_one(shared: &Shared, send: ToMasters, master: &str, addr: SocketAddr, text: &str) {
-    match shared.public.send_to(send.packet, addr).await {
+    // Without waiting, as every send from the public socket: a full send buffer loses this
+    // beat, and the next interval sends another.
+    match shared.public.try_send_to(send.packet, addr) {
         Ok(_) => {
             match send.beat {
                 Beat::Heartbeat => shared.metrics.heartbeats.inc(),

@@ -235,10 +235,12 @@ impl Joins {
         self.queued
     }
 
-    /// Forgets sources at rest (the relay loop's tick).
+    /// Forgets sources at rest, in [`super::relay::SWEEP_PARTS`] parts (the relay loop's
+    /// tick).
     pub(super) fn sweep(&mut self, now: Instant) {
         if !self.per_source.is_empty() {
-            self.per_source.sweep(now.into_std());
+            self.per_source
+                .sweep_part(now.into_std(), super::relay::SWEEP_PARTS);
         }
     }
 

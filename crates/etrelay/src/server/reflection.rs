@@ -101,10 +101,11 @@ impl AnswerBudget {
         true
     }
 
-    /// Forgets the prefixes at rest (call now and then).
+    /// Forgets the prefixes at rest, in [`super::relay::SWEEP_PARTS`] parts (the relay loop's
+    /// tick).
     pub(super) fn sweep(&mut self, now: Instant) {
         if !self.prefixes.is_empty() {
-            self.prefixes.sweep(now);
+            self.prefixes.sweep_part(now, super::relay::SWEEP_PARTS);
         }
     }
 

@@ -38,11 +38,12 @@ use crate::net::{BatchRecv, canonical, send_batch, upstream_socket};
 const ROUNDS_PER_WAKE: usize = 2;
 /// How often late cache refreshes and queued joins are looked at.
 const TICK: Duration = Duration::from_millis(250);
-/// How often the limiters' idle entries are swept. A sweep scans every slot of a table
-/// (131 072 for the query limiter's 65 536 sources: ~1 ms), so it runs once a second, and only
-/// on a table that holds entries (each also sweeps itself when full, at most every
-/// [`SWEEP_GAP`]).
-const SWEEP_EVERY: Duration = Duration::from_secs(1);
+/// Each tick sweeps this share of every limiter's table (only of a table that holds entries;
+/// each also sweeps itself whole when full, at most every [`SWEEP_GAP`]): a whole table once a
+/// second, since [`TICK`] is a quarter of one. A whole sweep scans every slot (131 072 for the
+/// query limiter's 65 536 sources: ~1 ms), a stall of the relay loop; a quarter stalls it a
+/// quarter as long.
+pub(super) const SWEEP_PARTS: usize = 4;
 /// Datagrams read from the cache socket per turn.
 const CACHE_READS: usize = 64;
 /// Shortest gap between two full limiter sweeps forced by a full table.
@@ -77,8 +78,6 @@ struct Handler {
     join_buf: Vec<u8>,
     /// How many queries are answered, per source prefix and in all.
     budget: AnswerBudget,
-    /// When the limiters were last swept.
-    swept: Instant,
     /// Sessions with packets to send at the end of the batch.
     touched: Touched,
 }
@@ -130,7 +129,6 @@ impl RelayLoop {
                 joins: Joins::new(&cfg.joins),
                 join_buf: Vec::with_capacity(128),
                 budget: AnswerBudget::new(&cfg.reflection),
-                swept: Instant::now(),
                 touched: Touched(Vec::with_capacity(TOUCHED)),
                 shared,
             },
@@ -156,10 +154,12 @@ impl RelayLoop {
                         warn!("public socket: {e}");
                         break;
                     }
-                    self.drain();
                     // Ready sockets do not make tokio tasks yield by themselves: under a flood
-                    // this loop would never let the sessions run. Yield after every turn.
-                    tokio::task::yield_now().await;
+                    // this loop would never let the sessions run. Yield after every full turn
+                    // (after a short one the socket waits for its next datagram anyway).
+                    if self.drain() {
+                        tokio::task::yield_now().await;
+                    }
                 }
                 r = readable(self.handler.cache.as_ref()) => {
                     if r.is_ok() {
@@ -173,8 +173,9 @@ impl RelayLoop {
         }
     }
 
-    /// Reads what is queued on the public socket, a few batches at most.
-    fn drain(&mut self) {
+    /// Reads what is queued on the public socket, a few batches at most. True when it stopped
+    /// with datagrams possibly still queued (every round took a full batch).
+    fn drain(&mut self) -> bool {
         for _ in 0..ROUNDS_PER_WAKE {
             match self.batch.try_recv(&self.handler.shared.public) {
                 Ok(_) => {
@@ -187,14 +188,18 @@ impl RelayLoop {
                     }
                     self.handler.release_joins(now);
                     self.handler.send_touched();
+                    if self.batch.drained() {
+                        return false;
+                    }
                 }
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return false,
                 Err(e) => {
                     // ICMP errors reported on the socket: nothing to do with the queue.
                     trace!(error = %e, "public receive");
                 }
             }
         }
+        true
     }
 }
 
@@ -441,14 +446,11 @@ impl Handler {
     }
 
     fn tick(&mut self, now: Instant) {
-        if now.saturating_duration_since(self.swept) >= SWEEP_EVERY {
-            self.swept = now;
-            if !self.limiter.is_empty() {
-                self.limiter.sweep(now.into_std());
-            }
-            self.joins.sweep(now);
-            self.budget.sweep(now.into_std());
+        if !self.limiter.is_empty() {
+            self.limiter.sweep_part(now.into_std(), SWEEP_PARTS);
         }
+        self.joins.sweep(now);
+        self.budget.sweep(now.into_std());
         self.release_joins(now);
         self.shared
             .metrics

@@ -12,7 +12,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{trace, warn};
@@ -27,6 +26,7 @@ use super::table::Table;
 use crate::bans::BanTable;
 use crate::clock::Instant;
 use crate::config::ServerConfig;
+use crate::net::PublicSocket;
 
 /// At most one warning of refused sessions per server per this interval.
 const WARN_EVERY: Duration = Duration::from_secs(10);
@@ -46,7 +46,7 @@ pub(super) struct Shared {
     /// The server's settings.
     pub(super) config: ServerConfig,
     /// The public socket: the relay loop receives on it; everyone sends from it.
-    pub(super) public: UdpSocket,
+    pub(super) public: PublicSocket,
     /// Its address.
     pub(super) public_addr: SocketAddr,
     /// The server's counters.
@@ -76,7 +76,7 @@ impl Shared {
     /// The state of a server starting now on `public`.
     pub(super) fn new(
         config: ServerConfig,
-        public: UdpSocket,
+        public: PublicSocket,
         public_addr: SocketAddr,
         budget: Budget,
         cancel: CancellationToken,
