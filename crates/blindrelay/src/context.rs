@@ -215,13 +215,14 @@ pub async fn on_crypto_slot<T: Send + 'static>(
 /// Runs crypto `work` on a blocking thread while holding `slot`, gives the slot back, then runs
 /// `then` on the same thread with the work's output: disk work that follows the crypto work
 /// (a SQLite commit) takes no second hop off the reactor and holds no slot. `None` if either
-/// panicked.
+/// panicked. The thread runs below the workers' priority, as in [`on_crypto_slot`].
 pub async fn on_crypto_slot_then<A, T: Send + 'static>(
     slot: CryptoSlot,
     work: impl FnOnce() -> A + Send + 'static,
     then: impl FnOnce(A) -> T + Send + 'static,
 ) -> Option<T> {
     tokio::task::spawn_blocking(move || {
+        lower_this_threads_priority();
         let out = work();
         drop(slot);
         then(out)
@@ -271,6 +272,21 @@ mod tests {
             Some((1, 0)),
             "held for the work, given back before `then`"
         );
+    }
+
+    #[tokio::test]
+    async fn crypto_then_disk_work_runs_below_the_workers_priority() {
+        let (_dir, ctx) = context(1);
+        let mine = rustix::process::getpriority_process(None).unwrap();
+        let slot = ctx.try_crypto_slot(1).unwrap();
+        let seen = on_crypto_slot_then(
+            slot,
+            || rustix::process::getpriority_process(None).unwrap(),
+            |p| p,
+        )
+        .await;
+        assert_eq!(seen, Some((mine + CRYPTO_NICE).min(19)));
+        assert_eq!(rustix::process::getpriority_process(None).unwrap(), mine);
     }
 
     #[tokio::test]
