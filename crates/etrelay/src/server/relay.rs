@@ -180,11 +180,16 @@ impl RelayLoop {
             match self.batch.try_recv(&self.handler.shared.public) {
                 Ok(_) => {
                     let now = Instant::now();
+                    let mut last = None;
                     for (src, data) in self.batch.datagrams() {
-                        self.handler.client_packet(canonical(src), data, now);
-                        if self.handler.touched.is_full() {
+                        // A run of one client's datagrams goes out in one `sendmmsg`; it goes
+                        // as soon as the run ends, not at the end of the batch, so the first
+                        // client of a burst does not wait for the others' to be classified.
+                        if last.is_some_and(|l| l != src) || self.handler.touched.is_full() {
                             self.handler.send_touched();
                         }
+                        last = Some(src);
+                        self.handler.client_packet(canonical(src), data, now);
                     }
                     self.handler.release_joins(now);
                     self.handler.send_touched();
