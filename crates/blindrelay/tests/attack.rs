@@ -436,7 +436,14 @@ async fn deliver_verified(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_next_hop_costs_a_small_bounded_share() {
-    let net = Net::start(4, &["--probe-interval", "0s"]).await;
+    // The subject is the hung next hop, not the request rate: 30 requests from strangers at
+    // once, each retried while the strangers' crypto share is taken, would spend the unknown
+    // sources' admission pool (10/s at the default rate) and end `source_limited`.
+    let net = Net::start(
+        4,
+        &["--probe-interval", "0s", "--admission-per-minute", "60000"],
+    )
+    .await;
     let (b, c, d) = (
         descriptor(&net, 1).await,
         descriptor(&net, 2).await,
