@@ -37,7 +37,7 @@ fuzz_target!(|data: &[u8]| {
     let url = String::from_utf8_lossy(rest);
     if let Ok(addr) = parse_endpoint(&url) {
         assert_ne!(addr.port(), 0);
-        let printed = format!("http://{addr}");
+        let printed = format!("https://{addr}");
         assert_eq!(parse_endpoint(&printed), Ok(addr));
         assert_eq!(endpoint_ip_is_public(&url).is_ok(), is_public(addr.ip()),);
     }
