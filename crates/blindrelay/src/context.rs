@@ -202,14 +202,7 @@ pub async fn on_crypto_slot<T: Send + 'static>(
     slot: CryptoSlot,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Option<T> {
-    tokio::task::spawn_blocking(move || {
-        lower_this_threads_priority();
-        let out = work();
-        drop(slot);
-        out
-    })
-    .await
-    .ok()
+    on_crypto_slot_then(slot, work, |out| out).await
 }
 
 /// Runs crypto `work` on a blocking thread while holding `slot`, gives the slot back, then runs

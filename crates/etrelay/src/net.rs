@@ -238,17 +238,19 @@ mod tests {
     /// still wakes the reader; a full batch leaves it set.
     #[tokio::test]
     async fn a_short_batch_clears_readiness_and_the_next_datagram_still_wakes() {
-        let wait = std::time::Duration::from_secs(5);
         let public = PublicSocket::new(UdpSocket::bind("127.0.0.1:0").await.unwrap()).unwrap();
+        let ready = || async {
+            tokio::time::timeout(std::time::Duration::from_secs(5), public.readable())
+                .await
+                .expect("woken by a datagram")
+                .unwrap();
+        };
         let to = public.get_ref().local_addr().unwrap();
         let mut batch = BatchRecv::new(&public).unwrap();
         let client = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
         for round in 0..3u8 {
             client.send_to(&[round], to).unwrap();
-            tokio::time::timeout(wait, public.readable())
-                .await
-                .expect("woken by the datagram")
-                .unwrap();
+            ready().await;
             assert_eq!(batch.try_recv(&public).unwrap(), 1);
             assert!(batch.drained());
             assert_eq!(batch.datagrams().next().unwrap().1, &[round]);
@@ -256,16 +258,10 @@ mod tests {
         for i in 0..BATCH + 1 {
             client.send_to(&[i as u8], to).unwrap();
         }
-        tokio::time::timeout(wait, public.readable())
-            .await
-            .unwrap()
-            .unwrap();
+        ready().await;
         assert_eq!(batch.try_recv(&public).unwrap(), BATCH);
         assert!(!batch.drained(), "a full batch: more may be queued");
-        tokio::time::timeout(wait, public.readable())
-            .await
-            .expect("still ready")
-            .unwrap();
+        ready().await;
         assert_eq!(batch.try_recv(&public).unwrap(), 1);
         assert!(batch.drained());
         assert_eq!(

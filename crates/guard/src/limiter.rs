@@ -129,12 +129,7 @@ impl<K: Hash + Eq + Clone, R: Rule> KeyedLimiter<K, R> {
 
     /// Drops every key at rest and idle for `forget`. Returns how many were dropped.
     pub fn sweep(&mut self, now: Instant) -> usize {
-        let before = self.entries.len();
-        let (rule, forget) = (&self.rule, self.limits.forget);
-        self.entries.retain(|_, e| {
-            !(now.saturating_duration_since(e.last_seen) >= forget && rule.at_rest(&e.state, now))
-        });
-        before - self.entries.len()
+        self.sweep_part(now, 1)
     }
 
     /// [`KeyedLimiter::sweep`] over one `parts`-th of the table's slots, from where the last

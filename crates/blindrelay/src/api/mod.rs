@@ -161,18 +161,9 @@ async fn relay_request(
     let p = Arc::clone(&pipeline);
     let mut task = tokio::spawn(async move { p.process(admitted).await });
     match tokio::time::timeout_at(answer_by, &mut task).await {
-        Ok(joined) => Ok(match joined.map_err(|_| ApiError::Internal)? {
-            Ok(answer) => relay_answer(&answer),
-            // Refused after admission (steps 2–8): the body was read and judged, so the
-            // connection stays open whatever the reason (a stranger over its crypto share
-            // retries on it).
-            Err(r) => {
-                let (status, body) = crate::pipeline::wire(&Err(r));
-                let status =
-                    StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-                fixed::relay_response(status, &body, false)
-            }
-        }),
+        // Refused after admission (steps 2–8), the body was read and judged: the connection
+        // stays open whatever the reason (a stranger over its crypto share retries on it).
+        Ok(joined) => Ok(relay_answer(&joined.map_err(|_| ApiError::Internal)?)),
         Err(_) => {
             pipeline.ctx().counters.answered_in_flight.inc();
             Err(ApiError::Refused(Reason::RouteInFlight))
@@ -180,10 +171,10 @@ async fn relay_request(
     }
 }
 
-/// An answer as the protocol has it (a replayed one exactly as first sent), at the one length
-/// of every relay answer on the link.
-fn relay_answer(answer: &Answer) -> Response {
-    let (status, body) = answer.wire();
+/// An answer or a refusal after admission as the protocol has it (a replayed one exactly as
+/// first sent), at the one length of every relay answer on the link, the connection kept open.
+fn relay_answer(verdict: &Result<Answer, Reason>) -> Response {
+    let (status, body) = crate::pipeline::wire(verdict);
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     fixed::relay_response(status, &body, false)
 }
