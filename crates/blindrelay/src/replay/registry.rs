@@ -9,9 +9,10 @@
 //! itself.
 //!
 //! Decisions are taken on an in-memory mirror (a `HashMap` plus an expiry-ordered set), so a
-//! `reserve` costs one durable write and no read. The SQLite variant commits the reservation (or
-//! the completion, `synchronous=FULL`) before the call returns, in a group commit with the
-//! writes of the other callers waiting at that moment ([`group`]); rows of purged entries are
+//! `reserve` costs one durable write and no read. The SQLite variant commits the reservation
+//! (`synchronous=FULL`: on the disk) or the completion (written, on the disk with the next
+//! reservation's fsync) before the call returns, in a group commit with the writes of the other
+//! callers waiting at that moment ([`group`]); rows of purged entries are
 //! deleted in the same transaction as the next batch. A SQLite file belongs to one
 //! registry at a time: two registries (or processes) on the same file would not see each other's
 //! decisions.
@@ -122,7 +123,7 @@ struct Inner {
     next_ticket: u64,
     /// Outcomes of committed (or failed) writes, until their callers take them.
     results: HashMap<u64, Result<(), Arc<ReplayError>>>,
-    /// Group commits run (SQLite transactions, one fsync each).
+    /// Group commits run (SQLite transactions).
     commits: u64,
 }
 

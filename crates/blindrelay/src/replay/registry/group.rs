@@ -2,12 +2,21 @@
 //! one queue, and one caller at a time, the *leader*, commits all the writes queued at that
 //! moment in one transaction with one fsync (`synchronous=FULL`), at most
 //! [`MAX_BATCH_WRITES`] writes and [`MAX_BATCH_BYTES`] bytes of stored bodies per batch.
+//!
+//! Only a reservation needs its own fsync: it is what keeps a layer from running twice, after
+//! a power loss too. A batch of stored responses only is committed with `synchronous=NORMAL`:
+//! written to the WAL before the call returns, so a process that is killed loses nothing, and
+//! on the disk with the next reservation's commit (the fsync of the WAL covers every frame
+//! before it). A power loss before that can lose such a response; its route then reads as in
+//! flight at the crash: it never runs again, and a duplicate gets `route_interrupted` instead
+//! of the stored answer (which is replayed for 120 s only). Measured with `scripts/bench-blindrelay
+//! delivery` (BENCHMARKS.md): 3 of the 7 fsyncs of a 3-hop delivery.
 //! Callers that queued meanwhile wait on a condition variable; when a batch ends, one of them
 //! leads the next. A caller alone commits at once (nothing is waited for), so a quiet node pays
 //! one commit per write as before, and a loaded one pays one fsync per batch.
 //!
-//! The durability rule is unchanged: a call returns [`super::Outcome::New`] (or `Ok` for a
-//! completion) only after the transaction holding its own write has committed. A write's
+//! A call returns [`super::Outcome::New`] (or `Ok` for a completion) only after the
+//! transaction holding its own write has committed. A write's
 //! effect on the in-memory mirror is visible to the other callers before its commit (a
 //! reservation waiting for its commit answers concurrent duplicates `route_in_flight`, and
 //! counts in the capacity), and is undone if its batch fails: every member of a failed batch
@@ -192,6 +201,17 @@ fn write_batch(
     deletes: &[RouteId],
     batch: &[(u64, Write)],
 ) -> Result<(), ReplayError> {
+    // A stored answer needs no fsync of its own (module doc): a batch of answers only is
+    // written with `synchronous=NORMAL`, and reaches the disk with the next reservation's.
+    let reserves = batch
+        .iter()
+        .any(|(_, w)| matches!(w, Write::Reserve { .. }));
+    conn.pragma_update(
+        None,
+        "synchronous",
+        if reserves { "FULL" } else { "NORMAL" },
+    )
+    .ctx("set synchronous for a group commit")?;
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .ctx("begin a group commit")?;

@@ -355,6 +355,27 @@ fn the_connection_is_wal_synchronous_full_with_a_busy_timeout() {
     assert_eq!(pragma("busy_timeout"), "5000");
 }
 
+/// A batch holding a reservation is committed with an fsync (`synchronous=FULL`); a batch of
+/// stored answers only is not (`NORMAL`): it reaches the disk with the next reservation's.
+#[test]
+fn only_a_batch_with_a_reservation_pays_an_fsync() {
+    let dir = fast_dir();
+    let reg =
+        ReplayRegistry::open_sqlite(&dir.path().join("replay.db"), 8, WINDOW_SECS, T0).unwrap();
+    let synchronous = |reg: &ReplayRegistry| -> i64 {
+        let inner = reg.lock();
+        let conn = inner.db.as_ref().unwrap();
+        conn.query_row("PRAGMA synchronous", [], |r| r.get(0))
+            .unwrap()
+    };
+    assert_eq!(reserve(&reg, 1, 1, T0), Outcome::New);
+    assert_eq!(synchronous(&reg), 2); // FULL
+    complete(&reg, 1, 1, 200, b"ok", T0 + 1);
+    assert_eq!(synchronous(&reg), 1); // NORMAL
+    assert_eq!(reserve(&reg, 2, 2, T0 + 2), Outcome::New);
+    assert_eq!(synchronous(&reg), 2);
+}
+
 #[test]
 fn reservations_and_completions_are_committed_before_the_call_returns() {
     let dir = fast_dir();
@@ -549,8 +570,12 @@ fn kill_9_child() {
     let reg = ReplayRegistry::open_sqlite(Path::new(&path), 8, WINDOW_SECS, T0).unwrap();
     assert_eq!(reserve(&reg, 2, 2, T0), Outcome::New);
     complete(&reg, 2, 2, 200, b"ok", T0 + 1);
-    // The last write before the kill: a reservation, never completed.
+    // A reservation never completed.
     assert_eq!(reserve(&reg, 1, 1, T0 + 2), Outcome::New);
+    // The last write before the kill: an answer alone in its batch, written without an fsync
+    // of its own (`synchronous=NORMAL`), which a process kill does not lose.
+    assert_eq!(reserve(&reg, 3, 3, T0 + 2), Outcome::New);
+    complete(&reg, 3, 3, 200, b"last", T0 + 3);
     let mut out = std::io::stdout();
     writeln!(out, "{KILL9_READY}").unwrap();
     out.flush().unwrap();
@@ -607,10 +632,11 @@ fn kill_9_right_after_reserve_loses_nothing() {
     drop(child);
 
     let reg = ReplayRegistry::open_sqlite(&path, 8, WINDOW_SECS, T0 + 10).unwrap();
-    assert_eq!(reg.live(T0 + 10), 2);
+    assert_eq!(reg.live(T0 + 10), 3);
     assert_eq!(reserve(&reg, 1, 1, T0 + 10), interrupted(T0 + 10));
     assert_eq!(reserve(&reg, 1, 2, T0 + 10), Outcome::Conflict);
     assert_eq!(reserve(&reg, 2, 2, T0 + 10), done(200, b"ok", T0 + 1));
+    assert_eq!(reserve(&reg, 3, 3, T0 + 10), done(200, b"last", T0 + 3));
 }
 
 // ---- group commit ---------------------------------------------------------------------------
