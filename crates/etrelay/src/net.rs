@@ -20,31 +20,40 @@ pub const BATCH: usize = quinn_udp::BATCH_SIZE;
 /// Room for one receive slot: the largest UDP datagram.
 const SLOT: usize = 65_536;
 
-/// The public socket, registered with the runtime for reading only.
+/// A UDP socket registered with the runtime for reading only: the public socket, and each
+/// session's socket connected to the game server.
 ///
-/// Everyone sends from it without waiting (a full send buffer drops the datagram, as a
-/// congested UDP hop would), so nothing ever waits for it to be writable. A socket registered for
-/// writing too (as tokio's `UdpSocket` always is) is woken with `EPOLLOUT` each time a sent
-/// datagram leaves its buffer: one spurious `epoll_wait` return per answer relayed.
+/// Everyone sends on it without waiting (a full send buffer drops the datagram on the public
+/// socket, as a congested UDP hop would; a session keeps it queued and retries), so nothing
+/// waits for it to be writable. A socket registered for writing too (as tokio's `UdpSocket`
+/// always is) is woken with `EPOLLOUT` each time a sent datagram leaves its buffer: one
+/// spurious `epoll_wait` return per datagram sent.
 #[derive(Debug)]
-pub struct PublicSocket {
+pub struct ReadSocket {
     fd: AsyncFd<std::net::UdpSocket>,
 }
 
-impl PublicSocket {
-    /// Takes over `socket` (bound, non-blocking) for reading only.
+impl ReadSocket {
+    /// Takes over `socket` (bound) for reading only.
     ///
     /// # Errors
     /// The socket cannot be taken from tokio's reactor or registered again.
     pub fn new(socket: UdpSocket) -> io::Result<Self> {
-        let std = socket.into_std()?;
+        Self::from_std(socket.into_std()?)
+    }
+
+    /// Registers `std` (bound) for reading only.
+    ///
+    /// # Errors
+    /// The socket cannot be made non-blocking or registered.
+    pub fn from_std(std: std::net::UdpSocket) -> io::Result<Self> {
         std.set_nonblocking(true)?;
         // Deprecated in favour of an `unsafe` constructor because an `AsRawFd` type could close
         // its descriptor while it is registered; `std::net::UdpSocket` owns its descriptor and
         // the `AsyncFd` owns the socket, so the registration is sound as it is.
         #[allow(deprecated)]
         let fd = AsyncFd::with_interest(std, Interest::READABLE)?;
-        Ok(PublicSocket { fd })
+        Ok(ReadSocket { fd })
     }
 
     /// Waits until a datagram may be queued.
@@ -63,7 +72,16 @@ impl PublicSocket {
         self.fd.get_ref().send_to(data, to)
     }
 
-    /// The socket itself (options, address).
+    /// Takes one datagram of the connected peer without waiting.
+    ///
+    /// # Errors
+    /// `WouldBlock` when none is queued (the readiness is cleared, so `readable()` waits
+    /// again); other errors from the socket (an ICMP error reported on it).
+    pub fn try_recv(&self, buf: &mut [u8]) -> io::Result<usize> {
+        self.fd.try_io(Interest::READABLE, |s| s.recv(buf))
+    }
+
+    /// The socket itself (options, address, sends).
     pub fn get_ref(&self) -> &std::net::UdpSocket {
         self.fd.get_ref()
     }
@@ -83,7 +101,7 @@ impl BatchRecv {
     ///
     /// # Errors
     /// The socket options could not be read or set.
-    pub fn new(socket: &PublicSocket) -> io::Result<Self> {
+    pub fn new(socket: &ReadSocket) -> io::Result<Self> {
         Ok(BatchRecv {
             state: UdpSocketState::new(socket.get_ref().into())?,
             bufs: vec![0; BATCH * SLOT],
@@ -103,7 +121,7 @@ impl BatchRecv {
     /// # Errors
     /// `WouldBlock` when nothing is queued (readiness is cleared, so `readable()` waits again);
     /// other errors from the socket.
-    pub fn try_recv(&mut self, socket: &PublicSocket) -> io::Result<usize> {
+    pub fn try_recv(&mut self, socket: &ReadSocket) -> io::Result<usize> {
         let BatchRecv {
             state, bufs, metas, ..
         } = self;
@@ -150,19 +168,19 @@ impl BatchRecv {
     }
 }
 
-/// Sends `datagrams` (at most [`BATCH`] of them) on the connected `socket` with one
-/// `sendmmsg`, without waiting; returns how many went out (the first ones).
+/// Sends `datagrams` (at most [`BATCH`] of them) on the connected, non-blocking `socket` with
+/// one `sendmmsg`, without waiting; returns how many went out (the first ones).
 ///
 /// # Errors
-/// `WouldBlock` when the socket's send buffer is full (write readiness is cleared, so
-/// `writable()` waits); an error of the first datagram (an ICMP error reported on the socket).
-pub fn send_batch(socket: &UdpSocket, datagrams: &[IoSlice<'_>]) -> io::Result<usize> {
+/// `WouldBlock` when the socket's send buffer is full; an error of the first datagram (an ICMP
+/// error reported on the socket).
+pub fn send_batch(socket: &std::net::UdpSocket, datagrams: &[IoSlice<'_>]) -> io::Result<usize> {
     let n = datagrams.len().min(BATCH);
     match n {
         0 => return Ok(0),
         // One datagram (an ET server's load: one per wake-up): a plain `send` costs fewer
         // instructions than setting up a `sendmmsg`.
-        1 => return socket.try_send(&datagrams[0]).map(|_| 1),
+        1 => return socket.send(&datagrams[0]).map(|_| 1),
         _ => {}
     }
     let mut controls: [SendAncillaryBuffer<'_, '_, '_>; BATCH] =
@@ -172,9 +190,7 @@ pub fn send_batch(socket: &UdpSocket, datagrams: &[IoSlice<'_>]) -> io::Result<u
         let data = std::slice::from_ref(&datagrams[i.min(n - 1)]);
         MMsgHdr::new(data, control.next().expect("invariant: BATCH controls"))
     });
-    socket.try_io(Interest::WRITABLE, || {
-        sendmmsg(socket, &mut msgs[..n], SendFlags::empty()).map_err(io::Error::from)
-    })
+    sendmmsg(socket, &mut msgs[..n], SendFlags::empty()).map_err(io::Error::from)
 }
 
 /// Opens a UDP socket connected to `upstream`, from an ephemeral port of the matching family.
@@ -184,6 +200,19 @@ pub fn send_batch(socket: &UdpSocket, datagrams: &[IoSlice<'_>]) -> io::Result<u
 /// # Errors
 /// The socket could not be created, bound or connected.
 pub fn upstream_socket(upstream: SocketAddr) -> io::Result<UdpSocket> {
+    UdpSocket::from_std(connected(upstream)?)
+}
+
+/// [`upstream_socket`] registered for reading only ([`ReadSocket`]): a session's socket.
+///
+/// # Errors
+/// The socket could not be created, bound, connected or registered.
+pub fn session_socket(upstream: SocketAddr) -> io::Result<ReadSocket> {
+    ReadSocket::from_std(connected(upstream)?)
+}
+
+/// A non-blocking UDP socket on an ephemeral port, connected to `upstream`.
+fn connected(upstream: SocketAddr) -> io::Result<std::net::UdpSocket> {
     let any: IpAddr = match upstream {
         SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
         SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
@@ -191,7 +220,7 @@ pub fn upstream_socket(upstream: SocketAddr) -> io::Result<UdpSocket> {
     let socket = std::net::UdpSocket::bind((any, 0))?;
     socket.connect(upstream)?;
     socket.set_nonblocking(true)?;
-    UdpSocket::from_std(socket)
+    Ok(socket)
 }
 
 /// The one form of an address the relay keys on: an IPv4-mapped IPv6 address
@@ -238,7 +267,7 @@ mod tests {
     /// still wakes the reader; a full batch leaves it set.
     #[tokio::test]
     async fn a_short_batch_clears_readiness_and_the_next_datagram_still_wakes() {
-        let public = PublicSocket::new(UdpSocket::bind("127.0.0.1:0").await.unwrap()).unwrap();
+        let public = ReadSocket::new(UdpSocket::bind("127.0.0.1:0").await.unwrap()).unwrap();
         let ready = || async {
             tokio::time::timeout(std::time::Duration::from_secs(5), public.readable())
                 .await

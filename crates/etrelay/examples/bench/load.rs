@@ -41,6 +41,9 @@ pub(crate) fn packet(i: usize, size: usize) -> Vec<u8> {
     p
 }
 
+/// Byte 2 of an in-game datagram the sink sends back to its sender (callgrind's round trips).
+pub(crate) const ECHO: u8 = 0xEC;
+
 /// A recvmmsg receiver: buffers allocated once.
 pub(crate) struct Receiver {
     state: UdpSocketState,
@@ -121,6 +124,8 @@ pub(crate) fn sink(
                     let i = usize::from(u16::from_le_bytes([d[8], d[9]])) & 255;
                     counts.warm[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
                     let _ = sock.send_to(&answer, from);
+                } else if d.get(2) == Some(&ECHO) {
+                    let _ = sock.send_to(d, from);
                 }
             });
         }

@@ -6,7 +6,9 @@
 //! timers, sweeps; and what start and warm-up cost); 4 000 in-game datagrams of 64 B sent one
 //! at a time, each once the sink counted the one before (one wake-up of the relay each, as at
 //! an ET server's load); the same in bursts of 32 (one `recvmmsg` each, as under a flood);
-//! 4 000 `getstatus` from 1 000 sources at 1 000 per second. The relay ends on SIGTERM, so
+//! 4 000 round trips, each datagram sent back by the sink and the next sent once it came back
+//! (both directions through a session: the relay loop, then the session's task); 4 000
+//! `getstatus` from 1 000 sources at 1 000 per second. The relay ends on SIGTERM, so
 //! callgrind writes its totals; (instructions − start − time's share) ÷ datagrams is the cost
 //! of one datagram in user space, everything included: system call wrappers, the runtime, the
 //! relay's own code (the kernel's share is not counted).
@@ -33,6 +35,9 @@ enum Work {
     Game(usize),
     /// `getstatus` from 1 000 sources, paced.
     GetStatus,
+    /// In-game datagrams the sink sends back, each sent once the one before came back: both
+    /// directions through a session, one wake-up of the relay each way.
+    RoundTrip,
 }
 
 /// Runs the relay binary `bin` under callgrind for `work`; returns (instructions, datagrams
@@ -74,6 +79,7 @@ fn one(bin: &Path, dir: &Path, work: Work, name: &str) -> (u64, u64, f64) {
     let pkts: Vec<Vec<u8>> = (0..socks.len()).map(|i| load::packet(i, 64)).collect();
     let start = Instant::now();
     let mut sent = 0;
+    let mut returned = 0u64;
     match work {
         Work::Quiet(secs) => std::thread::sleep(Duration::from_secs(secs)),
         Work::Game(burst) => {
@@ -87,6 +93,25 @@ fn one(bin: &Path, dir: &Path, work: Work, name: &str) -> (u64, u64, f64) {
                     && Instant::now() < wait
                 {
                     std::thread::sleep(Duration::from_micros(50));
+                }
+            }
+        }
+        Work::RoundTrip => {
+            let mut buf = [0u8; 2048];
+            for s in &socks {
+                s.set_read_timeout(Some(Duration::from_secs(1)))
+                    .expect("read timeout");
+            }
+            let mut pkts = pkts.clone();
+            for p in &mut pkts {
+                p[2] = load::ECHO;
+            }
+            while sent < DATAGRAMS && start.elapsed() < Duration::from_secs(60) {
+                let s = &socks[sent % 8];
+                let _ = s.send_to(&pkts[sent % 8], relay_addr);
+                sent += 1;
+                if s.recv(&mut buf).is_ok() {
+                    returned += 1;
                 }
             }
         }
@@ -140,6 +165,7 @@ fn one(bin: &Path, dir: &Path, work: Work, name: &str) -> (u64, u64, f64) {
         .expect("callgrind totals");
     let counted = match work {
         Work::Game(_) => delivered,
+        Work::RoundTrip => returned,
         _ => sent as u64,
     };
     (total, counted, elapsed)
@@ -168,6 +194,11 @@ pub(crate) fn main(bin: Option<PathBuf>) {
     for (work, name, what) in [
         (Work::Game(1), "game1", "in-game 64 B, one per wake-up"),
         (Work::Game(32), "game32", "in-game 64 B, bursts of 32"),
+        (
+            Work::RoundTrip,
+            "roundtrip",
+            "in-game 64 B there and back, one at a time (per round trip)",
+        ),
         (
             Work::GetStatus,
             "getstatus",

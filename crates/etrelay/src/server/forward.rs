@@ -4,8 +4,10 @@
 //! [`open`] gives a new session its own upstream socket (an ephemeral port connected to the
 //! game server: how the server tells clients apart) and starts its task. The relay loop sends
 //! client packets on that socket itself, batched, while it can ([`Session::send_queued`]); the
-//! task sends what is left once the socket is writable, and sends the server's answers back **through the public socket**, so they
-//! come from the public port. It has no receive buffer of its own: when the upstream socket is
+//! task sends what is left when the socket's buffer was full, trying again every
+//! [`FULL_RETRY`], and sends the server's answers back **through the public socket**, so they
+//! come from the public port. The socket is registered for reading only ([`ReadSocket`]):
+//! registered for writing too, it would wake the relay after every datagram sent on it. It has no receive buffer of its own: when the upstream socket is
 //! readable it reads into the server's one buffer and sends on without waiting (a full socket
 //! buffer drops the answer). The first `connectResponse` or in-game packet from the server
 //! makes the session established; any other answer marks it answered. It ends after its idle
@@ -16,9 +18,9 @@
 use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use guard::admission::Permit;
-use tokio::net::UdpSocket;
 use tracing::{debug, trace};
 
 use super::metrics::Drop;
@@ -26,10 +28,14 @@ use super::session::{Phase, Session};
 use super::shared::Shared;
 use crate::clock::Instant;
 use crate::et;
-use crate::net::{send_batch, upstream_socket};
+use crate::net::{ReadSocket, send_batch, session_socket};
 
 /// Datagrams a session task reads from its upstream socket per turn.
 const READS_PER_TURN: usize = 32;
+/// How soon a session whose upstream socket's buffer was full tries to send again. The socket
+/// is not registered for write readiness, which would cost a wake-up after every datagram
+/// sent; a full buffer towards the game server is rare (it drains at the host's speed).
+const FULL_RETRY: Duration = Duration::from_millis(1);
 
 /// Opens the upstream socket of a new session for `client`, active at `now_ms`, holding the
 /// `permit` of its slot, and starts its task.
@@ -44,12 +50,12 @@ pub(super) fn open(
     now_ms: u64,
     permit: Permit,
 ) -> io::Result<Arc<Session>> {
-    let socket = upstream_socket(shared.config.upstream)?;
+    let socket = session_socket(shared.config.upstream)?;
     let session = Arc::new(
         Session::new(
             shared.next_session_id(),
             client,
-            socket.local_addr()?,
+            socket.get_ref().local_addr()?,
             now_ms,
             shared.config.session.queue,
             shared.budget.clone(),
@@ -68,15 +74,21 @@ async fn run(shared: Arc<Shared>, session: Arc<Session>, permit: Permit) {
         .upstream()
         .expect("invariant: open() gives every session its socket");
     let idle = tokio::time::sleep(shared.config.caps.half_open_timeout);
-    tokio::pin!(idle);
+    // Made once, not at every turn: a new one registers with the token (or the `Notify`) again.
+    let closed = session.closed();
+    let queued = session.queued();
+    tokio::pin!(idle, closed, queued);
     loop {
         // A socket that is always ready never makes a task yield by itself: take part in
         // tokio's cooperative budget so one busy session cannot starve the others.
         tokio::task::coop::consume_budget().await;
         tokio::select! {
             biased;
-            () = session.closed() => break,
-            () = session.queued() => flush(&shared, &session, upstream).await,
+            () = &mut closed => break,
+            () = &mut queued => {
+                queued.set(session.queued());
+                flush(&shared, &session, upstream).await;
+            }
             r = upstream.readable() => match r {
                 Ok(()) => drain(&shared, &session, upstream),
                 Err(e) => trace!(error = %e, "upstream readiness"),
@@ -101,10 +113,11 @@ async fn run(shared: Arc<Shared>, session: Arc<Session>, permit: Permit) {
     debug!("session - {} ({open} active)", session.client());
 }
 
-/// Sends every queued packet to the game server, waiting while the socket's buffer is full.
-async fn flush(shared: &Shared, session: &Session, upstream: &UdpSocket) {
+/// Sends every queued packet to the game server, trying again every [`FULL_RETRY`] while the
+/// socket's buffer is full.
+async fn flush(shared: &Shared, session: &Session, upstream: &ReadSocket) {
     loop {
-        let done = session.send_queued(|batch| send_batch(upstream, batch));
+        let done = session.send_queued(|batch| send_batch(upstream.get_ref(), batch));
         let m = &shared.metrics;
         m.upstream_packets.add(done.packets);
         m.upstream_bytes.add(done.bytes);
@@ -118,16 +131,13 @@ async fn flush(shared: &Shared, session: &Session, upstream: &UdpSocket) {
         }
         tokio::select! {
             () = session.closed() => return,
-            r = upstream.writable() => if let Err(e) = r {
-                trace!(error = %e, "upstream writable");
-                return;
-            },
+            () = tokio::time::sleep(FULL_RETRY) => {}
         }
     }
 }
 
 /// Reads what the game server sent (a bounded number per turn) and relays it.
-fn drain(shared: &Shared, session: &Session, upstream: &UdpSocket) {
+fn drain(shared: &Shared, session: &Session, upstream: &ReadSocket) {
     for _ in 0..READS_PER_TURN {
         let r = shared.with_recv_buf(|buf| {
             let n = upstream.try_recv(buf)?;

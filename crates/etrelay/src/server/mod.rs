@@ -87,7 +87,7 @@ impl ServerHandle {
         let sock = socket2::SockRef::from(&public);
         let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
         let _ = sock.set_send_buffer_size(SOCKET_BUFFER);
-        let public = crate::net::PublicSocket::new(public)?;
+        let public = crate::net::ReadSocket::new(public)?;
         let shared = Arc::new(Shared::new(
             config,
             public,

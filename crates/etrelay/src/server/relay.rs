@@ -140,6 +140,9 @@ impl RelayLoop {
         let shared = Arc::clone(&self.handler.shared);
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        // Made once, not at every turn (a new one registers with the token again).
+        let cancelled = shared.cancel.cancelled();
+        tokio::pin!(cancelled);
         loop {
             let due = self
                 .handler
@@ -148,7 +151,7 @@ impl RelayLoop {
             // Not biased: under a flood of client packets the cache socket and the tick still
             // get their turns.
             tokio::select! {
-                () = shared.cancel.cancelled() => break,
+                () = &mut cancelled => break,
                 r = shared.public.readable() => {
                     if let Err(e) = r {
                         warn!("public socket: {e}");
@@ -295,14 +298,15 @@ impl Handler {
     }
 
     /// Sends what the noted sessions queued: one `sendmmsg` per session and batch. A session
-    /// whose socket buffer is full is left to its task, woken to send once it is writable.
+    /// whose socket buffer is full is left to its task, woken to send it (see
+    /// [`super::forward`]).
     fn send_touched(&mut self) {
         let m = &self.shared.metrics;
         for s in self.touched.0.drain(..) {
             let Some(upstream) = s.upstream() else {
                 continue;
             };
-            let done = s.send_queued(|batch| send_batch(upstream, batch));
+            let done = s.send_queued(|batch| send_batch(upstream.get_ref(), batch));
             m.upstream_packets.add(done.packets);
             m.upstream_bytes.add(done.bytes);
             s.packets_up.add(done.packets);

@@ -6,7 +6,7 @@
 //! batch it read from the public socket it sends what each session got with one `sendmmsg` per
 //! session ([`Session::send_queued`]), so a burst of one client's packets costs one system call,
 //! not one each. Only when the upstream socket's buffer is full does the session's task
-//! ([`super::forward`]) take over, once the socket is writable again. Both send under the
+//! ([`super::forward`]) take over, until the buffer has room again. Both send under the
 //! queue's lock, so packets leave in the order they came.
 //!
 //! Queued bytes are charged to the process-wide [`Budget`]; the queue keeps at most
@@ -20,12 +20,11 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, SystemTime};
 
 use guard::counters::Counter;
-use tokio::net::UdpSocket;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::budget::Budget;
-use crate::net::BATCH;
+use crate::net::{BATCH, ReadSocket};
 
 /// Queue buffers larger than this are not kept for reuse (bounds a session's idle memory:
 /// in-game packets stay under the engines' 1400-byte fragment size).
@@ -75,7 +74,7 @@ pub(super) struct Session {
     /// See [`Session::packets_down`].
     pub(super) bytes_down: Counter,
     /// Connected to the game server; `None` only in unit tests (every packet is queued).
-    upstream: Option<UdpSocket>,
+    upstream: Option<ReadSocket>,
     /// Packets waiting for the game server: until the end of the relay loop's batch, or until
     /// its socket's buffer has room again.
     queue: Mutex<Queue>,
@@ -176,13 +175,13 @@ impl Session {
     }
 
     /// The session with its socket connected to the game server.
-    pub(super) fn with_upstream(mut self, socket: UdpSocket) -> Self {
+    pub(super) fn with_upstream(mut self, socket: ReadSocket) -> Self {
         self.upstream = Some(socket);
         self
     }
 
     /// The socket connected to the game server.
-    pub(super) fn upstream(&self) -> Option<&UdpSocket> {
+    pub(super) fn upstream(&self) -> Option<&ReadSocket> {
         self.upstream.as_ref()
     }
 
@@ -233,7 +232,7 @@ impl Session {
         Ok(())
     }
 
-    /// Wakes the task to send what is queued once the socket is writable.
+    /// Wakes the task to send what is queued (the socket's buffer was full).
     pub(super) fn wake(&self) {
         self.wake.notify_one();
     }

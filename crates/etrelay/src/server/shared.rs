@@ -26,7 +26,7 @@ use super::table::Table;
 use crate::bans::BanTable;
 use crate::clock::Instant;
 use crate::config::ServerConfig;
-use crate::net::PublicSocket;
+use crate::net::ReadSocket;
 
 /// At most one warning of refused sessions per server per this interval.
 const WARN_EVERY: Duration = Duration::from_secs(10);
@@ -46,7 +46,7 @@ pub(super) struct Shared {
     /// The server's settings.
     pub(super) config: ServerConfig,
     /// The public socket: the relay loop receives on it; everyone sends from it.
-    pub(super) public: PublicSocket,
+    pub(super) public: ReadSocket,
     /// Its address.
     pub(super) public_addr: SocketAddr,
     /// The server's counters.
@@ -76,7 +76,7 @@ impl Shared {
     /// The state of a server starting now on `public`.
     pub(super) fn new(
         config: ServerConfig,
-        public: PublicSocket,
+        public: ReadSocket,
         public_addr: SocketAddr,
         budget: Budget,
         cancel: CancellationToken,
