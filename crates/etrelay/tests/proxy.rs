@@ -4,11 +4,13 @@
 mod common;
 
 use std::collections::HashSet;
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use common::*;
 use etrelay::config::MAX_QUEUED_BYTES;
 use etrelay::server::{Budget, Drop};
+use etrelay_testkit::netns::{self, Netns};
 use etrelay_testkit::player::game_packet;
 use etrelay_testkit::{Dispatch, FakeEtConfig, FakeEtServer, udp, unique_ip};
 
@@ -336,4 +338,83 @@ async fn a_nat_rebind_keeps_the_player_playing() {
     assert!(eventually(5 * S, || m.drops(Drop::QportConflict) == 1).await);
     assert_eq!(thief.recv_game(S / 2).await, 0);
     relay.handle.stop().await;
+}
+
+/// A session whose socket's send buffer is full keeps its packets queued and sends them as the
+/// buffer drains (the socket is not registered for write readiness: the session's task tries
+/// again every millisecond). In a namespace of its own, where the loopback sends what goes to
+/// the game server's port at 8 Mbit/s (`tc`: an `htb` class and a `u32` filter), so that the
+/// relay's datagrams wait in the queueing discipline and fill the socket's buffer.
+#[tokio::test]
+async fn a_full_upstream_buffer_is_sent_as_it_drains() {
+    if let Err(why) = netns::support() {
+        let ci = std::env::var_os("CI").is_some();
+        panic!("{why}{}", if ci { " (CI: this test must run)" } else { "" });
+    }
+    const N: u64 = 100;
+    const SIZE: usize = 8_000;
+    let ns = Netns::create(&format!("{}-{}-full", netns::PREFIX, std::process::id()))
+        .expect("a namespace");
+    let rt = ns.runtime().expect("a runtime in the namespace");
+    let et_ip = Ipv4Addr::new(127, 0, 0, 2);
+    let et = rt
+        .run(async move { FakeEtServer::start(et_ip, FakeEtConfig::default()).unwrap() })
+        .await;
+    let port = et.addr().port().to_string();
+    let filter = format!(
+        "filter add dev lo protocol ip parent 1:0 prio 1 u32 match ip dport {port} 0xffff flowid 1:10"
+    );
+    for tc in [
+        "qdisc add dev lo root handle 1: htb default 20",
+        "class add dev lo parent 1: classid 1:10 htb rate 8mbit burst 16k quantum 60000",
+        "class add dev lo parent 1: classid 1:20 htb rate 10gbit quantum 60000",
+        &filter,
+    ] {
+        ns.exec("tc", &tc.split_whitespace().collect::<Vec<_>>())
+            .expect("tc");
+    }
+    let et_addr = et.addr();
+    let got = std::sync::Arc::new(et);
+    let counted = std::sync::Arc::clone(&got);
+    let (received, dropped, sent_by_loop) = rt
+        .run(async move {
+            let relay = start(config(et_addr)).await;
+            let m = relay.handle.metrics();
+            let c = client().await;
+            for i in 0..N as u32 {
+                c.send_to(&game_packet(i, 7, &[b'x'; SIZE]), relay.addr)
+                    .await
+                    .unwrap();
+            }
+            assert!(eventually(10 * S, || m.client_packets.get() == N).await);
+            // What the relay loop could hand to the socket before its buffer was full.
+            let sent_by_loop = m.upstream_packets.get();
+            let got = || counted.count(Dispatch::NotConnectionless) as u64;
+            let dropped = || m.drops(Drop::QueueFull);
+            assert!(
+                eventually(20 * S, || got() + dropped() == N).await,
+                "{} arrived, {} dropped of {N}",
+                got(),
+                dropped()
+            );
+            let out = (got(), dropped(), sent_by_loop);
+            relay.handle.stop().await;
+            out
+        })
+        .await;
+    drop(rt);
+    drop(got);
+    drop(ns);
+    eprintln!(
+        "{N} sent: {sent_by_loop} taken by the socket at once, {received} arrived, {dropped} dropped"
+    );
+    assert!(
+        sent_by_loop < N - dropped,
+        "the buffer never filled: the loop sent {sent_by_loop}"
+    );
+    assert_eq!(received, N - dropped);
+    assert!(
+        received > sent_by_loop,
+        "{received} arrived, {sent_by_loop} before the buffer filled"
+    );
 }
