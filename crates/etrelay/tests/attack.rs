@@ -454,6 +454,9 @@ async fn players_join_openarena_while_an_attacker_asks_for_challenges() {
         200,
         Duration::from_secs(30),
     );
+    // The attack is under way before anyone joins (on a loaded machine the flood's thread may
+    // otherwise start only after the joins are done).
+    assert!(common::eventually(5 * S, || attacker.sent() > 0).await);
     let mut joins = Vec::new();
     for q in 0..5u16 {
         let to = relay.public;
