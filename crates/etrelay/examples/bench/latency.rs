@@ -119,6 +119,51 @@ pub(crate) fn run(socks: &[UdpSocket], target: SocketAddr, secs: f64) -> Rtt {
     })
 }
 
+/// Round trips of one client alone, one datagram at a time, 0.5 ms apart: every datagram finds
+/// the path idle (no burst, no other client). `n` counted after 100 of warm-up; p99.9 is not
+/// kept (too few samples).
+pub(crate) fn ping_pong(sock: &UdpSocket, target: SocketAddr, n: usize) -> Rtt {
+    sock.set_read_timeout(Some(Duration::from_secs(1)))
+        .expect("read timeout");
+    // A qport of its own (etrelay pins a qport to one session).
+    let mut pkt = packet(CLIENTS, 64);
+    let mut buf = [0u8; 2048];
+    let mut v = Vec::with_capacity(n);
+    let (mut sent, deadline) = (0usize, Instant::now() + Duration::from_secs(30));
+    while v.len() < n && Instant::now() < deadline {
+        pkt[8..16].copy_from_slice(&(sent as u64).to_le_bytes());
+        let t = Instant::now();
+        if sock.send_to(&pkt, target).is_err() {
+            continue;
+        }
+        sent += 1;
+        // Only this datagram's answer counts (a late one from before is skipped).
+        while let Ok(got) = sock.recv(&mut buf) {
+            if got >= 16 && buf[8..16] == pkt[8..16] {
+                if sent > 100 {
+                    v.push(t.elapsed().as_nanos() as u64);
+                }
+                break;
+            }
+        }
+        std::thread::sleep(Duration::from_micros(500));
+    }
+    v.sort_unstable();
+    let pct = |p: f64| {
+        if v.is_empty() {
+            f64::NAN
+        } else {
+            v[((v.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0
+        }
+    };
+    Rtt {
+        p50: pct(0.50),
+        p99: pct(0.99),
+        p999: f64::NAN,
+        returned: v.len() as f64 / sent.saturating_sub(100).max(1) as f64,
+    }
+}
+
 /// The client sockets of the latency runs (127.78.x.y).
 pub(crate) fn clients() -> Vec<UdpSocket> {
     crate::load::clients(78, CLIENTS)

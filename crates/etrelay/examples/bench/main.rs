@@ -16,6 +16,9 @@
 //! - **Under attack**: the same etrelay latency while 1 000 loopback sources (127.88.x.y, each
 //!   on its own /24) send 20 000 `getstatus` per second to it, started just before the run and
 //!   stopped just after.
+//! - **One client alone**: round trips of a single client, one datagram at a time 0.5 ms
+//!   apart, direct, nginx, etrelay in turn: a datagram on an idle path, no burst to queue
+//!   behind.
 //!
 //! `bench --callgrind [ETRELAY_BINARY]` counts the relay's instructions per datagram instead
 //! (`profile.rs`).
@@ -67,6 +70,8 @@ struct Plan {
     rounds: usize,
     lat_secs: f64,
     lat_rounds: usize,
+    /// Round trips per path and round of the one-client run.
+    ping_pongs: usize,
 }
 
 fn start_nginx(dir: &Path, listen: SocketAddr, upstream: SocketAddr) -> Guard {
@@ -311,6 +316,30 @@ fn latency_table(plan: &Plan, dir: &Path) {
         "\netrelay's p99 under the flood ÷ without: **{:.2}**",
         med(3, |r| r.p99) / med(2, |r| r.p99)
     );
+    // One client alone: what a datagram costs on an idle path, no burst to queue behind. Its
+    // own socket (the latency runs' sockets are connected to their last target).
+    let alone = &load::clients(76, 1)[0];
+    let mut one: [Vec<Rtt>; 3] = Default::default();
+    for _ in 0..plan.lat_rounds {
+        for (k, to) in [echo_addr, nginx_addr, relay_addr].into_iter().enumerate() {
+            one[k].push(latency::ping_pong(alone, to, plan.ping_pongs));
+        }
+    }
+    println!(
+        "\nOne client alone, one datagram at a time 0.5 ms apart ({} each, {} rounds), µs:\n",
+        plan.ping_pongs, plan.lat_rounds
+    );
+    println!("| path | p50 | p99 | p99 / nginx's |");
+    println!("|---|---:|---:|---:|");
+    let med1 = |k: usize, f: fn(&Rtt) -> f64| median(one[k].iter().map(f).collect());
+    for (k, name) in ["direct", "nginx 1 worker", "etrelay"].iter().enumerate() {
+        println!(
+            "| {name} | {:.0} | {:.0} | {:.2} |",
+            med1(k, |r| r.p50),
+            med1(k, |r| r.p99),
+            med1(k, |r| r.p99) / med1(1, |r| r.p99)
+        );
+    }
     drop(relay);
     drop(nginx);
     stop.store(true, Ordering::Relaxed);
@@ -330,6 +359,7 @@ fn main() {
             rounds: 1,
             lat_secs: 0.5,
             lat_rounds: 1,
+            ping_pongs: 200,
         }
     } else {
         Plan {
@@ -337,6 +367,7 @@ fn main() {
             rounds: 3,
             lat_secs: 3.0,
             lat_rounds: 5,
+            ping_pongs: 2_000,
         }
     };
     let dir = tempfile::tempdir().expect("temp dir");
