@@ -31,6 +31,26 @@ pub(crate) struct Rtt {
     pub(crate) returned: f64,
 }
 
+impl Rtt {
+    /// The percentiles of round trips `v` (ns).
+    fn of(mut v: Vec<u64>, returned: f64) -> Rtt {
+        v.sort_unstable();
+        let pct = |p: f64| {
+            if v.is_empty() {
+                f64::NAN
+            } else {
+                v[((v.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0
+            }
+        };
+        Rtt {
+            p50: pct(0.50),
+            p99: pct(0.99),
+            p999: pct(0.999),
+            returned,
+        }
+    }
+}
+
 /// One run of `secs` seconds through `target`; `socks` are the clients (bound once, so
 /// etrelay's sessions live across runs).
 pub(crate) fn run(socks: &[UdpSocket], target: SocketAddr, secs: f64) -> Rtt {
@@ -100,28 +120,14 @@ pub(crate) fn run(socks: &[UdpSocket], target: SocketAddr, secs: f64) -> Rtt {
         for r in readers {
             let _ = r.await;
         }
-        let mut v = std::mem::take(&mut *rtts.lock().expect("lock"));
+        let v = std::mem::take(&mut *rtts.lock().expect("lock"));
         let returned = v.len() as f64 / sent.max(1) as f64;
-        v.sort_unstable();
-        let pct = |p: f64| {
-            if v.is_empty() {
-                f64::NAN
-            } else {
-                v[((v.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0
-            }
-        };
-        Rtt {
-            p50: pct(0.50),
-            p99: pct(0.99),
-            p999: pct(0.999),
-            returned,
-        }
+        Rtt::of(v, returned)
     })
 }
 
 /// Round trips of one client alone, one datagram at a time, 0.5 ms apart: every datagram finds
-/// the path idle (no burst, no other client). `n` counted after 100 of warm-up; p99.9 is not
-/// kept (too few samples).
+/// the path idle (no burst, no other client). `n` counted after 100 of warm-up.
 pub(crate) fn ping_pong(sock: &UdpSocket, target: SocketAddr, n: usize) -> Rtt {
     sock.set_read_timeout(Some(Duration::from_secs(1)))
         .expect("read timeout");
@@ -148,20 +154,8 @@ pub(crate) fn ping_pong(sock: &UdpSocket, target: SocketAddr, n: usize) -> Rtt {
         }
         std::thread::sleep(Duration::from_micros(500));
     }
-    v.sort_unstable();
-    let pct = |p: f64| {
-        if v.is_empty() {
-            f64::NAN
-        } else {
-            v[((v.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0
-        }
-    };
-    Rtt {
-        p50: pct(0.50),
-        p99: pct(0.99),
-        p999: f64::NAN,
-        returned: v.len() as f64 / sent.saturating_sub(100).max(1) as f64,
-    }
+    let returned = v.len() as f64 / sent.saturating_sub(100).max(1) as f64;
+    Rtt::of(v, returned)
 }
 
 /// The client sockets of the latency runs (127.78.x.y).
