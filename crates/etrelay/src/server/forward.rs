@@ -4,10 +4,12 @@
 //! [`open`] gives a new session its own upstream socket (an ephemeral port connected to the
 //! game server: how the server tells clients apart) and starts its task. The relay loop sends
 //! client packets on that socket itself, batched, while it can ([`Session::send_queued`]); the
-//! task sends what is left when the socket's buffer was full, trying again every
-//! [`FULL_RETRY`], and sends the server's answers back **through the public socket**, so they
-//! come from the public port. The socket is registered for reading only ([`ReadSocket`]):
-//! registered for writing too, it would wake the relay after every datagram sent on it. It has no receive buffer of its own: when the upstream socket is
+//! task sends what is left when the socket's buffer was full, trying again after
+//! [`FULL_RETRY`], doubling while nothing goes out, and sends the server's answers back
+//! **through the public socket** meanwhile, so they come from the public port. The socket is
+//! registered for reading only ([`ReadSocket`]): registered for writing too, it would wake the
+//! relay after every datagram sent on it. It has no receive buffer of its own: when the
+//! upstream socket is
 //! readable it reads into the server's one buffer and sends on without waiting (a full socket
 //! buffer drops the answer). The first `connectResponse` or in-game packet from the server
 //! makes the session established; any other answer marks it answered. It ends after its idle
@@ -24,7 +26,7 @@ use guard::admission::Permit;
 use tracing::{debug, trace};
 
 use super::metrics::Drop;
-use super::session::{Phase, Session};
+use super::session::{Flushed, Phase, Session};
 use super::shared::Shared;
 use crate::clock::Instant;
 use crate::et;
@@ -34,8 +36,13 @@ use crate::net::{ReadSocket, send_batch, session_socket};
 const READS_PER_TURN: usize = 32;
 /// How soon a session whose upstream socket's buffer was full tries to send again. The socket
 /// is not registered for write readiness, which would cost a wake-up after every datagram
-/// sent; a full buffer towards the game server is rare (it drains at the host's speed).
+/// sent; a full buffer towards the game server is rare (it drains at the link's speed). Each
+/// try that sends nothing doubles the wait, up to [`FULL_RETRY_MAX`]: a congested link that
+/// keeps many sessions' buffers full costs each of them a few wake-ups a second, not a
+/// thousand.
 const FULL_RETRY: Duration = Duration::from_millis(1);
+/// The longest wait between two tries of a session whose buffer stays full.
+const FULL_RETRY_MAX: Duration = Duration::from_millis(64);
 
 /// Opens the upstream socket of a new session for `client`, active at `now_ms`, holding the
 /// `permit` of its slot, and starts its task.
@@ -77,7 +84,10 @@ async fn run(shared: Arc<Shared>, session: Arc<Session>, permit: Permit) {
     // Made once, not at every turn: a new one registers with the token (or the `Notify`) again.
     let closed = session.closed();
     let queued = session.queued();
-    tokio::pin!(idle, closed, queued);
+    // While the socket's buffer is full: the next try, and the wait after it.
+    let retry = tokio::time::sleep(FULL_RETRY);
+    let mut full: Option<Duration> = None;
+    tokio::pin!(idle, closed, queued, retry);
     loop {
         // A socket that is always ready never makes a task yield by itself: take part in
         // tokio's cooperative budget so one busy session cannot starve the others.
@@ -87,8 +97,19 @@ async fn run(shared: Arc<Shared>, session: Arc<Session>, permit: Permit) {
             () = &mut closed => break,
             () = &mut queued => {
                 queued.set(session.queued());
-                flush(&shared, &session, upstream).await;
+                // With the buffer full, the next try is already set.
+                if full.is_none() && flush(&shared, &session, upstream).blocked {
+                    full = Some(FULL_RETRY);
+                    retry.as_mut().reset(Instant::now() + FULL_RETRY);
+                }
             }
+            () = &mut retry, if full.is_some() => {
+                full = next_try(full, flush(&shared, &session, upstream));
+                if let Some(wait) = full {
+                    retry.as_mut().reset(Instant::now() + wait);
+                }
+            }
+            // The game server's answers go on while the buffer towards it is full.
             r = upstream.readable() => match r {
                 Ok(()) => drain(&shared, &session, upstream),
                 Err(e) => trace!(error = %e, "upstream readiness"),
@@ -113,27 +134,29 @@ async fn run(shared: Arc<Shared>, session: Arc<Session>, permit: Permit) {
     debug!("session - {} ({open} active)", session.client());
 }
 
-/// Sends every queued packet to the game server, trying again every [`FULL_RETRY`] while the
-/// socket's buffer is full.
-async fn flush(shared: &Shared, session: &Session, upstream: &ReadSocket) {
-    loop {
-        let done = session.send_queued(|batch| send_batch(upstream.get_ref(), batch));
-        let m = &shared.metrics;
-        m.upstream_packets.add(done.packets);
-        m.upstream_bytes.add(done.bytes);
-        session.packets_up.add(done.packets);
-        session.bytes_up.add(done.bytes);
-        for _ in 0..done.errors {
-            m.drop(Drop::Upstream);
-        }
-        if !done.blocked {
-            return;
-        }
-        tokio::select! {
-            () = session.closed() => return,
-            () = tokio::time::sleep(FULL_RETRY) => {}
-        }
+/// The wait before the next try after a try that did `done`, the last wait having been `wait`:
+/// none once the buffer took everything; [`FULL_RETRY`] after a try that sent something;
+/// twice the last (at most [`FULL_RETRY_MAX`]) after one that sent nothing.
+fn next_try(wait: Option<Duration>, done: Flushed) -> Option<Duration> {
+    done.blocked.then(|| match wait {
+        Some(wait) if done.packets == 0 => (wait * 2).min(FULL_RETRY_MAX),
+        _ => FULL_RETRY,
+    })
+}
+
+/// Sends what is queued to the game server, until the queue is empty or the socket's buffer is
+/// full (`blocked`: the caller tries again later), and counts it.
+pub(super) fn flush(shared: &Shared, session: &Session, upstream: &ReadSocket) -> Flushed {
+    let done = session.send_queued(|batch| send_batch(upstream.get_ref(), batch));
+    let m = &shared.metrics;
+    m.upstream_packets.add(done.packets);
+    m.upstream_bytes.add(done.bytes);
+    session.packets_up.add(done.packets);
+    session.bytes_up.add(done.bytes);
+    for _ in 0..done.errors {
+        m.drop(Drop::Upstream);
     }
+    done
 }
 
 /// Reads what the game server sent (a bounded number per turn) and relays it.
@@ -198,4 +221,27 @@ fn advance(shared: &Shared, session: &Session, data: &[u8], oob: bool) -> bool {
     }
     shared.gauges(&st.sessions);
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_buffer_is_tried_again_sooner_after_progress_and_later_without() {
+        let blocked = |packets| Flushed {
+            packets,
+            blocked: true,
+            ..Flushed::default()
+        };
+        let ms = Duration::from_millis;
+        assert_eq!(next_try(None, blocked(0)), Some(FULL_RETRY));
+        let mut wait = Some(FULL_RETRY);
+        for expect in [2, 4, 8, 16, 32, 64, 64, 64] {
+            wait = next_try(wait, blocked(0));
+            assert_eq!(wait, Some(ms(expect)));
+        }
+        assert_eq!(next_try(wait, blocked(3)), Some(FULL_RETRY));
+        assert_eq!(next_try(wait, Flushed::default()), None);
+    }
 }

@@ -31,7 +31,7 @@ use super::shared::{Shared, State};
 use crate::clock::Instant;
 use crate::et::classify::{Command, Packet, Query, Reject, classify};
 use crate::et::{self, command_word};
-use crate::net::{BatchRecv, canonical, send_batch, upstream_socket};
+use crate::net::{BatchRecv, canonical, upstream_socket};
 
 /// Batches read per wake-up before the loop yields, so the sessions can send what it queued
 /// (a batch is up to [`crate::net::BATCH`] datagrams: 64 per turn, one full session queue).
@@ -301,20 +301,11 @@ impl Handler {
     /// whose socket buffer is full is left to its task, woken to send it (see
     /// [`super::forward`]).
     fn send_touched(&mut self) {
-        let m = &self.shared.metrics;
         for s in self.touched.0.drain(..) {
             let Some(upstream) = s.upstream() else {
                 continue;
             };
-            let done = s.send_queued(|batch| send_batch(upstream.get_ref(), batch));
-            m.upstream_packets.add(done.packets);
-            m.upstream_bytes.add(done.bytes);
-            s.packets_up.add(done.packets);
-            s.bytes_up.add(done.bytes);
-            for _ in 0..done.errors {
-                m.drop(Drop::Upstream);
-            }
-            if done.blocked {
+            if forward::flush(&self.shared, &s, upstream).blocked {
                 s.wake();
             }
         }
