@@ -147,6 +147,26 @@ fn throughput(
     (counts.delivered.load(Ordering::Relaxed) - before) as f64 / secs
 }
 
+/// Time on a CPU (ns) of process `pid`'s threads and of its children's (nginx's worker), from
+/// `/proc/*/task/*/schedstat`; 0 where it cannot be read.
+fn cpu_ns(pid: u32) -> u64 {
+    let threads = |pid: u32| -> u64 {
+        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return 0;
+        };
+        dir.flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .sum()
+    };
+    let children: Vec<u32> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|c| c.parse().ok())
+        .collect();
+    threads(pid) + children.into_iter().map(threads).sum::<u64>()
+}
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -267,9 +287,13 @@ fn latency_table(plan: &Plan, dir: &Path) {
     ];
     let mut all: [Vec<Rtt>; 4] = Default::default();
     let mut flood_sent = 0;
+    // CPU time (ns) of the relay's processes during the unloaded runs: nginx, etrelay.
+    let pids = [nginx.0.id(), relay.0.id()];
+    let mut cpu = [0u64; 2];
     for round in 1..=plan.lat_rounds {
         for (k, name) in names.iter().enumerate() {
             let target = [echo_addr, nginx_addr, relay_addr, relay_addr][k];
+            let before = (k == 1 || k == 2).then(|| cpu_ns(pids[k - 1]));
             let r = if k == 3 {
                 let fstop = Arc::new(AtomicBool::new(false));
                 let (t, sent) = latency::flood(relay_addr, plan.lat_secs + 1.0, Arc::clone(&fstop));
@@ -282,6 +306,9 @@ fn latency_table(plan: &Plan, dir: &Path) {
             } else {
                 latency::run(&socks, target, plan.lat_secs)
             };
+            if let Some(before) = before {
+                cpu[k - 1] += cpu_ns(pids[k - 1]).saturating_sub(before);
+            }
             println!(
                 "| {round} | {name} | {:.0} | {:.0} | {:.0} | {:.1} % |",
                 r.p50,
@@ -315,6 +342,15 @@ fn latency_table(plan: &Plan, dir: &Path) {
     println!(
         "\netrelay's p99 under the flood ÷ without: **{:.2}**",
         med(3, |r| r.p99) / med(2, |r| r.p99)
+    );
+    // Round trips sent per path over the rounds (the share that came back is ~100 %).
+    let trips = (latency::RATE as f64 * plan.lat_secs * plan.lat_rounds as f64).max(1.0);
+    println!(
+        "\nCPU time of the relay per round trip, unloaded runs (its processes' time on a CPU, \
+         `/proc/PID/schedstat`): nginx {:.1} µs, etrelay {:.1} µs ({:.2}×).",
+        cpu[0] as f64 / 1000.0 / trips,
+        cpu[1] as f64 / 1000.0 / trips,
+        cpu[1] as f64 / cpu[0].max(1) as f64
     );
     // One client alone: what a datagram costs on an idle path, no burst to queue behind. Its
     // own socket (the latency runs' sockets are connected to their last target).
