@@ -19,6 +19,8 @@
 //! - **One client alone**: round trips of a single client, one datagram at a time 0.5 ms
 //!   apart, direct, nginx, etrelay in turn: a datagram on an idle path, no burst to queue
 //!   behind.
+//! - **CPU per round trip**: the relay's processes' time on a CPU (`/proc/PID/schedstat`) over
+//!   the unloaded latency runs, per round trip sent.
 //!
 //! `bench --callgrind [ETRELAY_BINARY]` counts the relay's instructions per datagram instead
 //! (`profile.rs`).
