@@ -174,16 +174,24 @@ enum Next {
 enum Staged {
     /// Answered (a duplicate's stored answer, or the terminal's verdict, recorded).
     Done(Result<Answer, Reason>),
-    /// Reserved: step 8 forwards `frame` to `endpoint` in `turn`, holding the next hop's slot,
-    /// then records the answer under `tag` and `digest`.
-    Forward {
-        tag: ReplayTag,
-        digest: Digest,
-        endpoint: String,
-        frame: Vec<u8>,
-        turn: Turn,
-        next_hop_slot: NextHopSlot,
-    },
+    /// Reserved: step 8 forwards it, then records the answer.
+    Forward(Forwarding),
+}
+
+/// A reserved layer on its way to the next hop.
+struct Forwarding {
+    /// Under which the answer is recorded.
+    tag: ReplayTag,
+    /// See [`Forwarding::tag`].
+    digest: Digest,
+    /// The next hop's address, and what goes there.
+    endpoint: String,
+    /// See [`Forwarding::endpoint`].
+    frame: Vec<u8>,
+    /// Its turn under the next hop's previous-hop rate.
+    turn: Turn,
+    /// Held until the next hop answered.
+    _next_hop_slot: NextHopSlot,
 }
 
 /// The inbound pipeline: its own state (gate, sources, guard, replay registry, terminal) over
@@ -347,23 +355,18 @@ impl Pipeline {
         )
         .await
         .ok_or(Reason::ForwardFailed)??;
-        let (tag, digest, endpoint, frame, turn, _next_hop_slot) = match staged {
+        let f = match staged {
             Staged::Done(verdict) => return verdict,
-            Staged::Forward {
-                tag,
-                digest,
-                endpoint,
-                frame,
-                turn,
-                next_hop_slot,
-            } => (tag, digest, endpoint, frame, turn, next_hop_slot),
+            Staged::Forward(f) => f,
         };
-        // Step 8, then the replay record.
-        trace!(next = %Prefix(turn.hop()), "forwarding");
+        // Step 8 (the next hop's slot held to the end), then the replay record.
+        trace!(next = %Prefix(f.turn.hop()), "forwarding");
         let until = deadline.checked_sub(FINISH_MARGIN).unwrap_or(deadline);
-        let verdict = self.forward(&endpoint, &tag, frame, until, turn).await;
+        let verdict = self
+            .forward(&f.endpoint, &f.tag, f.frame, until, f.turn)
+            .await;
         let completed_at = self.ctx.clock.unix();
-        reserve::complete(&self.replay, tag, digest, wire(&verdict), completed_at).await;
+        reserve::complete(&self.replay, f.tag, f.digest, wire(&verdict), completed_at).await;
         verdict
     }
 
@@ -420,14 +423,14 @@ impl Pipeline {
                 Some(turn),
                 Some(slot),
             ) => {
-                return Ok(Staged::Forward {
+                return Ok(Staged::Forward(Forwarding {
                     tag: c.tag,
                     digest: c.digest,
                     endpoint,
                     frame,
                     turn,
-                    next_hop_slot: slot,
-                });
+                    _next_hop_slot: slot,
+                }));
             }
             (Next::Forward { .. }, _, _) => Err(Reason::ForwardFailed),
             (

@@ -19,10 +19,12 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
 use guard::admission::Permit;
+use tokio::time::Sleep;
 use tracing::{debug, trace};
 
 use super::metrics::Drop;
@@ -98,16 +100,12 @@ async fn run(shared: Arc<Shared>, session: Arc<Session>, permit: Permit) {
             () = &mut queued => {
                 queued.set(session.queued());
                 // With the buffer full, the next try is already set.
-                if full.is_none() && flush(&shared, &session, upstream).blocked {
-                    full = Some(FULL_RETRY);
-                    retry.as_mut().reset(Instant::now() + FULL_RETRY);
+                if full.is_none() {
+                    full = try_flush(&shared, &session, upstream, full, retry.as_mut());
                 }
             }
             () = &mut retry, if full.is_some() => {
-                full = next_try(full, flush(&shared, &session, upstream));
-                if let Some(wait) = full {
-                    retry.as_mut().reset(Instant::now() + wait);
-                }
+                full = try_flush(&shared, &session, upstream, full, retry.as_mut());
             }
             // The game server's answers go on while the buffer towards it is full.
             r = upstream.readable() => match r {
@@ -132,6 +130,22 @@ async fn run(shared: Arc<Shared>, session: Arc<Session>, permit: Permit) {
     let open = shared.remove_session(&session);
     drop(permit);
     debug!("session - {} ({open} active)", session.client());
+}
+
+/// One try of [`flush`] after a wait of `wait` (none: the first): the wait before the next
+/// try, with `retry` set to its end, while the buffer stays full; `None` once it took all.
+fn try_flush(
+    shared: &Shared,
+    session: &Session,
+    upstream: &ReadSocket,
+    wait: Option<Duration>,
+    retry: Pin<&mut Sleep>,
+) -> Option<Duration> {
+    let next = next_try(wait, flush(shared, session, upstream));
+    if let Some(next) = next {
+        retry.reset(Instant::now() + next);
+    }
+    next
 }
 
 /// The wait before the next try after a try that did `done`, the last wait having been `wait`:
