@@ -24,7 +24,9 @@
 //! take a crypto slot of node 1 (they pass the framing and the signature and fail at the peel:
 //! an onion key nobody holds), half from a known peer's address and half from a stranger's, and
 //! the round trip of every answer is kept by the error it names (`backpressure`,
-//! `source_limited`, `onion_peel_failed`).
+//! `source_limited`, `onion_peel_failed`). Then the same 16 connections to node 1 alone, for
+//! 3 s with no deliveries: what saturates the CPU is node 1's own cryptography (and these
+//! clients), as on a node that has a machine to itself; node 1's CPU use is printed with it.
 //!
 //! Run with `scripts/bench-blindrelay delivery`.
 
@@ -330,6 +332,22 @@ fn cpu_now(nodes: &[Node]) -> (Duration, u64, Duration) {
     (cpu, switches, me)
 }
 
+/// The overload's answers as a Markdown table: by source, by the error named, their round trips.
+fn print_overload(known: &Overload, strange: &Overload) {
+    println!("| from | answer | count | p50 ms | p99 ms | max ms |\n|---|---|---:|---:|---:|---:|");
+    for (from, probed) in [("known peer", known), ("stranger", strange)] {
+        for (error, v) in &probed.answers {
+            println!(
+                "| {from} | `{error}` | {} | {:.2} | {:.2} | {:.2} |",
+                v.len(),
+                percentile(v, 50),
+                percentile(v, 99),
+                v.last().map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0),
+            );
+        }
+    }
+}
+
 fn percentile(sorted: &[Duration], p: usize) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -618,23 +636,36 @@ async fn main() {
             LOADED.as_secs()
         );
         println!();
-        println!(
-            "| from | answer | count | p50 ms | p99 ms | max ms |\n|---|---|---:|---:|---:|---:|"
-        );
-        for (from, probed) in [("known peer", &known), ("stranger", &strange)] {
-            for (error, v) in &probed.answers {
-                println!(
-                    "| {from} | `{error}` | {} | {:.2} | {:.2} | {:.2} |",
-                    v.len(),
-                    percentile(v, 50),
-                    percentile(v, 99),
-                    v.last().map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0),
-                );
-            }
-        }
+        print_overload(&known, &strange);
         println!(
             "\nDuring it: {:.0} deliveries/s, {failed} failed; {} prober requests failed in transport.",
             delivered.len() as f64 / took.as_secs_f64(),
+            known.errors + strange.errors
+        );
+        // The same overload of node 1 alone: the other nodes and the delivery clients idle,
+        // so what saturates the CPU is node 1's own cryptography (and these clients).
+        let node1 = nodes[1].child.as_ref().and_then(Child::id);
+        let before = (node1.and_then(proc_cpu), Instant::now());
+        let until = Instant::now() + LOADED;
+        let (known, strange) = tokio::join!(
+            overload(&nodes[1], nodes[2].ip, OVERLOAD_CONNS / 2, until),
+            overload(&nodes[1], stranger, OVERLOAD_CONNS / 2, until),
+        );
+        let busy = match (before, node1.and_then(proc_cpu)) {
+            ((Some((c0, _)), t0), Some((c1, _))) => {
+                100.0 * (c1 - c0).as_secs_f64() / t0.elapsed().as_secs_f64()
+            }
+            _ => f64::NAN,
+        };
+        println!();
+        println!(
+            "The same {OVERLOAD_CONNS} connections to node 1 alone, no deliveries, for {} s: node 1 used {busy:.0} % of one CPU thread ({cores} in all).",
+            LOADED.as_secs()
+        );
+        println!();
+        print_overload(&known, &strange);
+        println!(
+            "\n{} prober requests failed in transport.",
             known.errors + strange.errors
         );
     }
