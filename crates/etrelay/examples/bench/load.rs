@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use quinn_udp::{RecvMeta, UdpSocketState};
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::net::{MMsgHdr, SendAncillaryBuffer, SendFlags, sendmmsg};
 
 /// Datagrams per `recvmmsg` (and most per `sendmmsg`).
@@ -44,6 +45,13 @@ pub(crate) fn packet(i: usize, size: usize) -> Vec<u8> {
 /// Byte 2 of an in-game datagram the sink sends back to its sender (callgrind's round trips).
 pub(crate) const ECHO: u8 = 0xEC;
 
+/// How long [`Receiver::recv`] waits for a datagram before it returns (the caller looks at its
+/// stop flag in between).
+const WAIT: Timespec = Timespec {
+    tv_sec: 0,
+    tv_nsec: 50_000_000,
+};
+
 /// A recvmmsg receiver: buffers allocated once.
 pub(crate) struct Receiver {
     state: UdpSocketState,
@@ -60,8 +68,17 @@ impl Receiver {
         }
     }
 
-    /// One `recvmmsg`; calls `each` with every datagram (GRO buffers split) and its source.
+    /// Waits up to [`WAIT`] for a datagram, then one `recvmmsg`; calls `each` with every
+    /// datagram (GRO buffers split) and its source.
+    ///
+    /// `UdpSocketState` makes the socket non-blocking, and a blocking `recvmmsg` would wait
+    /// for a whole batch: without the `poll`, a sink or echo server with nothing to read spins
+    /// on a CPU the relays under test need.
     pub(crate) fn recv(&mut self, sock: &UdpSocket, mut each: impl FnMut(SocketAddr, &[u8])) {
+        let mut ready = [PollFd::new(sock, PollFlags::IN)];
+        if !matches!(poll(&mut ready, Some(&WAIT)), Ok(n) if n > 0) {
+            return;
+        }
         let mut chunks = self.bufs.chunks_mut(SLOT);
         let mut iovs: [IoSliceMut<'_>; BATCH] =
             std::array::from_fn(|_| IoSliceMut::new(chunks.next().expect("BATCH slots")));
@@ -114,7 +131,6 @@ pub(crate) fn sink(
     stop: Arc<AtomicBool>,
 ) -> JoinHandle<()> {
     std::thread::spawn(move || {
-        let _ = sock.set_read_timeout(Some(Duration::from_millis(50)));
         let mut rx = Receiver::new(&sock);
         let answer = packet(0, 64);
         while !stop.load(Ordering::Relaxed) {
@@ -136,7 +152,6 @@ pub(crate) fn sink(
 /// (from etrelay's query cache) gets a `statusResponse` the size of an idle ET server's.
 pub(crate) fn echo(sock: UdpSocket, stop: Arc<AtomicBool>) -> JoinHandle<()> {
     std::thread::spawn(move || {
-        let _ = sock.set_read_timeout(Some(Duration::from_millis(50)));
         let mut rx = Receiver::new(&sock);
         let mut status = b"\xff\xff\xff\xffstatusResponse\n\\sv_hostname\\bench".to_vec();
         status.resize(831, b'x');

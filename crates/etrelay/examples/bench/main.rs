@@ -2,12 +2,14 @@
 //! latency under a spoofed-source `getstatus` flood.
 //!
 //! Run with `scripts/bench` (it builds in release mode and installs nginx when missing), or
-//! `target/release/examples/bench [--quick]`.
+//! `target/release/examples/bench [--quick] [--throughput | --latency]` (one of the two parts
+//! only).
 //!
 //! - **Throughput**: one-way at saturation, 64 B and 1 400 B in-game datagrams (no
 //!   `FF FF FF FF` prefix, so they go through etrelay's sessions as a player's would), 1, 32 and
 //!   256 clients (each its own 127.x address and qport), one load thread sending with
-//!   `sendmmsg`, a sink counting with `recvmmsg`: direct to the sink, through nginx (one
+//!   `sendmmsg`, a sink counting with `recvmmsg` (it sleeps in `poll` when it has nothing to
+//!   read, as a receiver would, and does not spin on a CPU): direct to the sink, through nginx (one
 //!   worker, `../shared/research/anchors.md` §1.2), through etrelay (defaults, `--masters ""`).
 //!   The paths take turns, round after round.
 //! - **Latency**: round trip to an echo server at an ET-like load (64 clients, 10 000
@@ -418,6 +420,11 @@ fn main() {
         "Throughput: {} s per cell, {} rounds; latency: {} s per run, {} rounds.",
         plan.secs, plan.rounds, plan.lat_secs, plan.lat_rounds
     );
-    throughput_table(&plan, dir.path());
-    latency_table(&plan, dir.path());
+    let only = |what: &str| args.iter().any(|a| a == what);
+    if !only("--latency") {
+        throughput_table(&plan, dir.path());
+    }
+    if !only("--throughput") {
+        latency_table(&plan, dir.path());
+    }
 }
