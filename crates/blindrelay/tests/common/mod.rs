@@ -309,9 +309,20 @@ pub fn tap_mark() -> u32 {
 
 impl Tap {
     async fn start(upstream: SocketAddr) -> Tap {
-        let listener = tokio::net::TcpListener::bind((fresh_ip(), RELAY_PORT))
-            .await
-            .expect("bind tap");
+        // `fresh_ip` found the port free; something may take it before this binds (another
+        // test process on the same range): then the next address.
+        let mut listener = None;
+        for _ in 0..8 {
+            match tokio::net::TcpListener::bind((fresh_ip(), RELAY_PORT)).await {
+                Ok(l) => {
+                    listener = Some(l);
+                    break;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
+                Err(e) => panic!("bind tap: {e}"),
+            }
+        }
+        let listener = listener.expect("bind tap: eight addresses taken in a row");
         let addr = listener.local_addr().expect("addr");
         let bytes = Arc::new(Mutex::new(Vec::new()));
         let conns: Arc<Mutex<Vec<TapConn>>> = Arc::new(Mutex::new(Vec::new()));

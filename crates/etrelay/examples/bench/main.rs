@@ -78,6 +78,16 @@ struct Plan {
     ping_pongs: usize,
 }
 
+/// Stops the bench unless every one of `addrs` can be bound: the relays listen on fixed ports, and a
+/// second run of this bench at the same time would measure the first one's relays.
+fn ports_free(addrs: &[SocketAddr]) {
+    for addr in addrs {
+        if let Err(e) = UdpSocket::bind(addr) {
+            panic!("{addr} is taken ({e}): is another run of this bench going on?");
+        }
+    }
+}
+
 fn start_nginx(dir: &Path, listen: SocketAddr, upstream: SocketAddr) -> Guard {
     std::fs::create_dir_all(dir).expect("nginx dir");
     let conf = format!(
@@ -208,6 +218,7 @@ fn throughput_table(plan: &Plan, dir: &Path) {
     let sink = load::sink(sink_sock, Arc::clone(&counts), Arc::clone(&stop));
     let nginx_addr: SocketAddr = (Ipv4Addr::new(127, 77, 0, 3), 27961).into();
     let relay_addr: SocketAddr = (Ipv4Addr::new(127, 77, 0, 4), 27960).into();
+    ports_free(&[nginx_addr, relay_addr]);
     let nginx = start_nginx(&dir.join("nginx-t"), nginx_addr, sink_addr);
     let relay = start_etrelay(relay_addr, sink_addr);
     // Bound once: etrelay's sessions (keyed by the client's address) live across runs.
@@ -268,6 +279,7 @@ fn latency_table(plan: &Plan, dir: &Path) {
     let echo = load::echo(echo_sock, Arc::clone(&stop));
     let nginx_addr: SocketAddr = (Ipv4Addr::new(127, 78, 0, 3), 27961).into();
     let relay_addr: SocketAddr = (Ipv4Addr::new(127, 78, 0, 4), 27960).into();
+    ports_free(&[nginx_addr, relay_addr]);
     let nginx = start_nginx(&dir.join("nginx-l"), nginx_addr, echo_addr);
     let relay = start_etrelay(relay_addr, echo_addr);
     let socks = latency::clients();
