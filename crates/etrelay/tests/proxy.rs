@@ -342,9 +342,10 @@ async fn a_nat_rebind_keeps_the_player_playing() {
 
 /// A session whose socket's send buffer is full keeps its packets queued and sends them as the
 /// buffer drains (the socket is not registered for write readiness: the session's task tries
-/// again after 1 ms, doubling while nothing goes out). In a namespace of its own, where the loopback sends what goes to
-/// the game server's port at 8 Mbit/s (`tc`: an `htb` class and a `u32` filter), so that the
-/// relay's datagrams wait in the queueing discipline and fill the socket's buffer.
+/// again after 1 ms, doubling while nothing goes out). In a namespace of its own, where the
+/// loopback sends what goes to the game server's port at 8 Mbit/s (`tc`: an `htb` class and a
+/// `u32` filter), so that the relay's datagrams wait in the queueing discipline and fill the
+/// socket's buffer.
 #[tokio::test]
 async fn a_full_upstream_buffer_is_sent_as_it_drains() {
     if let Err(why) = netns::support() {

@@ -40,13 +40,22 @@ pub const POLL: Duration = Duration::from_millis(20);
 
 static NEXT_IP: AtomicU32 = AtomicU32::new(0);
 
-/// A fresh loopback address for this process: `127.(50 + pid % 150).x.y`, never used before by
-/// this process, and with both fixed ports free right now.
-pub fn fresh_ip() -> Ipv4Addr {
+/// The next loopback address of this process's range, `127.(50 + pid % 150).x.y`: never the
+/// same twice in one process.
+fn next_ip() -> Ipv4Addr {
     let second = 50 + (std::process::id() % 150) as u8;
-    for _ in 0..(254 * 256) {
-        let n = NEXT_IP.fetch_add(1, Ordering::Relaxed);
-        let ip = Ipv4Addr::new(127, second, ((n / 254) % 256) as u8, (n % 254 + 1) as u8);
+    let n = NEXT_IP.fetch_add(1, Ordering::Relaxed);
+    Ipv4Addr::new(127, second, ((n / 254) % 256) as u8, (n % 254 + 1) as u8)
+}
+
+/// Addresses [`fresh_ip`] and [`fresh_listener`] try before they give up.
+const ADDRESSES: usize = 254 * 256;
+
+/// A fresh loopback address for this process ([`next_ip`]), with both fixed ports free right
+/// now (for a node process to bind).
+pub fn fresh_ip() -> Ipv4Addr {
+    for _ in 0..ADDRESSES {
+        let ip = next_ip();
         let free = [RELAY_PORT, OPERATOR_PORT]
             .iter()
             .all(|p| std::net::TcpListener::bind((ip, *p)).is_ok());
@@ -54,7 +63,20 @@ pub fn fresh_ip() -> Ipv4Addr {
             return ip;
         }
     }
-    panic!("no free loopback address left in 127.{second}.0.0/16");
+    panic!("no free loopback address left in this process's range");
+}
+
+/// A listener on `port` of a fresh address ([`next_ip`]), bound here and now: no gap between
+/// finding the port free and taking it, in which another process could take it first.
+pub async fn fresh_listener(port: u16) -> tokio::net::TcpListener {
+    for _ in 0..ADDRESSES {
+        match tokio::net::TcpListener::bind((next_ip(), port)).await {
+            Ok(listener) => return listener,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {}
+            Err(e) => panic!("bind a fresh listener: {e}"),
+        }
+    }
+    panic!("no free loopback address left in this process's range");
 }
 
 /// An HTTP client for the tests: no proxy, bounded time.
@@ -309,20 +331,7 @@ pub fn tap_mark() -> u32 {
 
 impl Tap {
     async fn start(upstream: SocketAddr) -> Tap {
-        // `fresh_ip` found the port free; something may take it before this binds (another
-        // test process on the same range): then the next address.
-        let mut listener = None;
-        for _ in 0..8 {
-            match tokio::net::TcpListener::bind((fresh_ip(), RELAY_PORT)).await {
-                Ok(l) => {
-                    listener = Some(l);
-                    break;
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => continue,
-                Err(e) => panic!("bind tap: {e}"),
-            }
-        }
-        let listener = listener.expect("bind tap: eight addresses taken in a row");
+        let listener = fresh_listener(RELAY_PORT).await;
         let addr = listener.local_addr().expect("addr");
         let bytes = Arc::new(Mutex::new(Vec::new()));
         let conns: Arc<Mutex<Vec<TapConn>>> = Arc::new(Mutex::new(Vec::new()));

@@ -9,8 +9,9 @@
 //!   `FF FF FF FF` prefix, so they go through etrelay's sessions as a player's would), 1, 32 and
 //!   256 clients (each its own 127.x address and qport), one load thread sending with
 //!   `sendmmsg`, a sink counting with `recvmmsg` (it sleeps in `poll` when it has nothing to
-//!   read, as a receiver would, and does not spin on a CPU): direct to the sink, through nginx (one
-//!   worker, `../shared/research/anchors.md` §1.2), through etrelay (defaults, `--masters ""`).
+//!   read, as a receiver would, and does not spin on a CPU): direct to the sink, through nginx
+//!   (one worker, `../shared/research/anchors.md` §1.2), through etrelay (defaults,
+//!   `--masters ""`).
 //!   The paths take turns, round after round.
 //! - **Latency**: round trip to an echo server at an ET-like load (64 clients, 10 000
 //!   datagrams/s in all, 64 B), direct, nginx, etrelay in turn, round after round; the median
@@ -78,8 +79,8 @@ struct Plan {
     ping_pongs: usize,
 }
 
-/// Stops the bench unless every one of `addrs` can be bound: the relays listen on fixed ports, and a
-/// second run of this bench at the same time would measure the first one's relays.
+/// Stops the bench unless every one of `addrs` can be bound: the relays listen on fixed ports,
+/// and a second run of this bench at the same time would measure the first one's relays.
 fn ports_free(addrs: &[SocketAddr]) {
     for addr in addrs {
         if let Err(e) = UdpSocket::bind(addr) {

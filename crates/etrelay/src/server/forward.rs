@@ -9,9 +9,8 @@
 //! **through the public socket** meanwhile, so they come from the public port. The socket is
 //! registered for reading only ([`ReadSocket`]): registered for writing too, it would wake the
 //! relay after every datagram sent on it. It has no receive buffer of its own: when the
-//! upstream socket is
-//! readable it reads into the server's one buffer and sends on without waiting (a full socket
-//! buffer drops the answer). The first `connectResponse` or in-game packet from the server
+//! upstream socket is readable it reads into the server's one buffer and sends on without
+//! waiting (a full socket buffer drops the answer). The first `connectResponse` or in-game packet from the server
 //! makes the session established; any other answer marks it answered. It ends after its idle
 //! timeout without a packet either way (a deadline on tokio's timer, moved on by every packet;
 //! short while half-open), when its server stops, or at once when it is cut (a ban, recycling,
