@@ -225,6 +225,12 @@ pub struct RunArgs {
     #[arg(long, default_value_t = config::MAX_PACKET, value_parser = clap::value_parser!(u32).range(16..=65_535).map(|v| v as usize))]
     pub max_packet: usize,
 
+    /// Send to the game server one socket at a time (`sendmmsg`), not a whole batch over all
+    /// sessions' sockets with one `io_uring` call. Without this flag io_uring is used where the
+    /// kernel allows it, and the relay falls back by itself where it does not.
+    #[arg(long, env = "ETRELAY_NO_IO_URING")]
+    pub no_io_uring: bool,
+
     /// getstatus/getinfo a source IP may send at once…
     #[arg(long, default_value_t = config::QUERY_BURST, value_parser = clap::value_parser!(u32).range(1..))]
     pub query_burst: u32,
@@ -357,6 +363,7 @@ impl RunArgs {
                 timeout: self.session_timeout,
                 queue: self.session_queue,
                 max_packet: self.max_packet,
+                io_uring: !self.no_io_uring,
             },
             query: QueryLimits {
                 burst: self.query_burst,

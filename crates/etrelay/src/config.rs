@@ -289,6 +289,9 @@ pub struct SessionLimits {
     pub queue: usize,
     /// Largest datagram relayed; larger ones are dropped.
     pub max_packet: usize,
+    /// Send a batch's datagrams to the game server, over all its sessions' sockets, with one
+    /// `io_uring` system call where the kernel allows it.
+    pub io_uring: bool,
 }
 
 /// Query limiter bounds of one server.
@@ -310,6 +313,7 @@ impl Default for SessionLimits {
             timeout: SESSION_TIMEOUT,
             queue: SESSION_QUEUE,
             max_packet: MAX_PACKET,
+            io_uring: true,
         }
     }
 }

@@ -5,7 +5,8 @@
 //!
 //! - [`RESERVE`] for standard streams, the control listener, state files and name lookups;
 //! - [`PER_SERVER`] per port of `--ports` (public socket, the query cache's socket, a probe's
-//!   socket, the ban store's two connections: database, journal and shared-memory files);
+//!   socket, the relay loop's io_uring ring, the ban store's two connections: database,
+//!   journal and shared-memory files);
 //! - [`PER_CONTROL_CONN`] per control connection (the connection, and the socket of a
 //!   registration's proof);
 //! - what is left for sessions (one socket each). When `--max-sessions` does not fit, it is

@@ -15,6 +15,8 @@ use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::net::UdpSocket;
 
+pub mod ring;
+
 /// Datagrams (or GRO buffers) taken per system call.
 pub const BATCH: usize = quinn_udp::BATCH_SIZE;
 /// Room for one receive slot: the largest UDP datagram.

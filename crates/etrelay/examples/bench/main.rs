@@ -11,7 +11,8 @@
 //!   `sendmmsg`, a sink counting with `recvmmsg` (it sleeps in `poll` when it has nothing to
 //!   read, as a receiver would, and does not spin on a CPU): direct to the sink, through nginx
 //!   (one worker, `../shared/research/anchors.md` §1.2), through etrelay (defaults,
-//!   `--masters ""`).
+//!   `--masters ""`), and through etrelay with `--no-io-uring` (one `sendmmsg` per session
+//!   socket instead of one `io_uring` call per batch: what the ring is worth).
 //!   The paths take turns, round after round.
 //! - **Latency**: round trip to an echo server at an ET-like load (64 clients, 10 000
 //!   datagrams/s in all, 64 B), direct, nginx, etrelay in turn, round after round; the median
@@ -108,7 +109,7 @@ fn start_nginx(dir: &Path, listen: SocketAddr, upstream: SocketAddr) -> Guard {
     Guard(child)
 }
 
-fn start_etrelay(listen: SocketAddr, upstream: SocketAddr) -> Guard {
+fn start_etrelay(listen: SocketAddr, upstream: SocketAddr, extra: &[&str]) -> Guard {
     let bin = std::env::current_exe()
         .ok()
         .and_then(|p| Some(p.parent()?.parent()?.join("etrelay")))
@@ -123,6 +124,7 @@ fn start_etrelay(listen: SocketAddr, upstream: SocketAddr) -> Guard {
             "1h",
             &upstream.to_string(),
         ])
+        .args(extra)
         .env("RUST_LOG", "warn,etrelay=info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -219,53 +221,70 @@ fn throughput_table(plan: &Plan, dir: &Path) {
     let sink = load::sink(sink_sock, Arc::clone(&counts), Arc::clone(&stop));
     let nginx_addr: SocketAddr = (Ipv4Addr::new(127, 77, 0, 3), 27961).into();
     let relay_addr: SocketAddr = (Ipv4Addr::new(127, 77, 0, 4), 27960).into();
-    ports_free(&[nginx_addr, relay_addr]);
+    let plain_addr: SocketAddr = (Ipv4Addr::new(127, 77, 0, 5), 27960).into();
+    ports_free(&[nginx_addr, relay_addr, plain_addr]);
     let nginx = start_nginx(&dir.join("nginx-t"), nginx_addr, sink_addr);
-    let relay = start_etrelay(relay_addr, sink_addr);
+    let relay = start_etrelay(relay_addr, sink_addr, &[]);
+    // The same relay sending one socket at a time: what the io_uring ring is worth.
+    let plain = start_etrelay(plain_addr, sink_addr, &["--no-io-uring"]);
     // Bound once: etrelay's sessions (keyed by the client's address) live across runs.
     let socks = load::clients(77, 256);
     let paths = [
         ("direct", sink_addr),
         ("nginx", nginx_addr),
         ("etrelay", relay_addr),
+        ("etrelay --no-io-uring", plain_addr),
     ];
 
     println!("\n### Throughput: one-way at saturation, delivered datagrams/s\n");
-    println!("| size | clients | round | direct | nginx 1 worker | etrelay | etrelay / nginx |");
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| size | clients | round | direct | nginx 1 worker | etrelay | etrelay, no io_uring | etrelay / nginx | no io_uring / nginx |"
+    );
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut summary = Vec::new();
     for size in [64, 1400] {
         for clients in [1, 32, 256] {
             let mut ratios = Vec::new();
-            let mut cells = [Vec::new(), Vec::new(), Vec::new()];
+            let mut plain_ratios = Vec::new();
+            let mut cells = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
             for round in 1..=plan.rounds {
-                let mut got = [0.0; 3];
+                let mut got = [0.0; 4];
                 for (k, (_, addr)) in paths.iter().enumerate() {
                     got[k] = throughput(&socks[..clients], *addr, size, plan.secs, &counts);
                     cells[k].push(got[k]);
                 }
                 let r = got[2] / got[1].max(1.0);
+                let p = got[3] / got[1].max(1.0);
                 ratios.push(r);
+                plain_ratios.push(p);
                 println!(
-                    "| {size} | {clients} | {round} | {:.0} | {:.0} | {:.0} | {r:.2} |",
-                    got[0], got[1], got[2]
+                    "| {size} | {clients} | {round} | {:.0} | {:.0} | {:.0} | {:.0} | {r:.2} | {p:.2} |",
+                    got[0], got[1], got[2], got[3]
                 );
             }
             let min = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-            summary.push((size, clients, cells.map(median), median(ratios), min));
+            summary.push((
+                size,
+                clients,
+                cells.map(median),
+                median(ratios),
+                min,
+                median(plain_ratios),
+            ));
         }
     }
     println!("\nMedians of the rounds:\n");
     println!(
-        "| size | clients | direct | nginx 1 worker | etrelay | etrelay / nginx (median) | lowest round |"
+        "| size | clients | direct | nginx 1 worker | etrelay | etrelay / nginx (median) | lowest round | no io_uring / nginx (median) |"
     );
-    println!("|---:|---:|---:|---:|---:|---:|---:|");
-    for (size, clients, m, r, min) in summary {
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (size, clients, m, r, min, p) in summary {
         println!(
-            "| {size} | {clients} | {:.0} | {:.0} | {:.0} | **{r:.2}** | {min:.2} |",
+            "| {size} | {clients} | {:.0} | {:.0} | {:.0} | **{r:.2}** | {min:.2} | {p:.2} |",
             m[0], m[1], m[2]
         );
     }
+    drop(plain);
     drop(relay);
     drop(nginx);
     stop.store(true, Ordering::Relaxed);
@@ -282,7 +301,7 @@ fn latency_table(plan: &Plan, dir: &Path) {
     let relay_addr: SocketAddr = (Ipv4Addr::new(127, 78, 0, 4), 27960).into();
     ports_free(&[nginx_addr, relay_addr]);
     let nginx = start_nginx(&dir.join("nginx-l"), nginx_addr, echo_addr);
-    let relay = start_etrelay(relay_addr, echo_addr);
+    let relay = start_etrelay(relay_addr, echo_addr, &[]);
     let socks = latency::clients();
     // Sessions open and settle before the first counted run.
     for (_, addr) in [("nginx", nginx_addr), ("etrelay", relay_addr)] {

@@ -24,13 +24,14 @@ use std::time::Duration;
 
 use guard::admission::Permit;
 use tokio::time::Sleep;
-use tracing::{debug, trace};
+use tracing::{debug, trace, warn};
 
 use super::metrics::Drop;
-use super::session::{Flushed, Phase, Session};
+use super::session::{Flushed, Phase, Refused, Session};
 use super::shared::Shared;
 use crate::clock::Instant;
 use crate::et;
+use crate::net::ring::SendRing;
 use crate::net::{ReadSocket, send_batch, session_socket};
 
 /// Datagrams a session task reads from its upstream socket per turn.
@@ -170,6 +171,75 @@ pub(super) fn flush(shared: &Shared, session: &Session, upstream: &ReadSocket) -
         m.drop(Drop::Upstream);
     }
     done
+}
+
+/// Sends what `sessions` queued through `ring`: every session's datagrams with one system
+/// call per [`SendRing`]'s worth, in the order queued. A datagram its socket refused as full
+/// goes back to the front of its session's queue and the session's task is woken to send it
+/// (the session is not staged again here); one longer than the ring's slots stays queued for
+/// [`flush`]. If the ring fails, what it held is dropped and counted, and the caller stops
+/// using it ([`SendRing::broken`]).
+pub(super) fn flush_through(ring: &mut SendRing, shared: &Shared, sessions: &[Arc<Session>]) {
+    let m = &shared.metrics;
+    let mut next = 0;
+    while next < sessions.len() {
+        while next < sessions.len() {
+            let s = &sessions[next];
+            let Ok(tag) = u32::try_from(next) else {
+                return;
+            };
+            if let Some(upstream) = s.upstream() {
+                s.take_queued(|data| ring.stage(upstream.get_ref(), data, tag));
+            }
+            if ring.is_full() {
+                // This session may have more: it is staged again in the next round.
+                break;
+            }
+            next += 1;
+        }
+        let staged = ring.staged();
+        if staged == 0 {
+            return;
+        }
+        // Datagrams of one session refused so far in this round: where the next goes back.
+        let mut refused = (u32::MAX, 0);
+        let submitted = ring.submit(|tag, data, outcome| {
+            let Some(s) = sessions.get(tag as usize) else {
+                return;
+            };
+            match outcome {
+                Ok(n) => {
+                    m.upstream_packets.inc();
+                    m.upstream_bytes.add(n as u64);
+                    s.packets_up.inc();
+                    s.bytes_up.add(n as u64);
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    if refused.0 != tag {
+                        refused = (tag, 0);
+                    }
+                    match s.requeue(refused.1, data) {
+                        Ok(()) => refused.1 += 1,
+                        Err(Refused::QueueFull) => m.drop(Drop::QueueFull),
+                        Err(Refused::OverBudget) => m.drop(Drop::QueuedBytes),
+                    }
+                    s.wake();
+                }
+                Err(_) => m.drop(Drop::Upstream),
+            }
+        });
+        if let Err(e) = submitted {
+            for _ in 0..staged {
+                m.drop(Drop::Upstream);
+            }
+            warn!("io_uring failed ({e}): sending one socket at a time from now on");
+            return;
+        }
+        // A session whose socket was full is its task's now: not staged again.
+        if refused.0 as usize == next {
+            next += 1;
+        }
+    }
 }
 
 /// Reads what the game server sent (a bounded number per turn) and relays it.

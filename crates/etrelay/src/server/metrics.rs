@@ -168,6 +168,9 @@ guard::counter_set! {
             query_sources: Gauge,
             /// Slots of the query limiter's fixed table (its memory, fixed at start).
             query_slots: Gauge,
+            /// 1 while the relay loop sends to the game server through io_uring (a batch over
+            /// all sessions' sockets in one system call), 0 while it sends one socket at a time.
+            upstream_io_uring: Gauge,
         },
         /// Client datagrams dropped, by [`Drop`] reason (one labelled family).
         drops: [Counter; Drop::ALL.len()],

@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use guard::limiter::{KeyedLimiter, Limits, TokenBucket};
 use tokio::net::UdpSocket;
-use tracing::{debug, trace, warn};
+use tracing::{debug, info, trace, warn};
 
 use super::cache::{Outcome, QueryCache};
 use super::forward;
@@ -31,6 +31,7 @@ use super::shared::{Shared, State};
 use crate::clock::Instant;
 use crate::et::classify::{Command, Packet, Query, Reject, classify};
 use crate::et::{self, command_word};
+use crate::net::ring::SendRing;
 use crate::net::{BatchRecv, canonical, upstream_socket};
 
 /// Batches read per wake-up before the loop yields, so the sessions can send what it queued
@@ -51,6 +52,11 @@ const SWEEP_GAP: Duration = Duration::from_millis(200);
 /// Sessions noted for sending before they are sent at once (a batch of GRO buffers can hold
 /// more datagrams than [`crate::net::BATCH`]).
 const TOUCHED: usize = 64;
+/// Datagrams staged in the ring per system call.
+const RING_SLOTS: usize = 64;
+/// The longest datagram the ring takes; a longer one (never a player's in-game packet, which
+/// is at most 1 400 bytes) is sent with `sendmmsg`.
+const RING_SLOT_LEN: usize = 2048;
 /// Tokens of the upstream pace the query cache leaves to `getchallenge`.
 const REFRESH_RESERVE: u32 = 3;
 
@@ -80,6 +86,9 @@ struct Handler {
     budget: AnswerBudget,
     /// Sessions with packets to send at the end of the batch.
     touched: Touched,
+    /// Sends to many sessions' sockets in one system call; `None` where `io_uring` is off or
+    /// not available.
+    ring: Option<SendRing>,
 }
 
 /// The query cache and the socket its refreshes go out on and their answers come back on.
@@ -106,6 +115,11 @@ impl RelayLoop {
             },
         );
         shared.metrics.query_slots.set(limiter.slots() as u64);
+        let ring = send_ring(cfg.session.io_uring);
+        shared
+            .metrics
+            .upstream_io_uring
+            .set(u64::from(ring.is_some()));
         let cache = if cfg.cache_max_age.is_zero() {
             None
         } else {
@@ -130,6 +144,7 @@ impl RelayLoop {
                 join_buf: Vec::with_capacity(128),
                 budget: AnswerBudget::new(&cfg.reflection),
                 touched: Touched(Vec::with_capacity(TOUCHED)),
+                ring,
                 shared,
             },
         })
@@ -184,11 +199,15 @@ impl RelayLoop {
                 Ok(_) => {
                     let now = Instant::now();
                     let mut last = None;
+                    // Without the ring, a run of one client's datagrams goes out in one
+                    // `sendmmsg`; it goes as soon as the run ends, not at the end of the batch,
+                    // so the first client of a burst does not wait for the others' to be
+                    // classified. With it, the whole batch goes out in one system call.
+                    let per_run = self.handler.ring.is_none();
                     for (src, data) in self.batch.datagrams() {
-                        // A run of one client's datagrams goes out in one `sendmmsg`; it goes
-                        // as soon as the run ends, not at the end of the batch, so the first
-                        // client of a burst does not wait for the others' to be classified.
-                        if last.is_some_and(|l| l != src) || self.handler.touched.is_full() {
+                        if (per_run && last.is_some_and(|l| l != src))
+                            || self.handler.touched.is_full()
+                        {
                             self.handler.send_touched();
                         }
                         last = Some(src);
@@ -297,10 +316,18 @@ impl Handler {
         }
     }
 
-    /// Sends what the noted sessions queued: one `sendmmsg` per session and batch. A session
-    /// whose socket buffer is full is left to its task, woken to send it (see
-    /// [`super::forward`]).
+    /// Sends what the noted sessions queued: all of it with one system call through the ring
+    /// when there is one, else (and what the ring did not take) one `sendmmsg` per session
+    /// and batch. A session whose socket buffer is full is left to its task, woken to send it
+    /// (see [`super::forward`]).
     fn send_touched(&mut self) {
+        if let Some(ring) = self.ring.as_mut() {
+            forward::flush_through(ring, &self.shared, &self.touched.0);
+            if ring.broken() {
+                self.ring = None;
+                self.shared.metrics.upstream_io_uring.set(0);
+            }
+        }
         for s in self.touched.0.drain(..) {
             let Some(upstream) = s.upstream() else {
                 continue;
@@ -549,6 +576,20 @@ impl Touched {
 
     fn is_full(&self) -> bool {
         self.0.len() >= TOUCHED
+    }
+}
+
+/// The ring for sends to the game server when `wanted` and the kernel allows it.
+fn send_ring(wanted: bool) -> Option<SendRing> {
+    if !wanted {
+        return None;
+    }
+    match SendRing::new(RING_SLOTS, RING_SLOT_LEN) {
+        Ok(ring) => Some(ring),
+        Err(e) => {
+            info!("io_uring not available ({e}): sending one socket at a time");
+            None
+        }
     }
 }
 

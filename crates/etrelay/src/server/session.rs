@@ -296,13 +296,54 @@ impl Session {
                 } else {
                     done.errors += 1;
                 }
-                self.budget.release(buf.capacity());
-                if buf.capacity() <= KEEP_BUF && q.spare.len() < KEEP_SPARE {
-                    q.spare.push(buf);
-                }
+                self.recycle(&mut q, buf);
             }
         }
         done
+    }
+
+    /// Gives a sent packet's buffer back to the budget, and keeps it for the next packet if
+    /// it is small and few are kept.
+    fn recycle(&self, q: &mut Queue, buf: Vec<u8>) {
+        self.budget.release(buf.capacity());
+        if buf.capacity() <= KEEP_BUF && q.spare.len() < KEEP_SPARE {
+            q.spare.push(buf);
+        }
+    }
+
+    /// Takes queued packets from the front, in order, while `stage` accepts them (it copies
+    /// each: into [`crate::net::ring::SendRing`]'s buffers), giving their buffers back; how
+    /// many it took.
+    pub(super) fn take_queued(&self, mut stage: impl FnMut(&[u8]) -> bool) -> usize {
+        let mut q = self.lock_queue();
+        let mut taken = 0;
+        while let Some(pkt) = q.packets.front() {
+            if !stage(pkt) {
+                break;
+            }
+            let buf = q
+                .packets
+                .pop_front()
+                .expect("invariant: the front was just read");
+            self.recycle(&mut q, buf);
+            taken += 1;
+        }
+        taken
+    }
+
+    /// Puts `data` back in the queue at `at` (0: the front), for the task to send once the
+    /// socket's buffer has room: a datagram [`Session::take_queued`] took and the socket
+    /// refused as full. Refused like a new packet when the queue or the budget is full.
+    pub(super) fn requeue(&self, at: usize, data: &[u8]) -> Result<(), Refused> {
+        let mut q = self.lock_queue();
+        self.enqueue(&mut q, data)?;
+        let buf = q
+            .packets
+            .pop_back()
+            .expect("invariant: enqueue just pushed it");
+        let at = at.min(q.packets.len());
+        q.packets.insert(at, buf);
+        Ok(())
     }
 
     /// Resolves when a packet was queued since the last call.
@@ -398,6 +439,40 @@ mod tests {
             out.extend(batch[..n].iter().map(|d| d.to_vec()));
             Ok(n)
         })
+    }
+
+    #[test]
+    fn taken_packets_put_back_keep_their_place_and_their_budget() {
+        let s = session(4);
+        for p in [&b"a"[..], b"b", b"c"] {
+            s.push(p, 20).unwrap();
+        }
+        let held = s.budget.queued_bytes();
+        // The ring takes two, then finds both sockets full.
+        let mut taken = Vec::new();
+        let n = s.take_queued(|p| {
+            if taken.len() == 2 {
+                return false;
+            }
+            taken.push(p.to_vec());
+            true
+        });
+        assert_eq!(n, 2);
+        assert!(
+            s.budget.queued_bytes() < held,
+            "a taken packet's bytes are given back"
+        );
+        s.requeue(0, &taken[0]).unwrap();
+        s.requeue(1, &taken[1]).unwrap();
+        assert_eq!(s.budget.queued_bytes(), held);
+        let mut out = Vec::new();
+        send(&s, &mut out, 10);
+        assert_eq!(out, [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+        // Put back into a full queue: refused, like a new packet.
+        for p in [&b"d"[..], b"e", b"f", b"g"] {
+            s.push(p, 30).unwrap();
+        }
+        assert_eq!(s.requeue(0, b"x"), Err(Refused::QueueFull));
     }
 
     #[test]
