@@ -17,7 +17,7 @@ use std::io;
 /// Descriptors kept for the process itself.
 pub const RESERVE: usize = 32;
 /// Descriptors one relayed server holds, sessions apart.
-pub const PER_SERVER: usize = 8;
+pub const PER_SERVER: usize = 10;
 /// Descriptors one control connection may hold.
 pub const PER_CONTROL_CONN: usize = 2;
 
@@ -106,7 +106,7 @@ mod tests {
         assert_eq!(parse_limits("nothing"), None);
         assert!(open_files_limit().is_ok());
         // The documented default: LimitNOFILE=4096, 10 ports, 64 control connections.
-        assert_eq!(sessions_room(4096, 10, 64), 4096 - 32 - 80 - 128);
+        assert_eq!(sessions_room(4096, 10, 64), 4096 - 32 - 100 - 128);
         assert_eq!(sessions_room(100, 10, 64), 0);
     }
 }

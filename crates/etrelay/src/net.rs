@@ -15,7 +15,7 @@ use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 use tokio::net::UdpSocket;
 
-pub mod ring;
+pub(crate) mod ring;
 
 /// Datagrams (or GRO buffers) taken per system call.
 pub const BATCH: usize = quinn_udp::BATCH_SIZE;

@@ -11,18 +11,21 @@
 //!
 //! This is the crate's only `unsafe` code: handing the kernel a pointer into the ring's buffers
 //! is unsafe because the kernel reads them after the call that staged them. It is sound
-//! because the buffers belong to the ring, a slot is written only while no send of it is
-//! pending, and [`SendRing::submit`] returns only once every staged send has completed (each
-//! is `MSG_DONTWAIT`: it completes at once, with `EAGAIN` when the socket's buffer is full,
-//! rather than waiting for room). A ring that failed in a way that may leave sends pending is
-//! never used again ([`SendRing::broken`]), and its buffers are leaked rather than freed.
+//! because the buffers belong to the ring, and a slot is written again only once the send
+//! that read it has completed. Each send is `MSG_DONTWAIT`, which makes the kernel run it
+//! inside `io_uring_enter` and complete it there, with `EAGAIN` when the socket's buffer is
+//! full, rather than wait for room; [`SendRing::submit`] never waits, and checks that every
+//! send it submitted has completed when the call returns. If one has not, or the ring failed
+//! in a way that may leave a send pending, the ring is never used again
+//! ([`SendRing::broken`]), and its buffers are leaked rather than freed. A kernel without
+//! `IORING_OP_SEND` (before 5.6) gets no ring at all.
 #![allow(unsafe_code)]
 
 use std::io;
 use std::mem::ManuallyDrop;
 use std::os::fd::{AsFd, AsRawFd};
 
-use io_uring::{IoUring, opcode, types};
+use io_uring::{IoUring, Probe, opcode, types};
 use rustix::net::SendFlags;
 
 /// Interrupted or refused-for-now `io_uring_enter` calls of one submit before the ring is given
@@ -30,7 +33,7 @@ use rustix::net::SendFlags;
 const MAX_RETRIES: u32 = 64;
 
 /// A ring of staged sends: what was staged since the last [`SendRing::submit`].
-pub struct SendRing {
+pub(crate) struct SendRing {
     ring: IoUring,
     /// `slots` buffers of `slot_len` bytes, one per staged datagram. Never freed while a send
     /// may be pending (see [`Drop`]).
@@ -65,7 +68,7 @@ impl SendRing {
     /// # Errors
     /// `io_uring` is not available: an old kernel, `kernel.io_uring_disabled`, or a seccomp
     /// filter (container runtimes often block it). The caller then sends one socket at a time.
-    pub fn new(slots: usize, slot_len: usize) -> io::Result<Self> {
+    pub(crate) fn new(slots: usize, slot_len: usize) -> io::Result<Self> {
         let slots = slots.clamp(1, 4096);
         let entries = u32::try_from(slots.next_power_of_two()).unwrap_or(4096);
         // Completions are posted as the sends run inside `io_uring_enter`; the kernel need not
@@ -74,6 +77,14 @@ impl SendRing {
             .setup_coop_taskrun()
             .build(entries)
             .or_else(|_| IoUring::new(entries))?;
+        let mut probe = Probe::new();
+        ring.submitter().register_probe(&mut probe)?;
+        if !probe.is_supported(opcode::Send::CODE) {
+            return Err(io::Error::new(
+                io::ErrorKind::Unsupported,
+                "the kernel's io_uring has no send",
+            ));
+        }
         Ok(SendRing {
             ring,
             buffers: ManuallyDrop::new(vec![0; slots * slot_len].into_boxed_slice()),
@@ -87,25 +98,26 @@ impl SendRing {
     }
 
     /// True when no more datagrams can be staged before a [`SendRing::submit`].
-    pub fn is_full(&self) -> bool {
+    pub(crate) fn is_full(&self) -> bool {
         self.staged == self.tags.len()
     }
 
     /// Datagrams staged since the last submit.
-    pub fn staged(&self) -> usize {
+    pub(crate) fn staged(&self) -> usize {
         self.staged
     }
 
     /// True once the ring failed in a way that may have left a send pending: it stages
     /// nothing more, and the caller sends without it from then on.
-    pub fn broken(&self) -> bool {
+    pub(crate) fn broken(&self) -> bool {
         self.broken
     }
 
     /// Stages `data` to be sent on `socket` (connected) at the next [`SendRing::submit`], with
     /// the caller's `tag`. False when it was not staged: the ring is full or broken, or `data`
-    /// is longer than a slot.
-    pub fn stage(&mut self, socket: &impl AsFd, data: &[u8], tag: u32) -> bool {
+    /// is longer than a slot. The caller keeps `socket` open until that submit (the relay
+    /// loop holds each session until then): the kernel is given its descriptor's number.
+    pub(crate) fn stage(&mut self, socket: &impl AsFd, data: &[u8], tag: u32) -> bool {
         if self.broken || self.is_full() || data.len() > self.slot_len {
             return false;
         }
@@ -120,12 +132,13 @@ impl SendRing {
             .build()
             .user_data(slot as u64);
         // SAFETY: the entry points into `buffers[start..start + len]`, which the ring owns and
-        // does not touch again until this send completed: `submit` waits for the completion of
-        // every staged send before `staged` goes back to 0 and a slot can be written again,
-        // and a ring that could not wait is marked broken and never stages again; its buffers
-        // are never freed (`ManuallyDrop`, leaked in `Drop` when broken). The socket's file
-        // descriptor is only a number to the kernel: a closed one fails the send with
-        // `EBADF`. The queue has room: it holds as many entries as there are slots.
+        // does not write again until this send completed: `staged` goes back to 0 (and the
+        // slot can be written again) only in a `submit` that saw every staged send's
+        // completion; otherwise the ring is marked broken and never stages again, and its
+        // buffers are never freed (`ManuallyDrop`, leaked in `Drop` when broken). The file
+        // descriptor is only a number to the kernel, read when the send runs; the caller
+        // keeps the socket open until then. The queue has room: it holds as many entries as
+        // there are slots.
         if unsafe { self.ring.submission().push(&entry) }.is_err() {
             return false;
         }
@@ -135,27 +148,22 @@ impl SendRing {
         true
     }
 
-    /// Sends everything staged with one system call (more only if interrupted) and waits for
-    /// each send to complete, then calls `done` with each datagram's tag, its bytes and its
-    /// outcome (bytes sent, or the error: `WouldBlock` when the socket's buffer was full), in
-    /// the order they were staged.
-    ///
-    /// # Errors
-    /// The ring failed: nothing staged is reported, and it is marked [`SendRing::broken`]
-    /// (the kernel may still hold staged sends). The caller sends the datagrams it staged
-    /// another way.
-    pub fn submit(
-        &mut self,
-        mut done: impl FnMut(u32, &[u8], io::Result<usize>),
-    ) -> io::Result<()> {
+    /// Sends everything staged with one system call (more only if the kernel took part of it
+    /// or was interrupted), then calls `done` once for each staged datagram, in the order
+    /// staged, with its tag, its bytes and its outcome: bytes sent, or the error
+    /// (`WouldBlock` when the socket's buffer was full). If the ring failed, the datagrams it
+    /// could not send are reported with the failure and the ring is [`SendRing::broken`]
+    /// from then on: the caller sends without it.
+    pub(crate) fn submit(&mut self, mut done: impl FnMut(u32, &[u8], io::Result<usize>)) {
         let staged = self.staged;
         if staged == 0 {
-            return Ok(());
+            return;
         }
-        let mut completed = 0;
+        let mut failure = None;
         let mut retries = 0;
-        while completed < staged {
-            match self.ring.submit_and_wait(staged - completed) {
+        // Hand every entry to the kernel; each send runs (and completes) inside the call.
+        while !self.ring.submission().is_empty() {
+            match self.ring.submit() {
                 Ok(_) => {}
                 // A signal, or the kernel short of memory for a moment: try again, a bounded
                 // number of times.
@@ -164,40 +172,62 @@ impl SendRing {
                         && matches!(
                             e.kind(),
                             io::ErrorKind::Interrupted | io::ErrorKind::WouldBlock
-                        ) =>
-                {
-                    retries += 1;
-                }
+                        ) => {}
                 Err(e) => {
-                    self.broken = true;
-                    return Err(e);
+                    failure = Some(e);
+                    break;
                 }
             }
-            for cqe in self.ring.completion() {
-                let Some(result) = usize::try_from(cqe.user_data())
-                    .ok()
-                    .and_then(|slot| self.results.get_mut(slot))
-                else {
-                    continue;
-                };
-                *result = cqe.result();
-                completed += 1;
+            retries += 1;
+            if retries > MAX_RETRIES {
+                failure = Some(io::Error::other("io_uring kept refusing the batch"));
+                break;
             }
+        }
+        self.results[..staged].fill(PENDING);
+        let mut completed = 0;
+        for cqe in self.ring.completion() {
+            let Some(result) = usize::try_from(cqe.user_data())
+                .ok()
+                .and_then(|slot| self.results.get_mut(slot))
+            else {
+                continue;
+            };
+            *result = cqe.result();
+            completed += 1;
+        }
+        if completed < staged {
+            // A send not completed may still read its slot: never write or free the buffers
+            // again.
+            self.broken = true;
         }
         self.staged = 0;
         for slot in 0..staged {
             let result = self.results[slot];
-            let outcome = match usize::try_from(result) {
-                Ok(n) => Ok(n),
-                Err(_) => Err(io::Error::from_raw_os_error(result.saturating_neg())),
+            let outcome = if result == PENDING {
+                Err(match &failure {
+                    Some(e) => io::Error::new(e.kind(), e.to_string()),
+                    None => io::Error::other("io_uring: the send did not complete at once"),
+                })
+            } else {
+                match usize::try_from(result) {
+                    Ok(n) => Ok(n),
+                    Err(_) => Err(io::Error::from_raw_os_error(result.saturating_neg())),
+                }
             };
             let start = slot * self.slot_len;
             let data = &self.buffers[start..start + self.lens[slot] as usize];
             done(self.tags[slot], data, outcome);
         }
-        Ok(())
+        if failure.is_some() {
+            self.broken = true;
+        }
     }
 }
+
+/// A result slot no completion has written: no send's result is this (results are bytes sent,
+/// or `-errno` above `-4096`).
+const PENDING: i32 = i32::MIN;
 
 impl Drop for SendRing {
     fn drop(&mut self) {
@@ -241,8 +271,7 @@ mod tests {
         assert!(ring.stage(&b, b"two", 2));
         assert!(ring.stage(&a, b"three", 3));
         let mut seen = Vec::new();
-        ring.submit(|tag, data, r| seen.push((tag, data.len(), r.unwrap())))
-            .unwrap();
+        ring.submit(|tag, data, r| seen.push((tag, data.len(), r.unwrap())));
         assert_eq!(seen, [(1, 3, 3), (2, 3, 3), (3, 5, 5)]);
         let mut buf = [0; 16];
         let mut got = Vec::new();
@@ -256,7 +285,7 @@ mod tests {
         assert!(got.contains(&(b"two".to_vec(), b_addr)));
         assert!(got.contains(&(b"three".to_vec(), a_addr)));
         // Empty again: a second submit has nothing to report.
-        ring.submit(|_, _, _| panic!("nothing staged")).unwrap();
+        ring.submit(|_, _, _| panic!("nothing staged"));
     }
 
     #[test]
@@ -275,8 +304,7 @@ mod tests {
             assert_eq!(data, [tag as u8; 8]);
             assert_eq!(r.unwrap(), 8);
             n += 1;
-        })
-        .unwrap();
+        });
         assert_eq!(n, 4);
         assert!(ring.stage(&a, b"x", 4), "room again after the submit");
     }
@@ -288,8 +316,7 @@ mod tests {
         let unconnected = UdpSocket::bind("127.0.0.1:0").unwrap();
         assert!(ring.stage(&unconnected, b"nowhere", 7));
         let mut seen = None;
-        ring.submit(|tag, _, r| seen = Some((tag, r.map_err(|e| e.raw_os_error()))))
-            .unwrap();
+        ring.submit(|tag, _, r| seen = Some((tag, r.map_err(|e| e.raw_os_error()))));
         let (tag, r) = seen.unwrap();
         assert_eq!(tag, 7);
         assert!(r.is_err(), "{r:?}");

@@ -175,14 +175,16 @@ pub(super) fn flush(shared: &Shared, session: &Session, upstream: &ReadSocket) -
 
 /// Sends what `sessions` queued through `ring`: every session's datagrams with one system
 /// call per [`SendRing`]'s worth, in the order queued. A datagram its socket refused as full
-/// goes back to the front of its session's queue and the session's task is woken to send it
-/// (the session is not staged again here); one longer than the ring's slots stays queued for
-/// [`flush`]. If the ring fails, what it held is dropped and counted, and the caller stops
-/// using it ([`SendRing::broken`]).
+/// goes back to its place at the front of its session's queue, and the session, blocked, is
+/// left to its task (woken once the batch is out) and to [`flush`]: the ring takes nothing
+/// from a blocked session, which would only be refused again. A datagram longer than the
+/// ring's slots stays queued for [`flush`]. If the ring fails, what it could not send is
+/// counted as dropped, and the caller stops using it ([`SendRing::broken`]).
 pub(super) fn flush_through(ring: &mut SendRing, shared: &Shared, sessions: &[Arc<Session>]) {
     let m = &shared.metrics;
     let mut next = 0;
-    while next < sessions.len() {
+    while next < sessions.len() && !ring.broken() {
+        let first = next;
         while next < sessions.len() {
             let s = &sessions[next];
             let Ok(tag) = u32::try_from(next) else {
@@ -197,13 +199,13 @@ pub(super) fn flush_through(ring: &mut SendRing, shared: &Shared, sessions: &[Ar
             }
             next += 1;
         }
-        let staged = ring.staged();
-        if staged == 0 {
+        if ring.staged() == 0 {
             return;
         }
-        // Datagrams of one session refused so far in this round: where the next goes back.
+        // The session refused last, and how many of its datagrams went back so far: where
+        // the next one goes.
         let mut refused = (u32::MAX, 0);
-        let submitted = ring.submit(|tag, data, outcome| {
+        ring.submit(|tag, data, outcome| {
             let Some(s) = sessions.get(tag as usize) else {
                 return;
             };
@@ -223,19 +225,20 @@ pub(super) fn flush_through(ring: &mut SendRing, shared: &Shared, sessions: &[Ar
                         Err(Refused::QueueFull) => m.drop(Drop::QueueFull),
                         Err(Refused::OverBudget) => m.drop(Drop::QueuedBytes),
                     }
-                    s.wake();
                 }
                 Err(_) => m.drop(Drop::Upstream),
             }
         });
-        if let Err(e) = submitted {
-            for _ in 0..staged {
-                m.drop(Drop::Upstream);
-            }
-            warn!("io_uring failed ({e}): sending one socket at a time from now on");
-            return;
+        if ring.broken() {
+            warn!("io_uring failed: sending one socket at a time from now on");
         }
-        // A session whose socket was full is its task's now: not staged again.
+        // Sessions refused in this round are their tasks' now.
+        let end = (next + 1).min(sessions.len());
+        for s in &sessions[first..end] {
+            if s.is_blocked() {
+                s.wake();
+            }
+        }
         if refused.0 as usize == next {
             next += 1;
         }

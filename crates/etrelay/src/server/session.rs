@@ -92,6 +92,8 @@ pub(super) struct Session {
 struct Queue {
     packets: VecDeque<Vec<u8>>,
     spare: Vec<Vec<u8>>,
+    /// The socket's buffer was full at the last send: the task sends what is queued.
+    blocked: bool,
 }
 
 /// Why a packet was not queued.
@@ -299,7 +301,13 @@ impl Session {
                 self.recycle(&mut q, buf);
             }
         }
+        q.blocked = done.blocked;
         done
+    }
+
+    /// True while the socket's buffer was full at the last send and packets wait for room.
+    pub(super) fn is_blocked(&self) -> bool {
+        self.lock_queue().blocked
     }
 
     /// Gives a sent packet's buffer back to the budget, and keeps it for the next packet if
@@ -317,6 +325,10 @@ impl Session {
     pub(super) fn take_queued(&self, mut stage: impl FnMut(&[u8]) -> bool) -> usize {
         let mut q = self.lock_queue();
         let mut taken = 0;
+        if q.blocked {
+            // Its socket was full: the task sends it, in order, as the buffer drains.
+            return taken;
+        }
         while let Some(pkt) = q.packets.front() {
             if !stage(pkt) {
                 break;
@@ -336,6 +348,7 @@ impl Session {
     /// refused as full. Refused like a new packet when the queue or the budget is full.
     pub(super) fn requeue(&self, at: usize, data: &[u8]) -> Result<(), Refused> {
         let mut q = self.lock_queue();
+        q.blocked = true;
         self.enqueue(&mut q, data)?;
         let buf = q
             .packets
@@ -465,9 +478,13 @@ mod tests {
         s.requeue(0, &taken[0]).unwrap();
         s.requeue(1, &taken[1]).unwrap();
         assert_eq!(s.budget.queued_bytes(), held);
+        // Blocked: the ring takes nothing more until the task's send drains the queue.
+        assert!(s.is_blocked());
+        assert_eq!(s.take_queued(|_| true), 0);
         let mut out = Vec::new();
         send(&s, &mut out, 10);
         assert_eq!(out, [b"a".to_vec(), b"b".to_vec(), b"c".to_vec()]);
+        assert!(!s.is_blocked());
         // Put back into a full queue: refused, like a new packet.
         for p in [&b"d"[..], b"e", b"f", b"g"] {
             s.push(p, 30).unwrap();
