@@ -15,8 +15,8 @@
 //!   socket instead of one `io_uring` call per batch: what the ring is worth).
 //!   The paths take turns, round after round.
 //! - **Latency**: round trip to an echo server at an ET-like load (64 clients, 10 000
-//!   datagrams/s in all, 64 B), direct, nginx, etrelay in turn, round after round; the median
-//!   of the rounds of each percentile.
+//!   datagrams/s in all, 64 B), direct, nginx, etrelay (and etrelay `--no-io-uring`) in turn,
+//!   round after round; the median of the rounds of each percentile.
 //! - **Under attack**: the same etrelay latency while 1 000 loopback sources (127.88.x.y, each
 //!   on its own /24) send 20 000 `getstatus` per second to it, started just before the run and
 //!   stopped just after.
@@ -299,12 +299,14 @@ fn latency_table(plan: &Plan, dir: &Path) {
     let echo = load::echo(echo_sock, Arc::clone(&stop));
     let nginx_addr: SocketAddr = (Ipv4Addr::new(127, 78, 0, 3), 27961).into();
     let relay_addr: SocketAddr = (Ipv4Addr::new(127, 78, 0, 4), 27960).into();
-    ports_free(&[nginx_addr, relay_addr]);
+    let plain_addr: SocketAddr = (Ipv4Addr::new(127, 78, 0, 5), 27960).into();
+    ports_free(&[nginx_addr, relay_addr, plain_addr]);
     let nginx = start_nginx(&dir.join("nginx-l"), nginx_addr, echo_addr);
     let relay = start_etrelay(relay_addr, echo_addr, &[]);
+    let plain = start_etrelay(plain_addr, echo_addr, &["--no-io-uring"]);
     let socks = latency::clients();
     // Sessions open and settle before the first counted run.
-    for (_, addr) in [("nginx", nginx_addr), ("etrelay", relay_addr)] {
+    for addr in [nginx_addr, relay_addr, plain_addr] {
         let _ = latency::run(&socks, addr, 0.3);
     }
 
@@ -320,16 +322,24 @@ fn latency_table(plan: &Plan, dir: &Path) {
         "nginx 1 worker",
         "etrelay",
         "etrelay, getstatus flood",
+        "etrelay --no-io-uring",
     ];
-    let mut all: [Vec<Rtt>; 4] = Default::default();
+    let mut all: [Vec<Rtt>; 5] = Default::default();
     let mut flood_sent = 0;
-    // CPU time (ns) of the relay's processes during the unloaded runs: nginx, etrelay.
-    let pids = [nginx.0.id(), relay.0.id()];
-    let mut cpu = [0u64; 2];
+    // CPU time (ns) of the relay's processes during the unloaded runs: nginx, etrelay,
+    // etrelay --no-io-uring.
+    let pids = [nginx.0.id(), relay.0.id(), plain.0.id()];
+    let mut cpu = [0u64; 3];
+    // The path's index in `pids` and `cpu`, for the unloaded relays.
+    let relay_of = |k: usize| match k {
+        1 | 2 => Some(k - 1),
+        4 => Some(2),
+        _ => None,
+    };
     for round in 1..=plan.lat_rounds {
         for (k, name) in names.iter().enumerate() {
-            let target = [echo_addr, nginx_addr, relay_addr, relay_addr][k];
-            let before = (k == 1 || k == 2).then(|| cpu_ns(pids[k - 1]));
+            let target = [echo_addr, nginx_addr, relay_addr, relay_addr, plain_addr][k];
+            let before = relay_of(k).map(|i| cpu_ns(pids[i]));
             let r = if k == 3 {
                 let fstop = Arc::new(AtomicBool::new(false));
                 let (t, sent) = latency::flood(relay_addr, plan.lat_secs + 1.0, Arc::clone(&fstop));
@@ -342,8 +352,8 @@ fn latency_table(plan: &Plan, dir: &Path) {
             } else {
                 latency::run(&socks, target, plan.lat_secs)
             };
-            if let Some(before) = before {
-                cpu[k - 1] += cpu_ns(pids[k - 1]).saturating_sub(before);
+            if let (Some(before), Some(i)) = (before, relay_of(k)) {
+                cpu[i] += cpu_ns(pids[i]).saturating_sub(before);
             }
             println!(
                 "| {round} | {name} | {:.0} | {:.0} | {:.0} | {:.1} % |",
@@ -383,10 +393,12 @@ fn latency_table(plan: &Plan, dir: &Path) {
     let trips = (latency::RATE as f64 * plan.lat_secs * plan.lat_rounds as f64).max(1.0);
     println!(
         "\nCPU time of the relay per round trip, unloaded runs (its processes' time on a CPU, \
-         `/proc/PID/schedstat`): nginx {:.1} µs, etrelay {:.1} µs ({:.2}×).",
+         `/proc/PID/schedstat`): nginx {:.1} µs, etrelay {:.1} µs ({:.2}×), etrelay \
+         --no-io-uring {:.1} µs.",
         cpu[0] as f64 / 1000.0 / trips,
         cpu[1] as f64 / 1000.0 / trips,
-        cpu[1] as f64 / cpu[0].max(1) as f64
+        cpu[1] as f64 / cpu[0].max(1) as f64,
+        cpu[2] as f64 / 1000.0 / trips,
     );
     // One client alone: what a datagram costs on an idle path, no burst to queue behind. Its
     // own socket (the latency runs' sockets are connected to their last target).
@@ -412,6 +424,7 @@ fn latency_table(plan: &Plan, dir: &Path) {
             med1(k, |r| r.p99) / med1(1, |r| r.p99)
         );
     }
+    drop(plain);
     drop(relay);
     drop(nginx);
     stop.store(true, Ordering::Relaxed);
