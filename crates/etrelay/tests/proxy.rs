@@ -349,26 +349,27 @@ async fn a_nat_rebind_keeps_the_player_playing() {
 #[tokio::test]
 async fn a_full_upstream_buffer_is_sent_as_it_drains() {
     // 8 000 B: longer than the ring's slots, so sent one socket at a time either way.
-    full_upstream_buffer("full", 8_000, 100, true).await;
+    full_upstream_buffer("full", 8_000, 100, 1, true).await;
 }
 
 #[tokio::test]
 async fn a_full_upstream_buffer_is_sent_as_it_drains_through_the_ring() {
-    // 1 400 B: what the io_uring ring takes; the datagrams it sent into a full buffer go back
-    // to the session's queue.
-    full_upstream_buffer("ring", 1_400, 300, true).await;
+    // 1 400 B from two clients in turn: what the io_uring ring takes (it sends when a batch
+    // holds two sessions' packets or more); the datagrams it sent into a full buffer go back
+    // to their session's queue.
+    full_upstream_buffer("ring", 1_400, 300, 2, true).await;
 }
 
 #[tokio::test]
 async fn a_full_upstream_buffer_is_sent_as_it_drains_without_io_uring() {
-    full_upstream_buffer("plain", 1_400, 300, false).await;
+    full_upstream_buffer("plain", 1_400, 300, 2, false).await;
 }
 
-/// `n` datagrams of `size` bytes from one client towards a game server behind an 8 Mbit/s
-/// link (inside a namespace of its own, named after `tag`): the session's socket buffer
-/// fills, and what did not fit is sent as it drains; every datagram arrives or is counted as
-/// dropped on the full queue.
-async fn full_upstream_buffer(tag: &str, size: usize, n: u64, io_uring: bool) {
+/// `n` datagrams of `size` bytes from `clients` clients in turn towards a game server behind
+/// an 8 Mbit/s link (inside a namespace of its own, named after `tag`): the sessions' socket
+/// buffers fill, and what did not fit is sent as they drain; every datagram arrives or is
+/// counted as dropped on a full queue.
+async fn full_upstream_buffer(tag: &str, size: usize, n: u64, clients: u16, io_uring: bool) {
     if let Err(why) = netns::support() {
         let ci = std::env::var_os("CI").is_some();
         panic!("{why}{}", if ci { " (CI: this test must run)" } else { "" });
@@ -411,9 +412,15 @@ async fn full_upstream_buffer(tag: &str, size: usize, n: u64, io_uring: bool) {
                     "the relay sends through the ring when asked"
                 );
             }
-            let c = client().await;
+            let mut cs = Vec::new();
+            for _ in 0..clients {
+                cs.push(client().await);
+            }
             for i in 0..n as u32 {
-                c.send_to(&game_packet(i, 7, &vec![b'x'; size]), relay.addr)
+                // Each client its own qport.
+                let k = (i % u32::from(clients)) as u16;
+                cs[usize::from(k)]
+                    .send_to(&game_packet(i, 7 + k, &vec![b'x'; size]), relay.addr)
                     .await
                     .unwrap();
             }

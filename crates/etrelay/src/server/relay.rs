@@ -143,7 +143,10 @@ impl RelayLoop {
                 joins: Joins::new(&cfg.joins),
                 join_buf: Vec::with_capacity(128),
                 budget: AnswerBudget::new(&cfg.reflection),
-                touched: Touched(Vec::with_capacity(TOUCHED)),
+                touched: Touched {
+                    sessions: Vec::with_capacity(TOUCHED),
+                    packets: 0,
+                },
                 ring,
                 shared,
             },
@@ -317,18 +320,20 @@ impl Handler {
     }
 
     /// Sends what the noted sessions queued: all of it with one system call through the ring
-    /// when there is one, else (and what the ring did not take) one `sendmmsg` per session
-    /// and batch. A session whose socket buffer is full is left to its task, woken to send it
-    /// (see [`super::forward`]).
+    /// if there is one; else (and what the ring did not take) one `sendmmsg` per session and
+    /// batch. A lone datagram (an ET server's pace) goes with a plain `send`, which costs
+    /// less than a round of the ring. A session whose socket buffer is full is left to its
+    /// task, woken to send it (see [`super::forward`]).
     fn send_touched(&mut self) {
-        if let Some(ring) = self.ring.as_mut() {
-            forward::flush_through(ring, &self.shared, &self.touched.0);
+        let packets = std::mem::take(&mut self.touched.packets);
+        if let Some(ring) = self.ring.as_mut().filter(|_| packets > 1) {
+            forward::flush_through(ring, &self.shared, &self.touched.sessions);
             if ring.broken() {
                 self.ring = None;
                 self.shared.metrics.upstream_io_uring.set(0);
             }
         }
-        for s in self.touched.0.drain(..) {
+        for s in self.touched.sessions.drain(..) {
             let Some(upstream) = s.upstream() else {
                 continue;
             };
@@ -563,19 +568,24 @@ fn push(shared: &Shared, touched: &mut Touched, s: &Arc<Session>, data: &[u8], n
 
 /// The sessions that got packets since the last [`Handler::send_touched`], each once in a row
 /// (a session noted again after another is sent twice; the second send finds little or
-/// nothing). Bounded: past [`TOUCHED`] entries the caller sends at once.
+/// nothing), and how many packets they got. Bounded: past [`TOUCHED`] entries the caller sends
+/// at once.
 #[derive(Debug, Default)]
-struct Touched(Vec<Arc<Session>>);
+struct Touched {
+    sessions: Vec<Arc<Session>>,
+    packets: usize,
+}
 
 impl Touched {
     fn note(&mut self, s: &Arc<Session>) {
-        if !self.0.last().is_some_and(|l| Arc::ptr_eq(l, s)) {
-            self.0.push(Arc::clone(s));
+        self.packets += 1;
+        if !self.sessions.last().is_some_and(|l| Arc::ptr_eq(l, s)) {
+            self.sessions.push(Arc::clone(s));
         }
     }
 
     fn is_full(&self) -> bool {
-        self.0.len() >= TOUCHED
+        self.sessions.len() >= TOUCHED
     }
 }
 
