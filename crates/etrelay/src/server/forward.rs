@@ -162,15 +162,20 @@ fn next_try(wait: Option<Duration>, done: Flushed) -> Option<Duration> {
 /// full (`blocked`: the caller tries again later), and counts it.
 pub(super) fn flush(shared: &Shared, session: &Session, upstream: &ReadSocket) -> Flushed {
     let done = session.send_queued(|batch| send_batch(upstream.get_ref(), batch));
-    let m = &shared.metrics;
-    m.upstream_packets.add(done.packets);
-    m.upstream_bytes.add(done.bytes);
-    session.packets_up.add(done.packets);
-    session.bytes_up.add(done.bytes);
+    sent(shared, session, done.packets, done.bytes);
     for _ in 0..done.errors {
-        m.drop(Drop::Upstream);
+        shared.metrics.drop(Drop::Upstream);
     }
     done
+}
+
+/// Counts `packets` (`bytes` in all) sent to the game server for `session`.
+fn sent(shared: &Shared, session: &Session, packets: u64, bytes: u64) {
+    let m = &shared.metrics;
+    m.upstream_packets.add(packets);
+    m.upstream_bytes.add(bytes);
+    session.packets_up.add(packets);
+    session.bytes_up.add(bytes);
 }
 
 /// Sends what `sessions` queued through `ring`: every session's datagrams with one system
@@ -210,12 +215,7 @@ pub(super) fn flush_through(ring: &mut SendRing, shared: &Shared, sessions: &[Ar
                 return;
             };
             match outcome {
-                Ok(n) => {
-                    m.upstream_packets.inc();
-                    m.upstream_bytes.add(n as u64);
-                    s.packets_up.inc();
-                    s.bytes_up.add(n as u64);
-                }
+                Ok(n) => sent(shared, s, 1, n as u64),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if refused.0 != tag {
                         refused = (tag, 0);

@@ -3,11 +3,14 @@
 //!
 //! The relay loop owns the decision to open a session and queues the client's packets
 //! ([`Session::push`]: a copy into a spare buffer, no allocation once warm); at the end of each
-//! batch it read from the public socket it sends what each session got with one `sendmmsg` per
-//! session ([`Session::send_queued`]), so a burst of one client's packets costs one system call,
-//! not one each. Only when the upstream socket's buffer is full does the session's task
-//! ([`super::forward`]) take over, until the buffer has room again. Both send under the
-//! queue's lock, so packets leave in the order they came.
+//! batch it read from the public socket it sends what the sessions got: through the io_uring
+//! ring, all sessions' packets in one system call ([`Session::take_queued`] hands them over in
+//! order, [`Session::requeue`] puts back the ones a full socket refused), or with one
+//! `sendmmsg` per session ([`Session::send_queued`]). Only when the upstream socket's buffer
+//! is full does the session's task ([`super::forward`]) take over, until the buffer has room
+//! again: a blocked session gives the ring nothing ([`Session::is_blocked`]). Packets leave in
+//! the order they came, except that a datagram a full socket refused in a ring's batch can
+//! follow one of the same batch the socket took an instant later.
 //!
 //! Queued bytes are charged to the process-wide [`Budget`]; the queue keeps at most
 //! [`KEEP_SPARE`] small spare buffers, so an idle session holds at most 12 KiB.
