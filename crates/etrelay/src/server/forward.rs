@@ -171,6 +171,10 @@ pub(super) fn flush(shared: &Shared, session: &Session, upstream: &ReadSocket) -
 
 /// Counts `packets` (`bytes` in all) sent to the game server for `session`.
 fn sent(shared: &Shared, session: &Session, packets: u64, bytes: u64) {
+    if packets == 0 {
+        // A queue the ring had emptied, looked at again for what it left: no counter to touch.
+        return;
+    }
     let m = &shared.metrics;
     m.upstream_packets.add(packets);
     m.upstream_bytes.add(bytes);
@@ -210,6 +214,7 @@ pub(super) fn flush_through(ring: &mut SendRing, shared: &Shared, sessions: &[Ar
         // The session refused last, and how many of its datagrams went back so far: where
         // the next one goes.
         let mut refused = (u32::MAX, 0);
+        let mut any_refused = false;
         ring.submit(|tag, data, outcome| {
             let Some(s) = sessions.get(tag as usize) else {
                 return;
@@ -217,6 +222,7 @@ pub(super) fn flush_through(ring: &mut SendRing, shared: &Shared, sessions: &[Ar
             match outcome {
                 Ok(n) => sent(shared, s, 1, n as u64),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
+                    any_refused = true;
                     if refused.0 != tag {
                         refused = (tag, 0);
                     }
@@ -232,10 +238,11 @@ pub(super) fn flush_through(ring: &mut SendRing, shared: &Shared, sessions: &[Ar
         if ring.broken() {
             warn!("io_uring failed: sending one socket at a time from now on");
         }
-        // Sessions refused in this round are their tasks' now.
-        let end = (next + 1).min(sessions.len());
-        for s in &sessions[first..end] {
-            if s.is_blocked() {
+        // Sessions refused in this round are their tasks' now (looked for only when a socket
+        // was full: the common batch takes no lock here).
+        if any_refused {
+            let end = (next + 1).min(sessions.len());
+            for s in sessions[first..end].iter().filter(|s| s.is_blocked()) {
                 s.wake();
             }
         }
