@@ -8,7 +8,9 @@
 //! random among nodes 1–4. For 1, 3 and 5 hops and 1 KiB and 64 KiB payloads: one client for
 //! the unloaded latency (p50, p99), then 32 concurrent clients (`--clients N`) for the
 //! throughput (deliveries/s, p50, p99); `--hops 3` and `--sizes 1024` pick cases. Every case is
-//! bounded in time (2 s alone, 3 s loaded) and count (10 000 sends).
+//! bounded in time (2 s alone, 3 s loaded) and count (10 000 sends). Flags after `--` go to every
+//! node's `blindrelay run`: `-- --replay-store memory` shows what the durable replay state costs
+//! (and `TMPDIR=/dev/shm`, state on tmpfs, what its fsyncs cost).
 //!
 //! The design's admission limits (20 requests/s per node, 2/s per previous hop, the cheap budget,
 //! in-flight shares, the replay and inbox shares) are raised by their flags: they bound what an
@@ -114,7 +116,7 @@ fn free_ip(k: &mut u8) -> Ipv4Addr {
     }
 }
 
-async fn start(bin: &Path, root: &Path) -> Vec<Node> {
+async fn start(bin: &Path, root: &Path, node_flags: &[String]) -> Vec<Node> {
     let mut k = 0u8;
     let mut nodes = Vec::new();
     for i in 0..NODES {
@@ -153,6 +155,7 @@ async fn start(bin: &Path, root: &Path) -> Vec<Node> {
             }
         }
         args.extend(UNLIMITED.iter().map(|s| s.to_string()));
+        args.extend(node_flags.iter().cloned());
         let child = Command::new(bin)
             .args(&args)
             .stdin(Stdio::null())
@@ -500,12 +503,15 @@ fn crypto_cost(hops: usize, payload: &[u8], rounds: usize) -> (Duration, Duratio
     (best_sender, best_hops)
 }
 
-/// `--clients N`, `--hops 1,3,5`, `--sizes 1024,65536`, `--backpressure`.
+/// `--clients N`, `--hops 1,3,5`, `--sizes 1024,65536`, `--backpressure`, and after `--` flags
+/// for every node's `blindrelay run` (`-- --replay-store memory`: what the durable replay state
+/// costs).
 struct Args {
     clients: usize,
     backpressure: bool,
     hops: Vec<usize>,
     sizes: Vec<usize>,
+    node_flags: Vec<String>,
 }
 
 fn args() -> Args {
@@ -514,6 +520,7 @@ fn args() -> Args {
         backpressure: false,
         hops: vec![1, 3, 5],
         sizes: vec![1024, 64 * 1024],
+        node_flags: Vec::new(),
     };
     let list = |v: Option<String>| -> Vec<usize> {
         v.unwrap_or_default()
@@ -528,8 +535,9 @@ fn args() -> Args {
             "--hops" => a.hops = list(it.next()),
             "--sizes" => a.sizes = list(it.next()),
             "--backpressure" => a.backpressure = true,
+            "--" => a.node_flags = it.by_ref().collect(),
             other => panic!(
-                "unknown flag {other} (--clients N, --hops 1,3,5, --sizes 1024,65536, --backpressure)"
+                "unknown flag {other} (--clients N, --hops 1,3,5, --sizes 1024,65536, --backpressure, -- node flags)"
             ),
         }
     }
@@ -545,7 +553,7 @@ async fn main() {
     assert!(bin.exists(), "no blindrelay binary at {}", bin.display());
     blindrelay::links::install_provider();
     let root = tempfile::tempdir().expect("tempdir");
-    let mut nodes = start(&bin, root.path()).await;
+    let mut nodes = start(&bin, root.path(), &args.node_flags).await;
     wait_ready(&nodes).await;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!(
