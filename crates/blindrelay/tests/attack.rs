@@ -620,7 +620,7 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
     assert_eq!(s.quality()["status"], "attention", "{s}");
     assert!(counter(&s, "replay_capacity") >= 1, "{s}");
     assert!(counter(&s, "replay_share_exceeded") >= 1, "{s}");
-    // (Routes end 600 s after their reservation: the drain is in tests/pipeline.rs, on a
+    // (Routes end 600 s after their reservation: the drain is in tests/replay.rs, on a
     // hand-driven clock.)
 }
 

@@ -1,6 +1,6 @@
 //! Whole networks of real `blindrelay` processes on loopback: delivery over 1–4 hops with a
-//! verified receipt, the counters of every node, refusals of the client, and what survives a
-//! `kill -9`.
+//! verified receipt, the counters of every node, a message that looks like a probe delivered,
+//! refusals of the client, and what survives a `kill -9`.
 
 mod common;
 
@@ -163,6 +163,47 @@ async fn five_nodes_deliver_over_four_hops_with_every_other_node_a_middle() {
     assert_eq!(counter(&s0, "received"), 0);
     assert_eq!(counter(&s0, "verified_client_onion_deliveries"), 2);
     assert_eq!(counter(&net.status(4).await, "terminal"), 2);
+}
+
+/// A message whose payload starts with the old probe marker is stored and delivered
+/// like any other (one hop and two); probes are still answered without being stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_looks_like_a_probe_is_delivered() {
+    let net = Net::start(3, &["--probe-interval", "0s"]).await;
+    let one = b"blindrelay/probe/v1 but a message, one hop".to_vec();
+    let two = b"blindrelay/probe/v1".to_vec();
+    let (ok, _, err) = net.send(0, 2, 1, &one).await;
+    assert!(ok, "{err}");
+    let (ok, _, err) = net.send(0, 2, 2, &two).await;
+    assert!(ok, "{err}");
+    let ids = net.inbox_ids(2).await;
+    assert_eq!(ids.len(), 2, "both messages stored");
+    let mut got = Vec::new();
+    for id in ids {
+        got.push(net.inbox_read(2, id).await);
+    }
+    got.sort();
+    let mut want = vec![one, two];
+    want.sort();
+    assert_eq!(got, want);
+    let s = net.status(2).await;
+    assert_eq!(counter(&s, "terminal"), 2, "{s}");
+    assert_eq!(counter(&s, "probes_answered"), 0, "{s}");
+    // A real probe round: answered, counted apart, nothing stored.
+    let r = net
+        .op_http(0)
+        .post(format!("{}/v1/probe", net.node(0).operator))
+        .send()
+        .await
+        .expect("probe");
+    assert!(r.status().is_success(), "{}", r.status());
+    let s0 = net.status(0).await;
+    assert_eq!(counter(&s0, "probe_succeeded"), 2, "{s0}");
+    assert_eq!(counter(&s0, "two_hop_probe_succeeded"), 1, "{s0}");
+    let s = net.status(2).await;
+    assert!(counter(&s, "probes_answered") >= 1, "{s}");
+    assert_eq!(counter(&s, "terminal"), 2, "{s}");
+    assert_eq!(net.inbox_ids(2).await.len(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

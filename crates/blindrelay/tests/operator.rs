@@ -1,53 +1,65 @@
-//! The design's promises hold exactly (issue 12, items 7 and 8), on real processes on
-//! loopback. Every loop is bounded in count and time.
+//! What the operator relies on, on real processes on loopback: the operator API needs the
+//! cookie from the state dir, a node that has run refuses to start on lost state, and the
+//! status report is pushed only when asked. Every loop is bounded in count and time.
 
 mod common;
 
-use common::{Doc, Net, ReportSink, counter};
+use common::{Doc, Net, ReportSink, counter, http};
 use serde_json::Value;
 
-/// Item 8: a message whose payload starts with the old probe marker is stored and delivered
-/// like any other (one hop and two); probes are still answered without being stored.
+/// The operator API serves nothing, the inbox's plaintext least of all, to a local
+/// process without the cookie; the cookie file is the owner's only and the CLI reads it from
+/// the state dir.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_message_that_looks_like_a_probe_is_delivered() {
-    let net = Net::start(3, &["--probe-interval", "0s"]).await;
-    let one = b"blindrelay/probe/v1 but a message, one hop".to_vec();
-    let two = b"blindrelay/probe/v1".to_vec();
-    let (ok, _, err) = net.send(0, 2, 1, &one).await;
+async fn the_operator_api_needs_the_cookie_from_the_state_dir() {
+    use std::os::unix::fs::PermissionsExt;
+    let net = Net::start(2, &["--probe-interval", "0s"]).await;
+    let secret = format!("SECRET-{}", common::hex(&common::random_bytes(8)));
+    let (ok, _, err) = net.send(0, 1, 1, secret.as_bytes()).await;
     assert!(ok, "{err}");
-    let (ok, _, err) = net.send(0, 2, 2, &two).await;
-    assert!(ok, "{err}");
-    let ids = net.inbox_ids(2).await;
-    assert_eq!(ids.len(), 2, "both messages stored");
-    let mut got = Vec::new();
-    for id in ids {
-        got.push(net.inbox_read(2, id).await);
+    let cookie = net.node(1).state_dir.join("operator.cookie");
+    let mode = std::fs::metadata(&cookie)
+        .expect("cookie")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let op = net.node(1).operator.clone();
+    for path in ["/v1/inbox", "/v1/inbox/1", "/v1/status", "/metrics"] {
+        let r = http().get(format!("{op}{path}")).send().await.expect(path);
+        assert_eq!(r.status().as_u16(), 401, "{path}");
+        let text = r.text().await.unwrap_or_default();
+        assert!(
+            text.contains("unauthorized") && !text.contains(&secret),
+            "{text}"
+        );
     }
-    got.sort();
-    let mut want = vec![one, two];
-    want.sort();
-    assert_eq!(got, want);
-    let s = net.status(2).await;
-    assert_eq!(counter(&s, "terminal"), 2, "{s}");
-    assert_eq!(counter(&s, "probes_answered"), 0, "{s}");
-    // A real probe round: answered, counted apart, nothing stored.
-    let r = net
-        .op_http(0)
-        .post(format!("{}/v1/probe", net.node(0).operator))
+    let r = http()
+        .post(format!("{op}/v1/send?to={}&hops=1", net.node(0).id))
+        .bearer_auth("00".repeat(32))
+        .body("x")
         .send()
         .await
-        .expect("probe");
-    assert!(r.status().is_success(), "{}", r.status());
-    let s0 = net.status(0).await;
-    assert_eq!(counter(&s0, "probe_succeeded"), 2, "{s0}");
-    assert_eq!(counter(&s0, "two_hop_probe_succeeded"), 1, "{s0}");
-    let s = net.status(2).await;
-    assert!(counter(&s, "probes_answered") >= 1, "{s}");
-    assert_eq!(counter(&s, "terminal"), 2, "{s}");
-    assert_eq!(net.inbox_ids(2).await.len(), 2);
+        .expect("send");
+    assert_eq!(r.status().as_u16(), 401);
+    // The CLI reads the cookie from the state dir.
+    let ids = net.inbox_ids(1).await;
+    assert_eq!(net.inbox_read(1, ids[0]).await, secret.as_bytes());
+    // A wrong cookie file: refused.
+    let wrong = net.dir().join("wrong.cookie");
+    std::fs::write(&wrong, "00".repeat(32)).unwrap();
+    let out = net
+        .cli(&[
+            "inbox",
+            "--operator",
+            &op,
+            "--cookie-file",
+            &wrong.display().to_string(),
+        ])
+        .await;
+    assert!(!out.ok && !out.out().contains(&secret), "{}", out.out());
 }
 
-/// Item 8: a node that has run before refuses to start on a lost `inbox.db` or `replay.db`
+/// A node that has run before refuses to start on a lost `inbox.db` or `replay.db`
 /// (empty or missing) with an error naming the file, unless the operator accepts the loss.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_that_has_run_refuses_to_start_on_lost_state() {
@@ -100,7 +112,7 @@ async fn a_node_that_has_run_refuses_to_start_on_lost_state() {
     assert!(ok, "{err}");
 }
 
-/// Item 7: with `--report-url`, the node pushes the status document in the design's layout
+/// With `--report-url`, the node pushes the status document in the design's layout
 /// to the operator's URL (a loopback listener the test runs), at start and every interval;
 /// without it, nothing is pushed. A URL that does not answer is counted and logged once, not
 /// retried in a loop.
