@@ -14,6 +14,7 @@
 //! 4. Ban stores of ports no server holds (left by an interrupted leave) are removed.
 
 use std::collections::HashSet;
+use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -21,7 +22,9 @@ use std::time::SystemTime;
 use guard::statefile;
 use tracing::{error, info, warn};
 
-use super::{Inner, Registered, RegistryError, ServersFile, blocking, rebind, upstream};
+use super::{
+    Inner, Registered, RegistryError, ServerRecord, ServersFile, blocking, rebind, upstream,
+};
 use crate::bans::store::{self, Store};
 use crate::clock::from_unix;
 use crate::net::canonical;
@@ -32,74 +35,13 @@ pub(super) async fn restore(inner: &Arc<Inner>) -> Result<(), RegistryError> {
     remove_temp_files(&dir);
     let path = inner.servers_path();
     let file: ServersFile = statefile::load_json(&path)?.unwrap_or(ServersFile { servers: vec![] });
-    let (mut ports, mut upstreams) = (HashSet::new(), HashSet::new());
+    let mut seen = Seen::default();
     let mut refused = 0;
     for rec in file.servers {
-        let upstream = canonical(rec.upstream);
-        if !ports.insert(rec.port) || !upstreams.insert(upstream) {
-            error!(
-                "servers.json: port {} or upstream {upstream} is given twice: the record {{port \
-                 {}, upstream {}, key_sha256 {}}} is refused (register it again)",
-                rec.port, rec.port, rec.upstream, rec.key_sha256
-            );
-            refused += 1;
-            continue;
+        match entry_of(inner, &rec, &mut seen) {
+            Some(entry) => restore_one(inner, entry).await,
+            None => refused += 1,
         }
-        if !inner.config.ports.contains(&rec.port) {
-            warn!(
-                "servers.json: port {} is not in --ports any more; still relayed until it leaves",
-                rec.port
-            );
-        }
-        let Some(key_hash) = parse_key_hash(&rec.key_sha256) else {
-            error!(
-                "servers.json: port {}: bad key_sha256, entry skipped",
-                rec.port
-            );
-            refused += 1;
-            continue;
-        };
-        let mut entry = Registered {
-            port: rec.port,
-            upstream,
-            key_hash,
-            registered_at: from_unix(rec.registered_at),
-            handle: None,
-            store: None,
-            error: None,
-            bind: None,
-        };
-        if let Some(other) = inner.lock().values().find(|r| r.key_hash == key_hash) {
-            error!(
-                "servers.json: port {} has the key of port {}: its key routes reach port {} \
-                 only; register it again with a key of its own",
-                rec.port, other.port, other.port
-            );
-        }
-        match start(inner, &mut entry).await {
-            Ok(()) => {}
-            Err(e @ RegistryError::Bind { .. }) => {
-                error!(
-                    "server {upstream} on port {}: {e}; registration kept, the port is tried \
-                     again every {}s",
-                    rec.port,
-                    crate::config::BIND_RETRY.as_secs()
-                );
-                rebind::record_failure(&mut entry, &e);
-            }
-            Err(e) => {
-                let why = match e {
-                    RegistryError::NotRelaying(why) => why,
-                    e => e.to_string(),
-                };
-                error!(
-                    "server {upstream} on port {}: {why}; registration kept, not relayed",
-                    rec.port
-                );
-                entry.error = Some(why);
-            }
-        }
-        inner.lock().insert(rec.port, entry);
     }
     if refused > 0 {
         let keep = dir.join("servers.json.refused");
@@ -114,6 +56,83 @@ pub(super) async fn restore(inner: &Arc<Inner>) -> Result<(), RegistryError> {
         info!("{n} registered server(s) restored");
     }
     Ok(())
+}
+
+/// The ports and upstreams of the records read so far.
+#[derive(Default)]
+struct Seen {
+    ports: HashSet<u16>,
+    upstreams: HashSet<SocketAddr>,
+}
+
+/// The registration `rec` describes, not started yet; `None` (logged) for a record refused: a
+/// port or upstream an earlier record has, or a bad key hash.
+fn entry_of(inner: &Inner, rec: &ServerRecord, seen: &mut Seen) -> Option<Registered> {
+    let upstream = canonical(rec.upstream);
+    if !seen.ports.insert(rec.port) || !seen.upstreams.insert(upstream) {
+        error!(
+            "servers.json: port {} or upstream {upstream} is given twice: the record {{port \
+             {}, upstream {}, key_sha256 {}}} is refused (register it again)",
+            rec.port, rec.port, rec.upstream, rec.key_sha256
+        );
+        return None;
+    }
+    if !inner.config.ports.contains(&rec.port) {
+        warn!(
+            "servers.json: port {} is not in --ports any more; still relayed until it leaves",
+            rec.port
+        );
+    }
+    let Some(key_hash) = parse_key_hash(&rec.key_sha256) else {
+        error!(
+            "servers.json: port {}: bad key_sha256, entry skipped",
+            rec.port
+        );
+        return None;
+    };
+    if let Some(other) = inner.lock().values().find(|r| r.key_hash == key_hash) {
+        error!(
+            "servers.json: port {} has the key of port {}: its key routes reach port {} \
+             only; register it again with a key of its own",
+            rec.port, other.port, other.port
+        );
+    }
+    Some(Registered {
+        port: rec.port,
+        upstream,
+        key_hash,
+        registered_at: from_unix(rec.registered_at),
+        handle: None,
+        store: None,
+        error: None,
+        bind: None,
+    })
+}
+
+/// Starts one restored server and keeps its registration whatever happens: a port that could
+/// not be bound is tried again later, any other failure is kept as the reason it is not relayed.
+async fn restore_one(inner: &Arc<Inner>, mut entry: Registered) {
+    let (port, upstream) = (entry.port, entry.upstream);
+    match start(inner, &mut entry).await {
+        Ok(()) => {}
+        Err(e @ RegistryError::Bind { .. }) => {
+            error!(
+                "server {upstream} on port {port}: {e}; registration kept, the port is tried \
+                 again every {}s",
+                crate::config::BIND_RETRY.as_secs()
+            );
+            rebind::record_failure(&mut entry, &e);
+        }
+        Err(e) => {
+            let why = match e {
+                RegistryError::NotRelaying(why) => why,
+                e => e.to_string(),
+            };
+            error!("server {upstream} on port {port}: {why}; registration kept, not relayed");
+            entry.error = Some(why);
+        }
+    }
+    inner.lock().insert(port, entry);
 }
 
 /// Checks the upstream, opens the ban store, binds the port and starts the server.
