@@ -8,7 +8,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use etrelay::config::{MAX_QUEUED_BYTES, MAX_SESSIONS, ServerConfig};
-use etrelay::server::{Budget, Drop, ServerHandle};
+use etrelay::server::{Budget, DropReason, ServerHandle};
 use etrelay_testkit::{FakeEtConfig, FakeEtServer, FakeMaster, MasterStyle, udp, unique_ip};
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
@@ -98,7 +98,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     .await;
     println!(
         "\n# rcon dropped by the relay: {}, rcon seen by the game server: {}, getchallenge answered: {}\n",
-        relay.metrics().drops(Drop::Rcon),
+        relay.metrics().drops(DropReason::Rcon),
         et.rcon_executed().len(),
         replies.len()
     );

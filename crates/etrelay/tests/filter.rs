@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use common::*;
 use etrelay::et::classify::{Command, Packet, Query, Reject, classify};
-use etrelay::server::Drop;
+use etrelay::server::DropReason;
 use etrelay_testkit::q3model::{self, Dispatch, ENGINES};
 use etrelay_testkit::{FakeEtConfig, FakeEtServer, udp, unique_ip};
 use proptest::prelude::*;
@@ -207,7 +207,7 @@ async fn rcon_never_reaches_the_server() {
     let replies = ask(&c, relay.addr, &udp::oob(b"getchallenge")).await;
     assert_eq!(replies.len(), 1);
     let m = relay.handle.metrics();
-    assert_eq!(m.drops(Drop::Rcon), RCON_SPELLINGS.len() as u64);
+    assert_eq!(m.drops(DropReason::Rcon), RCON_SPELLINGS.len() as u64);
     assert_eq!(et.count(Dispatch::Rcon), 0);
     assert!(et.rcon_executed().is_empty());
     assert!(et.received().iter().all(|r| r.dispatch != Dispatch::Rcon));
@@ -236,7 +236,7 @@ async fn other_commands_are_dropped_and_counted() {
     }
     let m = relay.handle.metrics();
     assert!(
-        eventually(Duration::from_secs(5), || m.drops(Drop::Filter)
+        eventually(Duration::from_secs(5), || m.drops(DropReason::Filter)
             == junk.len() as u64)
         .await
     );

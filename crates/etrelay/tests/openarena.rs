@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use etrelay::config::{Game, ServerConfig};
-use etrelay::server::Drop;
+use etrelay::server::DropReason;
 use etrelay_testkit::{FakeMaster, MasterStyle, OpenArena, qstat, udp, unique_ip};
 
 const S: Duration = Duration::from_secs(1);
@@ -123,7 +123,7 @@ async fn rcon_in_any_spelling_never_reaches_openarena() {
         assert!(ask(&c, relay.addr, &udp::oob(&cmd)).await.is_empty());
         sent += 1;
     }
-    assert_eq!(relay.handle.metrics().drops(Drop::Rcon), sent);
+    assert_eq!(relay.handle.metrics().drops(DropReason::Rcon), sent);
     let info = serverinfo(&oa).await;
     let keys: Vec<String> = (0..RUNS_ON_IOQ3.len())
         .map(|i| format!("relay{i}"))

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use etrelay::config::MAX_QUEUED_BYTES;
-use etrelay::server::{Budget, Drop};
+use etrelay::server::{Budget, DropReason};
 use etrelay_testkit::netns::{self, Netns};
 use etrelay_testkit::player::game_packet;
 use etrelay_testkit::{Dispatch, FakeEtConfig, FakeEtServer, udp, unique_ip};
@@ -119,7 +119,7 @@ async fn no_session_past_the_cap() {
         clients.push(c);
     }
     let m = relay.handle.metrics();
-    assert!(eventually(5 * S, || m.drops(Drop::SessionCap) == 2).await);
+    assert!(eventually(5 * S, || m.drops(DropReason::SessionCap) == 2).await);
     assert_eq!(relay.handle.session_count(), 3);
     assert!(eventually(5 * S, || et.count(Dispatch::NotConnectionless) == 3).await);
     // Known clients keep their sessions; a sixth client is still refused.
@@ -132,7 +132,7 @@ async fn no_session_past_the_cap() {
     c.send_to(&game_packet(1, 9, b"game"), relay.addr)
         .await
         .unwrap();
-    assert!(eventually(5 * S, || m.drops(Drop::SessionCap) == 3).await);
+    assert!(eventually(5 * S, || m.drops(DropReason::SessionCap) == 3).await);
     relay.handle.stop().await;
 }
 
@@ -152,7 +152,7 @@ async fn a_full_queue_drops_the_packet() {
     let relay = start_on(cfg, public, Budget::new(16, MAX_QUEUED_BYTES));
     let m = relay.handle.metrics();
     assert!(eventually(5 * S, || m.client_packets.get() == 200).await);
-    let dropped = m.drops(Drop::QueueFull);
+    let dropped = m.drops(DropReason::QueueFull);
     assert!(
         eventually(5 * S, || et.count(Dispatch::NotConnectionless) as u64
             + dropped
@@ -228,7 +228,7 @@ async fn a_flooding_client_does_not_starve_the_others() {
     // The sessions got their turns: what the relay read, its sessions sent on (a relay loop
     // that never yields fills each session's queue and drops nearly everything).
     let m = relay.handle.metrics();
-    let (read, full) = (m.client_packets.get(), m.drops(Drop::QueueFull));
+    let (read, full) = (m.client_packets.get(), m.drops(DropReason::QueueFull));
     assert!(read > 1000, "the flood reached the relay ({read})");
     assert!(full * 10 < read, "{full} of {read} dropped on full queues");
     relay.handle.stop().await;
@@ -296,7 +296,7 @@ async fn large_answers_pass_whole_and_oversize_packets_are_dropped() {
     c.send_to(&[1u8; 101], small.addr).await.unwrap();
     c.send_to(&[1u8; 100], small.addr).await.unwrap();
     let m = small.handle.metrics();
-    assert!(eventually(5 * S, || m.drops(Drop::Oversize) == 1).await);
+    assert!(eventually(5 * S, || m.drops(DropReason::Oversize) == 1).await);
     assert!(eventually(5 * S, || et.count(Dispatch::NotConnectionless) == 1).await);
     small.handle.stop().await;
     relay.handle.stop().await;
@@ -335,7 +335,7 @@ async fn a_nat_rebind_keeps_the_player_playing() {
         .await
         .unwrap();
     thief.send_game(b"c").await.unwrap();
-    assert!(eventually(5 * S, || m.drops(Drop::QportConflict) == 1).await);
+    assert!(eventually(5 * S, || m.drops(DropReason::QportConflict) == 1).await);
     assert_eq!(thief.recv_game(S / 2).await, 0);
     relay.handle.stop().await;
 }
@@ -428,7 +428,7 @@ async fn full_upstream_buffer(tag: &str, size: usize, n: u64, clients: u16, io_u
             // What the relay loop could hand to the socket before its buffer was full.
             let sent_by_loop = m.upstream_packets.get();
             let got = || counted.count(Dispatch::NotConnectionless) as u64;
-            let dropped = || m.drops(Drop::QueueFull);
+            let dropped = || m.drops(DropReason::QueueFull);
             assert!(
                 eventually(20 * S, || got() + dropped() == n).await,
                 "{} arrived, {} dropped of {n}",

@@ -6,7 +6,7 @@ use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use common::*;
-use etrelay::server::Drop;
+use etrelay::server::DropReason;
 use etrelay_testkit::{Dispatch, FakeEtConfig, FakeEtServer, udp, unique_ip};
 
 const S: Duration = Duration::from_secs(1);
@@ -55,12 +55,12 @@ async fn per_ip_burst_then_rate() {
     })
     .await;
     let m = relay.handle.metrics();
-    let limited = m.drops(Drop::Limiter);
+    let limited = m.drops(DropReason::Limiter);
     assert_eq!(limited, 3);
     // The bucket refills at one per interval: 1.2 s after the burst, one more query passes.
     tokio::time::sleep_until(t0 + Duration::from_millis(1_200)).await;
     assert_eq!(burst(&a2, relay.addr, 3).await, 1);
-    assert_eq!(m.drops(Drop::Limiter), limited + 2);
+    assert_eq!(m.drops(DropReason::Limiter), limited + 2);
     relay.handle.stop().await;
 }
 
@@ -111,7 +111,7 @@ async fn a_flood_of_sources_keeps_memory_bounded_and_state_that_protects() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(relay.handle.query_slots(), slots);
     assert!(
-        m.drops(Drop::Limiter) >= 30_000,
+        m.drops(DropReason::Limiter) >= 30_000,
         "sources past the cap are refused"
     );
     // The victim's drained bucket was not evicted to make room: still limited.

@@ -26,7 +26,7 @@ use guard::admission::Permit;
 use tokio::time::Sleep;
 use tracing::{debug, trace, warn};
 
-use super::metrics::Drop;
+use super::metrics::DropReason;
 use super::session::{Flushed, Phase, Refused, Session};
 use super::shared::Shared;
 use crate::clock::Instant;
@@ -164,7 +164,7 @@ pub(super) fn flush(shared: &Shared, session: &Session, upstream: &ReadSocket) -
     let done = session.send_queued(|batch| send_batch(upstream.get_ref(), batch));
     sent(shared, session, done.packets, done.bytes);
     for _ in 0..done.errors {
-        shared.metrics.drop(Drop::Upstream);
+        shared.metrics.drop(DropReason::Upstream);
     }
     done
 }
@@ -228,11 +228,11 @@ pub(super) fn flush_through(ring: &mut SendRing, shared: &Shared, sessions: &[Ar
                     }
                     match s.requeue(refused.1, data) {
                         Ok(()) => refused.1 += 1,
-                        Err(Refused::QueueFull) => m.drop(Drop::QueueFull),
-                        Err(Refused::OverBudget) => m.drop(Drop::QueuedBytes),
+                        Err(Refused::QueueFull) => m.drop(DropReason::QueueFull),
+                        Err(Refused::OverBudget) => m.drop(DropReason::QueuedBytes),
                     }
                 }
-                Err(_) => m.drop(Drop::Upstream),
+                Err(_) => m.drop(DropReason::Upstream),
             }
         });
         if ring.broken() {

@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use guard::limiter::{KeyedLimiter, Limits, TokenBucket};
 
-use super::metrics::Drop;
+use super::metrics::DropReason;
+use super::sweep::SWEEP_PARTS;
 use super::table::{Prefix, prefix};
 use crate::clock::Instant;
 use crate::config::JoinLimits;
@@ -89,7 +90,7 @@ pub(super) enum Offer {
     /// Queued: [`Joins::release`] gives it back when its turn comes.
     Queued,
     /// Dropped for this reason.
-    Refused(Drop),
+    Refused(DropReason),
 }
 
 #[derive(Debug, Clone)]
@@ -141,14 +142,14 @@ impl Joins {
             .check(&src.ip().to_canonical(), now.into_std())
         {
             Ok(true) => {}
-            Ok(false) | Err(_) => return Offer::Refused(Drop::JoinLimit),
+            Ok(false) | Err(_) => return Offer::Refused(DropReason::JoinLimit),
         }
         self.expire(now);
         if self.queued == 0 && pace.take(now, 0) {
             return Offer::Pass;
         }
         if data.len() > MAX_JOIN {
-            return Offer::Refused(Drop::JoinQueue);
+            return Offer::Refused(DropReason::JoinQueue);
         }
         self.push(src, data, now)
     }
@@ -157,10 +158,10 @@ impl Joins {
         let p = prefix(src.ip());
         let here = self.queues.get(&p);
         if here.is_some_and(|q| q.len() >= QUEUE_PER_PREFIX || q.iter().any(|e| e.src == src)) {
-            return Offer::Refused(Drop::JoinQueue);
+            return Offer::Refused(DropReason::JoinQueue);
         }
         if self.queued >= QUEUE_MAX && !self.evict_from_longest(here.map_or(0, VecDeque::len)) {
-            return Offer::Refused(Drop::JoinQueue);
+            return Offer::Refused(DropReason::JoinQueue);
         }
         let mut e = Entry {
             src,
@@ -235,12 +236,11 @@ impl Joins {
         self.queued
     }
 
-    /// Forgets sources at rest, in [`super::relay::SWEEP_PARTS`] parts (the relay loop's
+    /// Forgets sources at rest, in [`SWEEP_PARTS`] parts (the relay loop's
     /// tick).
     pub(super) fn sweep(&mut self, now: Instant) {
         if !self.per_source.is_empty() {
-            self.per_source
-                .sweep_part(now.into_std(), super::relay::SWEEP_PARTS);
+            self.per_source.sweep_part(now.into_std(), SWEEP_PARTS);
         }
     }
 

@@ -4,7 +4,7 @@ use guard::counters::{Counter, Kind, PromText};
 
 /// Why a packet from a client was not relayed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Drop {
+pub enum DropReason {
     /// Some server build would run it as rcon.
     Rcon,
     /// Not a command clients may send.
@@ -47,54 +47,54 @@ pub enum Drop {
     Reflection,
 }
 
-impl Drop {
+impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [Drop; 20] = [
-        Drop::Rcon,
-        Drop::Filter,
-        Drop::BadChallenge,
-        Drop::Limiter,
-        Drop::Ban,
-        Drop::QueueFull,
-        Drop::SessionCap,
-        Drop::Oversize,
-        Drop::CacheBusy,
-        Drop::Upstream,
-        Drop::IpCap,
-        Drop::PrefixCap,
-        Drop::HalfOpenCap,
-        Drop::QportConflict,
-        Drop::JoinLimit,
-        Drop::JoinQueue,
-        Drop::NoSession,
-        Drop::Malformed,
-        Drop::QueuedBytes,
-        Drop::Reflection,
+    pub const ALL: [DropReason; 20] = [
+        DropReason::Rcon,
+        DropReason::Filter,
+        DropReason::BadChallenge,
+        DropReason::Limiter,
+        DropReason::Ban,
+        DropReason::QueueFull,
+        DropReason::SessionCap,
+        DropReason::Oversize,
+        DropReason::CacheBusy,
+        DropReason::Upstream,
+        DropReason::IpCap,
+        DropReason::PrefixCap,
+        DropReason::HalfOpenCap,
+        DropReason::QportConflict,
+        DropReason::JoinLimit,
+        DropReason::JoinQueue,
+        DropReason::NoSession,
+        DropReason::Malformed,
+        DropReason::QueuedBytes,
+        DropReason::Reflection,
     ];
 
     /// The reason's label.
     pub fn name(self) -> &'static str {
         match self {
-            Drop::Rcon => "rcon",
-            Drop::Filter => "filter",
-            Drop::BadChallenge => "bad_challenge",
-            Drop::Limiter => "limiter",
-            Drop::Ban => "ban",
-            Drop::QueueFull => "queue_full",
-            Drop::SessionCap => "session_cap",
-            Drop::Oversize => "oversize",
-            Drop::CacheBusy => "cache_busy",
-            Drop::Upstream => "upstream",
-            Drop::IpCap => "ip_cap",
-            Drop::PrefixCap => "prefix_cap",
-            Drop::HalfOpenCap => "half_open_cap",
-            Drop::QportConflict => "qport_conflict",
-            Drop::JoinLimit => "join_limit",
-            Drop::JoinQueue => "join_queue",
-            Drop::NoSession => "no_session",
-            Drop::Malformed => "malformed",
-            Drop::QueuedBytes => "queued_bytes",
-            Drop::Reflection => "reflection",
+            DropReason::Rcon => "rcon",
+            DropReason::Filter => "filter",
+            DropReason::BadChallenge => "bad_challenge",
+            DropReason::Limiter => "limiter",
+            DropReason::Ban => "ban",
+            DropReason::QueueFull => "queue_full",
+            DropReason::SessionCap => "session_cap",
+            DropReason::Oversize => "oversize",
+            DropReason::CacheBusy => "cache_busy",
+            DropReason::Upstream => "upstream",
+            DropReason::IpCap => "ip_cap",
+            DropReason::PrefixCap => "prefix_cap",
+            DropReason::HalfOpenCap => "half_open_cap",
+            DropReason::QportConflict => "qport_conflict",
+            DropReason::JoinLimit => "join_limit",
+            DropReason::JoinQueue => "join_queue",
+            DropReason::NoSession => "no_session",
+            DropReason::Malformed => "malformed",
+            DropReason::QueuedBytes => "queued_bytes",
+            DropReason::Reflection => "reflection",
         }
     }
 }
@@ -172,20 +172,20 @@ guard::counter_set! {
             /// all sessions' sockets in one system call), 0 while it sends one socket at a time.
             upstream_io_uring: Gauge,
         },
-        /// Client datagrams dropped, by [`Drop`] reason (one labelled family).
-        drops: [Counter; Drop::ALL.len()],
+        /// Client datagrams dropped, by [`DropReason`] (one labelled family).
+        drops: [Counter; DropReason::ALL.len()],
     }
 }
 
 impl ServerMetrics {
     /// Counts a drop.
     #[inline]
-    pub fn drop(&self, reason: Drop) {
+    pub fn drop(&self, reason: DropReason) {
         self.drops[reason as usize].inc();
     }
 
     /// Drops counted for `reason`.
-    pub fn drops(&self, reason: Drop) -> u64 {
+    pub fn drops(&self, reason: DropReason) -> u64 {
         self.drops[reason as usize].get()
     }
 
@@ -206,7 +206,7 @@ impl ServerMetrics {
             "Client datagrams dropped, by reason.",
         );
         for ((_, m), port) in servers.iter().zip(&ports) {
-            for r in Drop::ALL {
+            for r in DropReason::ALL {
                 out.sample(
                     "etrelay_dropped_packets_total",
                     &[("port", port), ("reason", r.name())],
@@ -225,7 +225,7 @@ mod tests {
     fn each_family_once_with_a_sample_per_server() {
         let (a, b) = (ServerMetrics::default(), ServerMetrics::default());
         a.client_packets.add(3);
-        b.drop(Drop::Rcon);
+        b.drop(DropReason::Rcon);
         let mut out = PromText::new();
         ServerMetrics::render_all(&[(27960, &a), (27961, &b)], &mut out);
         let text = out.finish();

@@ -17,7 +17,9 @@
 //!   pinned qports (no I/O).
 //! - `joins`: fair `getchallenge`: per-source limit, the pace towards the game server, the
 //!   fair queue (no I/O).
-//! - `relay`: the relay loop: the packet path above, and the query cache's socket.
+//! - `relay`: the relay loop: its wake-ups, sends, ticks and the query cache's socket;
+//!   `relay/packet`: the client-packet path above, up to the session queue.
+//! - `sweep`: how much of each limiter's table a tick of the relay loop sweeps.
 //! - `reflection`: the answer budget: queries answered per source prefix and in all.
 //! - `session`: one client's session: its queue, counters and last activity (no I/O).
 //! - `forward`: a session's task and upstream socket: queue → game server, answers → client.
@@ -37,6 +39,7 @@ mod reflection;
 mod relay;
 mod session;
 mod shared;
+mod sweep;
 mod table;
 
 use std::io;
@@ -51,7 +54,7 @@ use tracing::info;
 
 pub use self::budget::Budget;
 pub use self::heartbeat::ProbeStatus;
-pub use self::metrics::{Drop, ProbeState, ServerMetrics};
+pub use self::metrics::{DropReason, ProbeState, ServerMetrics};
 pub use self::session::SessionInfo;
 use self::shared::Shared;
 use crate::bans::{Ban, TableFull};

@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 
 use guard::limiter::{KeyedLimiter, Limits, TokenBucket};
 
+use super::sweep::SWEEP_PARTS;
 use crate::config::ReflectionLimits;
 
 /// Shortest gap between two full sweeps of the prefix table forced by a full table.
@@ -101,11 +102,11 @@ impl AnswerBudget {
         true
     }
 
-    /// Forgets the prefixes at rest, in [`super::relay::SWEEP_PARTS`] parts (the relay loop's
+    /// Forgets the prefixes at rest, in [`SWEEP_PARTS`] parts (the relay loop's
     /// tick).
     pub(super) fn sweep(&mut self, now: Instant) {
         if !self.prefixes.is_empty() {
-            self.prefixes.sweep_part(now, super::relay::SWEEP_PARTS);
+            self.prefixes.sweep_part(now, SWEEP_PARTS);
         }
     }
 

@@ -2,7 +2,7 @@
 //! cache's socket.
 //!
 //! Each wake-up drains the public socket in batches ([`BatchRecv`], one system call per batch)
-//! and runs every datagram through the same straight line: size, ban, [`classify`], then by
+//! and runs every datagram through the same straight line: size, ban, [`classify`](crate::et::classify::classify), then by
 //! kind: a query goes through the limiter to the cache; a `getchallenge` through the fair join
 //! gate ([`Joins`]); an in-game packet through the qport check; `connect` and `PB_` only to a
 //! session that exists. A new session is admitted by the table's caps ([`super::table`]) before
@@ -10,7 +10,7 @@
 //! queue drops the packet, and cached answers and cache refreshes leave with a non-blocking
 //! send. The loop drives the cache's state machine ([`QueryCache`]): it sends the refreshes the
 //! cache asks for, hands what the game server sends back to it, and answers the waiters it
-//! names. The per-packet path does not allocate.
+//! names. The per-packet path (`packet`) does not allocate.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -21,30 +21,26 @@ use guard::limiter::{KeyedLimiter, Limits, TokenBucket};
 use tokio::net::UdpSocket;
 use tracing::{debug, info, trace, warn};
 
-use super::cache::{Outcome, QueryCache};
+use super::cache::QueryCache;
 use super::forward;
-use super::joins::{Joins, Offer, Pace};
-use super::metrics::Drop;
+use super::joins::{Joins, Pace};
 use super::reflection::AnswerBudget;
-use super::session::{Phase, Refused, Session};
-use super::shared::{Shared, State};
+use super::session::Session;
+use super::shared::Shared;
+use super::sweep::SWEEP_PARTS;
 use crate::clock::Instant;
-use crate::et::classify::{Command, Packet, Query, Reject, classify};
+use crate::et::classify::Query;
 use crate::et::{self, command_word};
 use crate::net::ring::SendRing;
 use crate::net::{BatchRecv, canonical, upstream_socket};
+
+mod packet;
 
 /// Batches read per wake-up before the loop yields, so the sessions can send what it queued
 /// (a batch is up to [`crate::net::BATCH`] datagrams: 64 per turn, one full session queue).
 const ROUNDS_PER_WAKE: usize = 2;
 /// How often late cache refreshes and queued joins are looked at.
 const TICK: Duration = Duration::from_millis(250);
-/// Each tick sweeps this share of every limiter's table (only of a table that holds entries;
-/// each also sweeps itself whole when full, at most every [`SWEEP_GAP`]): a whole table once a
-/// second, since [`TICK`] is a quarter of one. A whole sweep scans every slot (131 072 for the
-/// query limiter's 65 536 sources: ~1 ms), a stall of the relay loop; a quarter stalls it a
-/// quarter as long.
-pub(super) const SWEEP_PARTS: usize = 4;
 /// Datagrams read from the cache socket per turn.
 const CACHE_READS: usize = 64;
 /// Shortest gap between two full limiter sweeps forced by a full table.
@@ -234,91 +230,6 @@ impl RelayLoop {
 }
 
 impl Handler {
-    /// One datagram from a client.
-    fn client_packet(&mut self, src: SocketAddr, data: &[u8], now: Instant) {
-        let m = &self.shared.metrics;
-        m.client_packets.inc();
-        m.client_bytes.add(data.len() as u64);
-        if data.len() > self.shared.config.session.max_packet {
-            m.drop(Drop::Oversize);
-            return;
-        }
-        if self.banned(src.ip(), now) {
-            m.drop(Drop::Ban);
-            return;
-        }
-        let packet = classify(data);
-        if !matches!(packet, Packet::Game) {
-            debug!("{src} -> ET {} ({} B)", command_word(data), data.len());
-        }
-        match packet {
-            Packet::Game => self.game(src, data),
-            Packet::Pass(Command::GetChallenge) => self.join(src, data, now),
-            Packet::Pass(Command::Connect | Command::PunkBuster) => self.session_only(src, data),
-            Packet::Query(q, challenge) => {
-                match self.limiter.check(&src.ip(), now.into_std()) {
-                    Ok(true) => {}
-                    Ok(false) | Err(_) => {
-                        m.query_sources.set(self.limiter.len() as u64);
-                        m.drop(Drop::Limiter);
-                        debug!("{src} query limited");
-                        return;
-                    }
-                }
-                m.query_sources.set(self.limiter.len() as u64);
-                if !self.budget.allow(src.ip(), now.into_std()) {
-                    m.drop(Drop::Reflection);
-                    debug!("{src} query over the answer budget");
-                    return;
-                }
-                let Some(cache) = self.cache.as_mut() else {
-                    let mut st = self.shared.lock();
-                    open_or_push(&self.shared, &mut self.touched, &mut st, src, data, None);
-                    return;
-                };
-                let challenge = challenge.map(|r| &data[r]);
-                let may_refresh = self.pace.available(now) > REFRESH_RESERVE;
-                match cache.machine.query_paced(
-                    q,
-                    challenge,
-                    src,
-                    now,
-                    &mut self.scratch,
-                    may_refresh,
-                ) {
-                    Outcome::Answer => {
-                        m.cache_hits.inc();
-                        send_now(&self.shared, &self.scratch, src);
-                    }
-                    Outcome::Refresh => match cache.socket.try_send(&self.scratch) {
-                        Ok(n) => {
-                            self.pace.take(now, REFRESH_RESERVE);
-                            m.cache_refreshes.inc();
-                            m.upstream_packets.inc();
-                            m.upstream_bytes.add(n as u64);
-                        }
-                        Err(e) => {
-                            trace!(error = %e, "cache refresh send");
-                            cache.machine.unsent(q);
-                            m.drop(Drop::CacheBusy);
-                        }
-                    },
-                    Outcome::Waiting => {}
-                    Outcome::Busy => m.drop(Drop::CacheBusy),
-                }
-            }
-            Packet::Drop(reason) => {
-                let reason = match reason {
-                    Reject::Rcon => Drop::Rcon,
-                    Reject::NotAllowed => Drop::Filter,
-                    Reject::BadChallenge => Drop::BadChallenge,
-                };
-                debug!("{src} dropped ({})", reason.name());
-                m.drop(reason);
-            }
-        }
-    }
-
     /// Sends what the noted sessions queued: all of it with one system call through the ring
     /// if there is one; else (and what the ring did not take) one `sendmmsg` per session and
     /// batch. A lone datagram (an ET server's pace) goes with a plain `send`, which costs
@@ -340,102 +251,6 @@ impl Handler {
             if forward::flush(&self.shared, &s, upstream).blocked {
                 s.wake();
             }
-        }
-    }
-
-    fn banned(&self, ip: IpAddr, now: Instant) -> bool {
-        self.shared.lock().bans.is_banned(ip, now)
-    }
-
-    /// A `getchallenge`: through the join gate, then to the client's session (opened if
-    /// needed). A queued one comes back through [`Handler::release_joins`].
-    fn join(&mut self, src: SocketAddr, data: &[u8], now: Instant) {
-        match self.joins.offer(src, data, now, &mut self.pace) {
-            Offer::Pass => {
-                let mut st = self.shared.lock();
-                open_or_push(&self.shared, &mut self.touched, &mut st, src, data, None);
-            }
-            Offer::Queued => {}
-            Offer::Refused(reason) => {
-                debug!("{src} dropped ({})", reason.name());
-                self.shared.metrics.drop(reason);
-            }
-        }
-        self.shared
-            .metrics
-            .joins_queued
-            .set(self.joins.queued() as u64);
-    }
-
-    /// Sends on the queued `getchallenge` whose turn has come.
-    fn release_joins(&mut self, now: Instant) {
-        while let Some(src) = self.joins.release(now, &mut self.pace, &mut self.join_buf) {
-            let mut st = self.shared.lock();
-            open_or_push(
-                &self.shared,
-                &mut self.touched,
-                &mut st,
-                src,
-                &self.join_buf,
-                None,
-            );
-        }
-        self.shared
-            .metrics
-            .joins_queued
-            .set(self.joins.queued() as u64);
-    }
-
-    /// `connect` and `PB_`: only for a session that exists. A `connect` can only be accepted
-    /// with a challenge the game server gave that session's upstream port, so a source without
-    /// a session has nothing to connect with.
-    fn session_only(&mut self, src: SocketAddr, data: &[u8]) {
-        let shared = &self.shared;
-        let st = shared.lock();
-        match st.sessions.get(&src) {
-            Some(s) => push(shared, &mut self.touched, s, data, shared.now_ms()),
-            None => {
-                debug!("{src} dropped (no_session)");
-                shared.metrics.drop(Drop::NoSession);
-            }
-        }
-    }
-
-    /// An in-game packet: its qport must be its session's own (pinned on the first one), and
-    /// no other session's. From an unknown address, a qport that an established session of the
-    /// same IP holds, silent for `rebind_quiet`, moves that session there (a NAT that
-    /// rebound); any other pinned qport is dropped; an unpinned one opens a half-open session.
-    fn game(&mut self, src: SocketAddr, data: &[u8]) {
-        let shared = &self.shared;
-        let Some(qport) = data.get(4..6).map(|q| u16::from_le_bytes([q[0], q[1]])) else {
-            shared.metrics.drop(Drop::Malformed);
-            return;
-        };
-        let now_ms = shared.now_ms();
-        let mut st = shared.lock();
-        if let Some(s) = st.sessions.get(&src).cloned() {
-            match st.sessions.check_qport(&s, qport) {
-                Ok(()) => push(shared, &mut self.touched, &s, data, now_ms),
-                Err(reason) => shared.metrics.drop(reason),
-            }
-            return;
-        }
-        let Some(holder) = st.sessions.qport_holder(qport).cloned() else {
-            open_or_push(shared, &mut self.touched, &mut st, src, data, Some(qport));
-            return;
-        };
-        let quiet = now_ms.saturating_sub(holder.last_client_ms());
-        if holder.client().ip() == src.ip()
-            && holder.phase() == Phase::Established
-            && quiet >= shared.config.caps.rebind_quiet.as_millis() as u64
-        {
-            let from = holder.client();
-            st.sessions.rebind(&holder, src);
-            shared.metrics.sessions_rebound.inc();
-            debug!("session {from} moved to {src} (qport {qport})");
-            push(shared, &mut self.touched, &holder, data, now_ms);
-        } else {
-            shared.metrics.drop(Drop::QportConflict);
         }
     }
 
@@ -501,68 +316,6 @@ impl Handler {
                 Err(e) => debug!("cache: cannot reopen its socket: {e}"),
             }
         }
-    }
-}
-
-/// Queues `data` on `src`'s session, opening a half-open one if the table's caps admit it (at
-/// the server's half-open cap the oldest half-open session is recycled); `qport` is pinned on a
-/// new session.
-fn open_or_push(
-    shared: &Arc<Shared>,
-    touched: &mut Touched,
-    st: &mut State,
-    src: SocketAddr,
-    data: &[u8],
-    qport: Option<u16>,
-) {
-    let now_ms = shared.now_ms();
-    if let Some(s) = st.sessions.get(&src) {
-        push(shared, touched, s, data, now_ms);
-        return;
-    }
-    match st.sessions.admit(src.ip()) {
-        Ok(None) => {}
-        Ok(Some(victim)) => {
-            victim.cut();
-            shared.metrics.sessions_recycled.inc();
-        }
-        Err(reason) => {
-            shared.refused(reason, src);
-            return;
-        }
-    }
-    let Some(permit) = shared.budget.sessions.try_acquire() else {
-        shared.refused(Drop::SessionCap, src);
-        return;
-    };
-    match forward::open(shared, src, now_ms, permit) {
-        Ok(s) => {
-            st.sessions.insert(Arc::clone(&s));
-            if let Some(q) = qport {
-                // A new session takes a free qport (the caller checked it is free).
-                let _ = st.sessions.check_qport(&s, q);
-            }
-            push(shared, touched, &s, data, now_ms);
-            shared.metrics.sessions_opened.inc();
-            shared.gauges(&st.sessions);
-            debug!("session + {src} ({} active)", st.sessions.len());
-        }
-        Err(e) => {
-            shared.metrics.drop(Drop::Upstream);
-            shared.throttled(|n| {
-                warn!("cannot open a session for {src}: {e} ({n} more warnings not logged)");
-            });
-        }
-    }
-}
-
-/// Queues `data` on session `s` and notes the session in `touched` (sent at the end of the
-/// batch, [`Handler::send_touched`]), counting a refusal.
-fn push(shared: &Shared, touched: &mut Touched, s: &Arc<Session>, data: &[u8], now_ms: u64) {
-    match s.push(data, now_ms) {
-        Ok(()) => touched.note(s),
-        Err(Refused::QueueFull) => shared.metrics.drop(Drop::QueueFull),
-        Err(Refused::OverBudget) => shared.metrics.drop(Drop::QueuedBytes),
     }
 }
 

@@ -20,7 +20,7 @@ use guard::throttle::Throttle;
 
 use super::budget::Budget;
 use super::heartbeat::ProbeStatus;
-use super::metrics::{Drop, ServerMetrics};
+use super::metrics::{DropReason, ServerMetrics};
 use super::session::Session;
 use super::table::Table;
 use crate::bans::BanTable;
@@ -152,7 +152,7 @@ impl Shared {
 
     /// Counts a session refused by a cap (`reason`) for `who`, and warns at most once per
     /// [`WARN_EVERY`], with the number of refusals since the last warning.
-    pub(super) fn refused(&self, reason: Drop, who: SocketAddr) {
+    pub(super) fn refused(&self, reason: DropReason, who: SocketAddr) {
         self.metrics.drop(reason);
         self.metrics.sessions_refused.inc();
         self.throttled(|n| {

@@ -18,7 +18,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-use super::metrics::Drop;
+use super::metrics::DropReason;
 use super::session::{Phase, Session};
 use crate::config::SessionCaps;
 
@@ -115,18 +115,18 @@ impl Table {
     /// is taken out of the table and returned, for the caller to cut.
     ///
     /// # Errors
-    /// The [`Drop`] reason of a refusal: per IP or per prefix cap reached.
-    pub(super) fn admit(&mut self, src: IpAddr) -> Result<Option<Arc<Session>>, Drop> {
+    /// The [`DropReason`] of a refusal: per IP or per prefix cap reached.
+    pub(super) fn admit(&mut self, src: IpAddr) -> Result<Option<Arc<Session>>, DropReason> {
         if self.ips.get(&src).map_or(0, |c| c.half_open) >= self.caps.half_open_per_ip {
-            return Err(Drop::IpCap);
+            return Err(DropReason::IpCap);
         }
         if self.prefixes.get(&prefix(src)).copied().unwrap_or(0) >= self.caps.half_open_per_prefix {
-            return Err(Drop::PrefixCap);
+            return Err(DropReason::PrefixCap);
         }
         if self.half_open < self.caps.half_open_per_server {
             return Ok(None);
         }
-        let victim = self.oldest_half_open().ok_or(Drop::HalfOpenCap)?;
+        let victim = self.oldest_half_open().ok_or(DropReason::HalfOpenCap)?;
         self.remove(&victim);
         Ok(Some(victim))
     }
@@ -175,17 +175,17 @@ impl Table {
     ///
     /// # Errors
     /// The established caps (per server, per IP) are reached: the caller cuts the session.
-    pub(super) fn promote(&mut self, s: &Session) -> Result<(), Drop> {
+    pub(super) fn promote(&mut self, s: &Session) -> Result<(), DropReason> {
         if s.phase() == Phase::Established || !self.holds(s) {
             return Ok(());
         }
         let ip = s.client().ip();
         let per_ip = self.ips.get(&ip).map_or(0, |c| c.established);
         if self.established >= self.caps.established_per_server {
-            return Err(Drop::SessionCap);
+            return Err(DropReason::SessionCap);
         }
         if per_ip >= self.caps.established_per_ip {
-            return Err(Drop::IpCap);
+            return Err(DropReason::IpCap);
         }
         self.count_half_open(ip, -1);
         s.set_phase(Phase::Established);
@@ -222,13 +222,13 @@ impl Table {
     /// May session `s` send an in-game packet with `qport`? Pins it on its first one.
     ///
     /// # Errors
-    /// [`Drop::QportConflict`]: `s` pinned another qport, or another session holds `qport`.
-    pub(super) fn check_qport(&mut self, s: &Arc<Session>, qport: u16) -> Result<(), Drop> {
+    /// [`DropReason::QportConflict`]: `s` pinned another qport, or another session holds `qport`.
+    pub(super) fn check_qport(&mut self, s: &Arc<Session>, qport: u16) -> Result<(), DropReason> {
         if let Some(mine) = s.qport() {
             return if mine == qport && self.owns(s, qport) {
                 Ok(())
             } else {
-                Err(Drop::QportConflict)
+                Err(DropReason::QportConflict)
             };
         }
         match self.qports.entry(qport) {
@@ -237,7 +237,7 @@ impl Table {
                 let takeover =
                     holder.phase() != Phase::Established && s.phase() == Phase::Established;
                 if !takeover {
-                    return Err(Drop::QportConflict);
+                    return Err(DropReason::QportConflict);
                 }
                 o.insert(Arc::clone(s));
             }

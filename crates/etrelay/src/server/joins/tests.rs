@@ -40,7 +40,7 @@ fn a_source_over_its_limit_is_refused_before_anything_else() {
     assert_eq!(j.offer(src(1, 1), b"g", t0, &mut pace), Offer::Pass);
     assert_eq!(
         j.offer(src(1, 1), b"g", t0, &mut pace),
-        Offer::Refused(Drop::JoinLimit)
+        Offer::Refused(DropReason::JoinLimit)
     );
     assert_eq!(j.offer(src(1, 2), b"g", t0, &mut pace), Offer::Pass);
     assert_eq!(
@@ -64,7 +64,7 @@ fn past_the_pace_joins_wait_their_turn_round_robin_over_prefixes() {
             if i < 7 {
                 Offer::Queued
             } else {
-                Offer::Refused(Drop::JoinQueue)
+                Offer::Refused(DropReason::JoinQueue)
             }
         );
     }
@@ -118,6 +118,6 @@ fn a_full_queue_makes_room_for_a_new_prefix() {
     // One per source address: a retransmit does not queue twice.
     assert_eq!(
         j.offer(src(200, 1), b"honest", t0, &mut pace),
-        Offer::Refused(Drop::JoinQueue)
+        Offer::Refused(DropReason::JoinQueue)
     );
 }

@@ -31,7 +31,11 @@ fn session(id: u64, client: SocketAddr) -> Arc<Session> {
 }
 
 /// Admits and inserts a session for `client`; returns it and the one recycled, if any.
-fn open(t: &mut Table, id: u64, client: SocketAddr) -> Result<(Arc<Session>, Option<u64>), Drop> {
+fn open(
+    t: &mut Table,
+    id: u64,
+    client: SocketAddr,
+) -> Result<(Arc<Session>, Option<u64>), DropReason> {
     let victim = t.admit(client.ip())?;
     let s = session(id, client);
     t.insert(Arc::clone(&s));
@@ -43,12 +47,15 @@ fn per_ip_and_per_prefix_caps_refuse() {
     let mut t = Table::new(caps());
     open(&mut t, 1, addr(1, 1, 1)).unwrap();
     open(&mut t, 2, addr(1, 1, 2)).unwrap();
-    assert_eq!(open(&mut t, 3, addr(1, 1, 3)).unwrap_err(), Drop::IpCap);
+    assert_eq!(
+        open(&mut t, 3, addr(1, 1, 3)).unwrap_err(),
+        DropReason::IpCap
+    );
     // Another IP of the same /24: the prefix cap (3) refuses the fourth.
     let other = SocketAddr::from(([10, 1, 1, 2], 1));
     open(&mut t, 4, other).unwrap();
     let third = SocketAddr::from(([10, 1, 1, 3], 1));
-    assert_eq!(open(&mut t, 5, third).unwrap_err(), Drop::PrefixCap);
+    assert_eq!(open(&mut t, 5, third).unwrap_err(), DropReason::PrefixCap);
     assert_eq!(t.half_open(), 3);
 }
 
@@ -80,7 +87,7 @@ fn established_sessions_are_never_recycled_and_have_their_caps() {
     let (c, _) = open(&mut t, 3, addr(3, 0, 1)).unwrap();
     t.promote(&a).unwrap();
     t.promote(&b).unwrap();
-    assert_eq!(t.promote(&c), Err(Drop::SessionCap), "two per server");
+    assert_eq!(t.promote(&c), Err(DropReason::SessionCap), "two per server");
     assert_eq!((t.established(), t.half_open()), (2, 1));
     for i in 0..20u8 {
         let r = open(&mut t, 10 + u64::from(i), addr(100 + i, 0, 1)).unwrap();
@@ -93,7 +100,7 @@ fn established_sessions_are_never_recycled_and_have_their_caps() {
     let (a, _) = open(&mut t, 1, addr(1, 0, 1)).unwrap();
     let (b, _) = open(&mut t, 2, addr(1, 0, 2)).unwrap();
     t.promote(&a).unwrap();
-    assert_eq!(t.promote(&b), Err(Drop::IpCap));
+    assert_eq!(t.promote(&b), Err(DropReason::IpCap));
     assert!(t.remove(&b));
     assert!(!t.remove(&b), "removed once");
     assert!(t.remove(&a));
@@ -111,12 +118,12 @@ fn qports_are_pinned_to_one_session() {
     assert_eq!(t.check_qport(&a, 7), Ok(()));
     assert_eq!(
         t.check_qport(&a, 8),
-        Err(Drop::QportConflict),
+        Err(DropReason::QportConflict),
         "one qport per session"
     );
     assert_eq!(
         t.check_qport(&b, 7),
-        Err(Drop::QportConflict),
+        Err(DropReason::QportConflict),
         "another's qport"
     );
     // A half-open session's qport is taken over by an established one.
@@ -124,7 +131,7 @@ fn qports_are_pinned_to_one_session() {
     let (c, _) = open(&mut t, 3, addr(3, 0, 1)).unwrap();
     t.promote(&c).unwrap();
     assert_eq!(t.check_qport(&c, 9), Ok(()));
-    assert_eq!(t.check_qport(&b, 9), Err(Drop::QportConflict));
+    assert_eq!(t.check_qport(&b, 9), Err(DropReason::QportConflict));
     assert_eq!(t.qport_holder(9).map(|s| s.id), Some(3));
     // A session gone frees its qport.
     t.remove(&a);
