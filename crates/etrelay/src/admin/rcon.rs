@@ -314,7 +314,7 @@ mod tests {
             ..fast()
         };
         let mut rcon = Rcon::connect(addr, "secret".into(), timing).await.unwrap();
-        let start = std::time::Instant::now();
+        let start = Instant::now();
         rcon.run("a").await.unwrap();
         rcon.run("b").await.unwrap();
         assert!(start.elapsed() >= Duration::from_millis(200));

@@ -480,10 +480,10 @@ mod tests {
     fn a_damaged_file_is_a_clear_error() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(db_path(dir.path(), 27960), b"not a database, just text").unwrap();
-        let e = Store::open(dir.path(), 27960, SystemTime::now()).unwrap_err();
+        let e = Store::open(dir.path(), 27960, crate::clock::wall_now()).unwrap_err();
         assert!(e.to_string().contains("bans-27960.db"), "{e}");
         std::fs::write(super::super::path(dir.path(), 27961), b"{\"bans\": [").unwrap();
-        let e = Store::open(dir.path(), 27961, SystemTime::now()).unwrap_err();
+        let e = Store::open(dir.path(), 27961, crate::clock::wall_now()).unwrap_err();
         assert!(e.to_string().contains("bans-27961.json"), "{e}");
     }
 }

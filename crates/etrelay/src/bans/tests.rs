@@ -1,6 +1,7 @@
 use std::net::Ipv4Addr;
 
 use super::*;
+use crate::clock::wall_now;
 
 const S: Duration = Duration::from_secs(1);
 
@@ -15,7 +16,7 @@ fn ban(last: u8, expires: Option<SystemTime>, since: SystemTime) -> Ban {
 
 #[test]
 fn bans_expire_and_permanent_ones_stay() {
-    let (sys, t0) = (SystemTime::now(), Instant::now());
+    let (sys, t0) = (wall_now(), Instant::now());
     let mut t = BanTable::default();
     let a = ban(1, Some(sys + 5 * S), sys);
     let b = ban(2, None, sys);
@@ -32,7 +33,7 @@ fn bans_expire_and_permanent_ones_stay() {
 
 #[test]
 fn full_table_refuses_new_addresses_but_replaces() {
-    let (sys, t0) = (SystemTime::now(), Instant::now());
+    let (sys, t0) = (wall_now(), Instant::now());
     let mut t = BanTable::with_limit(1);
     t.insert(ban(1, None, sys), sys, t0).unwrap();
     assert_eq!(t.insert(ban(2, None, sys), sys, t0), Err(TableFull));
@@ -44,7 +45,7 @@ fn full_table_refuses_new_addresses_but_replaces() {
 
 #[test]
 fn expired_bans_make_room() {
-    let (sys, t0) = (SystemTime::now(), Instant::now());
+    let (sys, t0) = (wall_now(), Instant::now());
     let mut t = BanTable::with_limit(1);
     let first = ban(1, Some(sys + S), sys);
     t.insert(first.clone(), sys, t0).unwrap();
@@ -54,7 +55,7 @@ fn expired_bans_make_room() {
 
 #[test]
 fn lifted_bans_and_listing_order() {
-    let (sys, t0) = (SystemTime::now(), Instant::now());
+    let (sys, t0) = (wall_now(), Instant::now());
     let mut t = BanTable::default();
     let older = ban(9, None, sys - S);
     let newer = ban(1, None, sys);
@@ -69,7 +70,7 @@ fn lifted_bans_and_listing_order() {
 
 #[test]
 fn new_bans_are_checked() {
-    let now = SystemTime::now();
+    let now = wall_now();
     let ip: IpAddr = "::ffff:192.0.2.5".parse().unwrap();
     let b = Ban::new(ip, "x".into(), Some(60), now).unwrap();
     assert_eq!(b.ip, IpAddr::from(Ipv4Addr::new(192, 0, 2, 5)));

@@ -34,7 +34,7 @@ use guard::throttle::Throttle;
 pub use listen::ListenLimits;
 
 use crate::bans::{self, Ban, BanError, BanRecord};
-use crate::clock::unix;
+use crate::clock::{unix, wall_now};
 pub use crate::config::BIND_RETRY;
 use crate::config::BIND_WARN_PERIOD;
 use crate::proof::{self, MIN_KEY, ProofError};
@@ -482,7 +482,7 @@ async fn put_ban(
     body: Body,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let r = require_key(&st, &headers)?;
-    let ban = read_put_ban(&ip, &body, SystemTime::now())?;
+    let ban = read_put_ban(&ip, &body, wall_now())?;
     st.registry.ban(r.port, ban.clone()).await?;
     info!("port {}: {} banned", r.port, ban.ip);
     Ok(Json(ban_json(&ban)))

@@ -40,6 +40,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::bans::store::{Store, StoreError};
 use crate::bans::{self, Ban};
+use crate::clock::wall_now;
 use crate::config::ServerConfig;
 use crate::proof::{KeyHash, key_hash};
 use crate::server::{Budget, ServerHandle};
@@ -415,7 +416,7 @@ impl Inner {
         config.upstream = upstream;
         let handle = ServerHandle::start(config, public, self.budget.clone(), &self.cancel)
             .map_err(|source| RegistryError::Bind { port, source })?;
-        let now = SystemTime::now();
+        let now = wall_now();
         for ban in bans.into_iter().filter(|b| !b.expired(now)) {
             if handle.ban(ban).is_err() {
                 tracing::warn!("port {port}: too many bans, the rest not restored");

@@ -14,7 +14,7 @@ use tokio::net::UdpSocket;
 use tracing::{info, warn};
 
 use super::{Inner, Registered, RegistryError, blocking};
-use crate::clock::Instant;
+use crate::clock::{Instant, wall_now};
 use crate::config::{BIND_RETRY, BIND_WARN_PERIOD};
 
 /// A public port that could not be bound, and when it is tried next.
@@ -35,7 +35,7 @@ pub struct BindRetry {
 impl BindRetry {
     /// One more failed attempt (after `prev`, if any) with `error`, made now.
     pub(super) fn failed(prev: Option<&BindRetry>, error: String) -> BindRetry {
-        let (now_sys, now) = (SystemTime::now(), Instant::now());
+        let (now_sys, now) = (wall_now(), Instant::now());
         BindRetry {
             attempts: prev.map_or(0, |p| p.attempts).saturating_add(1),
             last_error: error,
@@ -65,7 +65,7 @@ pub(super) async fn bind_and_start(
     let public = UdpSocket::bind((inner.config.bind, port))
         .await
         .map_err(|source| RegistryError::Bind { port, source })?;
-    let bans = blocking(move || Ok(store.load(SystemTime::now())?)).await?;
+    let bans = blocking(move || Ok(store.load(wall_now())?)).await?;
     let handle = inner.start_on(public, entry.upstream, bans)?;
     entry.handle = Some(handle);
     entry.error = None;

@@ -17,7 +17,6 @@ use std::collections::HashSet;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use guard::statefile;
 use tracing::{error, info, warn};
@@ -26,7 +25,7 @@ use super::{
     Inner, Registered, RegistryError, ServerRecord, ServersFile, blocking, rebind, upstream,
 };
 use crate::bans::store::{self, Store};
-use crate::clock::from_unix;
+use crate::clock::{from_unix, wall_now};
 use crate::net::canonical;
 use crate::proof::parse_key_hash;
 
@@ -141,7 +140,7 @@ async fn start(inner: &Arc<Inner>, entry: &mut Registered) -> Result<(), Registr
         return Err(RegistryError::BadUpstream(why));
     }
     let (dir, port) = (inner.config.state_dir.clone(), entry.port);
-    let (store, _) = blocking(move || Ok(Store::open(&dir, port, SystemTime::now())?))
+    let (store, _) = blocking(move || Ok(Store::open(&dir, port, wall_now())?))
         .await
         .map_err(|e| RegistryError::NotRelaying(format!("ban store: {e}")))?;
     entry.store = Some(Arc::new(store));

@@ -4,7 +4,6 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::SystemTime;
 
 use guard::statefile;
 use tokio::net::UdpSocket;
@@ -14,6 +13,7 @@ use tracing::{error, info, warn};
 use super::{Inner, Op, Registered, RegistryError, blocking, rebind};
 use crate::bans::Ban;
 use crate::bans::store::{self, Store};
+use crate::clock::wall_now;
 use crate::proof::KeyHash;
 
 /// The writer: applies changes one at a time; a change that arrives once the relay is
@@ -97,7 +97,7 @@ async fn register(
         port: target,
         upstream,
         key_hash,
-        registered_at: SystemTime::now(),
+        registered_at: wall_now(),
         handle: None,
         store: None,
         error: None,
@@ -206,7 +206,7 @@ async fn start(
             ..
         }) => {
             let (store, port) = (Arc::clone(s), *port);
-            blocking(move || Ok(store.load(SystemTime::now())?))
+            blocking(move || Ok(store.load(wall_now())?))
                 .await
                 .map_err(|e| {
                     error!("port {port}: cannot read its bans to move them: {e}");

@@ -25,7 +25,7 @@ use std::time::Duration;
 use guard::limiter::{Rule, TokenBucket};
 use rand::Rng;
 
-use crate::clock::Instant;
+use crate::clock::{Instant, StdInstant};
 use crate::et::classify::{MAX_CHALLENGE, Query};
 use crate::et::info::Template;
 
@@ -81,7 +81,7 @@ pub(super) struct QueryCache {
     kinds: [Kind; 2],
     budget: TokenBucket,
     /// The refresh budget's state (on the clock `guard` takes).
-    budget_state: std::time::Instant,
+    budget_state: StdInstant,
 }
 
 fn idx(q: Query) -> usize {

@@ -11,13 +11,13 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use tracing::{debug, info, warn};
 
 use super::heartbeat::{Beat, Change, Heartbeat, Next, ToMasters};
 use super::shared::Shared;
-use crate::clock::Instant;
+use crate::clock::{Instant, wall_now};
 use crate::et::classify::Query;
 use crate::probe;
 
@@ -47,7 +47,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
                 };
                 let round = heartbeat.probed(answered);
                 shared.metrics.probe_state.set(round.state as u64);
-                shared.probe_status().record(round.state, SystemTime::now());
+                shared.probe_status().record(round.state, wall_now());
                 match round.change {
                     Change::Answers => info!("game server {} answers", cfg.upstream),
                     Change::StoppedAnswering => {

@@ -45,7 +45,6 @@ mod table;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex};
-use std::time::SystemTime;
 
 use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
@@ -58,7 +57,7 @@ pub use self::metrics::{DropReason, ProbeState, ServerMetrics};
 pub use self::session::SessionInfo;
 use self::shared::Shared;
 use crate::bans::{Ban, TableFull};
-use crate::clock::Instant;
+use crate::clock::{Instant, wall_now};
 use crate::config::ServerConfig;
 
 /// Receive and send buffer asked for the public socket.
@@ -165,7 +164,7 @@ impl ServerHandle {
     /// # Errors
     /// [`TableFull`] when [`crate::bans::MAX_BANS`] live bans are held already.
     pub fn ban(&self, ban: Ban) -> Result<(), TableFull> {
-        let (now_sys, now) = (SystemTime::now(), Instant::now());
+        let (now_sys, now) = (wall_now(), Instant::now());
         let mut st = self.shared.lock();
         let ip = ban.ip;
         st.bans.insert(ban, now_sys, now)?;

@@ -23,11 +23,12 @@
 //! most the game server's largest answer. No I/O here; every call takes `now`.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use guard::limiter::{KeyedLimiter, Limits, TokenBucket};
 
 use super::sweep::SWEEP_PARTS;
+use crate::clock::Instant;
 use crate::config::ReflectionLimits;
 
 /// Shortest gap between two full sweeps of the prefix table forced by a full table.
@@ -95,7 +96,7 @@ impl AnswerBudget {
             return false;
         }
         let key = self.prefix(ip);
-        if !matches!(self.prefixes.check(&key, now), Ok(true)) {
+        if !matches!(self.prefixes.check(&key, now.into_std()), Ok(true)) {
             return false;
         }
         self.global_take(now);
@@ -106,7 +107,7 @@ impl AnswerBudget {
     /// tick).
     pub(super) fn sweep(&mut self, now: Instant) {
         if !self.prefixes.is_empty() {
-            self.prefixes.sweep_part(now, SWEEP_PARTS);
+            self.prefixes.sweep_part(now.into_std(), SWEEP_PARTS);
         }
     }
 

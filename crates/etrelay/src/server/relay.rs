@@ -297,7 +297,7 @@ impl Handler {
             self.limiter.sweep_part(now.into_std(), SWEEP_PARTS);
         }
         self.joins.sweep(now);
-        self.budget.sweep(now.into_std());
+        self.budget.sweep(now);
         self.release_joins(now);
         self.shared
             .metrics

@@ -27,6 +27,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::budget::Budget;
+use crate::clock::wall_now;
 use crate::net::{BATCH, ReadSocket};
 
 /// Queue buffers larger than this are not kept for reuse (bounds a session's idle memory:
@@ -161,7 +162,7 @@ impl Session {
             id,
             client: Mutex::new(client),
             upstream_local,
-            opened: SystemTime::now(),
+            opened: wall_now(),
             last_active_ms: AtomicU64::new(now_ms),
             last_client_ms: AtomicU64::new(now_ms),
             phase: AtomicU8::new(Phase::HalfOpen as u8),
@@ -405,7 +406,7 @@ impl Session {
             client: self.client(),
             upstream_local: self.upstream_local,
             opened: self.opened,
-            last_seen: SystemTime::now() - idle,
+            last_seen: wall_now() - idle,
             packets_up: self.packets_up.get(),
             bytes_up: self.bytes_up.get(),
             packets_down: self.packets_down.get(),

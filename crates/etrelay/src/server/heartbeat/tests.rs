@@ -1,4 +1,5 @@
 use super::*;
+use crate::clock::wall_now;
 
 const INTERVAL: Duration = Duration::from_secs(300);
 
@@ -130,7 +131,7 @@ fn q3_heartbeats_and_never_flatlines() {
 fn the_probe_status_keeps_the_last_answer() {
     let mut st = ProbeStatus::default();
     assert_eq!(st.state, ProbeState::Unknown);
-    let t1 = SystemTime::now();
+    let t1 = wall_now();
     st.record(ProbeState::Up, t1);
     let t2 = t1 + Duration::from_secs(300);
     st.record(ProbeState::Down, t2);

@@ -77,7 +77,7 @@ impl Handler {
             }
         }
         m.query_sources.set(self.limiter.len() as u64);
-        if !self.budget.allow(src.ip(), now.into_std()) {
+        if !self.budget.allow(src.ip(), now) {
             m.drop(DropReason::Reflection);
             debug!("{src} query over the answer budget");
             return;
