@@ -18,9 +18,9 @@ use tokio::net::TcpListener;
 mod inproc;
 use inproc::*;
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn each_step_refuses_with_its_reason_status_and_one_counter() {
-    let clock = clock();
+    let (_m, clock) = manual();
     let n = node(&clock, |_| {}).await;
     let strict = node(&clock, |c| c.allow_private_endpoints = false).await;
     let other = node(&clock, |_| {}).await;
@@ -235,9 +235,9 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
     );
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn the_steps_run_in_the_design_order() {
-    let clock = clock();
+    let (_m, clock) = manual();
     let n = node(&clock, |_| {}).await;
     let now = clock.unix();
     let stale = now - 10_000;
@@ -272,10 +272,10 @@ async fn the_steps_run_in_the_design_order() {
     assert_eq!(reason(&submit(&n, f.encode()).await), "route_loop");
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn a_definitive_answer_is_not_retried() {
     use std::sync::atomic::AtomicUsize;
-    let clock = clock();
+    let (_m, clock) = manual();
     let a = node(&clock, |_| {}).await;
     // A next hop that answers 400 to everything, counting what it gets.
     let hits = Arc::new(AtomicUsize::new(0));
@@ -313,9 +313,9 @@ async fn a_definitive_answer_is_not_retried() {
     assert_eq!(a.ctx.counters.snapshot().retry_attempted, 0);
 }
 
-#[tokio::test(start_paused = true)]
+#[tokio::test]
 async fn every_error_of_both_listeners_is_json() {
-    let clock = clock();
+    let (_m, clock) = manual();
     let n = node(&clock, |_| {}).await;
     let cookie = std::fs::read_to_string(n.dir.join("operator.cookie")).unwrap();
     let mut headers = reqwest::header::HeaderMap::new();

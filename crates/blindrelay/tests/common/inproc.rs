@@ -1,5 +1,4 @@
-//! The admission pipeline in process, on tokio's paused clock (each test is
-//! `#[tokio::test(start_paused = true)]` and moves time with `tokio::time::advance`): nodes built by `daemon::build`
+//! The admission pipeline in process, with a hand-driven clock: nodes built by `daemon::build`
 //! and served in this process on fresh 127.x.y.z addresses with ports from the OS, v2 frames
 //! built by hand (their fields may be tampered with), and requests submitted straight to the
 //! pipeline. Included by the in-process test files (`#[path = "common/inproc.rs"]`), not by
@@ -10,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use blindrelay::clock::Clock;
+use blindrelay::clock::{Clock, ManualClock};
 use blindrelay::context::Context;
 use blindrelay::counters::Snapshot;
 use blindrelay::daemon::{self, RelayConfig, RunConfig};
@@ -18,7 +17,6 @@ use blindrelay::pipeline::{Pipeline, wire};
 use blindrelay::proto::frame::Frame;
 use blindrelay::proto::sphinx::{self, Delivery, HopSpec, SizeClass};
 use blindrelay::proto::{NodeId, RouteId};
-use blindrelay::relay::Relay;
 use blindrelay::replay::ReplayStore;
 use blindrelay::send::v2::expiry;
 use ed25519_dalek::SigningKey;
@@ -41,7 +39,6 @@ pub fn fresh_ip() -> Ipv4Addr {
 
 /// One node running in this process.
 pub struct Node {
-    pub relay: Arc<Relay>,
     pub pipeline: Arc<Pipeline>,
     pub ctx: Arc<Context>,
     pub addr: SocketAddr,
@@ -90,7 +87,7 @@ pub async fn start_in(
     clock: &Clock,
     tweak: impl FnOnce(&mut RelayConfig),
     init: bool,
-) -> (Arc<Relay>, SocketAddr, SocketAddr, CancellationToken) {
+) -> (Arc<Pipeline>, SocketAddr, SocketAddr, CancellationToken) {
     let ip = fresh_ip();
     let public = TcpListener::bind((ip, 0)).await.unwrap();
     let operator = TcpListener::bind((ip, 0)).await.unwrap();
@@ -100,8 +97,7 @@ pub async fn start_in(
         blindrelay::node::init(dir, &format!("https://{addr}"), clock.unix()).unwrap();
     }
     let mut cfg = RelayConfig::new(true);
-    // The clock is paused: a rate would refill only as a test advances it. The gate's own test
-    // sets its rate.
+    // The clock is frozen: a rate would never refill. The gate's own test sets its rate.
     cfg.window_limit = 1_000_000;
     cfg.bind = Some(IpAddr::V4(ip));
     tweak(&mut cfg);
@@ -114,23 +110,22 @@ pub async fn start_in(
         accept_lost_state: false,
     })
     .unwrap();
-    let relay = Arc::clone(&built.relay);
+    let pipeline = Arc::clone(&built.pipeline);
     let stop = CancellationToken::new();
     let s = stop.clone();
     tokio::spawn(daemon::serve(built, public, operator, async move {
         s.cancelled().await
     }));
-    (relay, addr, operator_addr, stop)
+    (pipeline, addr, operator_addr, stop)
 }
 
 pub async fn node(clock: &Clock, tweak: impl FnOnce(&mut RelayConfig)) -> Node {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("node");
-    let (relay, addr, operator, stop) = start_in(&dir, clock, tweak, true).await;
+    let (pipeline, addr, operator, stop) = start_in(&dir, clock, tweak, true).await;
     Node {
-        ctx: Arc::clone(relay.ctx()),
-        pipeline: Arc::clone(relay.pipeline()),
-        relay,
+        ctx: Arc::clone(pipeline.ctx()),
+        pipeline,
         addr,
         operator,
         dir,
@@ -139,14 +134,9 @@ pub async fn node(clock: &Clock, tweak: impl FnOnce(&mut RelayConfig)) -> Node {
     }
 }
 
-/// A clock whose dates start at [`T0`] and move with tokio's (paused) clock.
-pub fn clock() -> Clock {
-    Clock::starting_at(T0)
-}
-
-/// Moves tokio's paused clock, and with it the node's dates, by `d`.
-pub async fn advance(d: std::time::Duration) {
-    tokio::time::advance(d).await;
+pub fn manual() -> (Arc<ManualClock>, Clock) {
+    let m = ManualClock::new(T0);
+    (Arc::clone(&m), Clock::Manual(m))
 }
 
 pub fn key() -> SigningKey {
