@@ -17,7 +17,8 @@
 //! - [`control`]: the control API (axum): registration, sessions, bans, metrics.
 //! - [`fdbudget`]: the descriptor limit shared out between sessions, servers and the control
 //!   API.
-//! - [`metrics_http`]: `--metrics` in single-server mode: `GET /metrics`, with timeouts.
+//! - [`metrics_http`]: `--metrics` in single-server mode: `GET /metrics` (axum) on the shared
+//!   [`listener`] accept loop, with its caps and timeouts.
 //! - [`daemon`]: the several-servers mode: registry, control API, shutdown.
 //! - [`secret`]: values whose `Debug` never shows them (tokens, keys, passwords).
 //! - [`admin`]: `etrelay admin`, the game server admin's tool (HTTP client and rcon).

@@ -1,18 +1,25 @@
 //! `--metrics ADDR` in single-server mode: `GET /metrics` over plain HTTP/1.1, the same text the
 //! control API serves with several servers.
 //!
-//! A deliberately small listener: one request per connection, the request head read within
-//! [`READ_TIMEOUT`] and at most [`MAX_HEAD`] bytes, the answer written within
+//! An axum [`Router`] on the shared [`listener`] accept loop: one request per connection, the
+//! request head read within [`READ_TIMEOUT`] and at most [`MAX_HEAD`] bytes (a longer one is
+//! answered 431, a malformed one 400), the whole connection over within [`READ_TIMEOUT`] +
 //! [`WRITE_TIMEOUT`], at most [`MAX_CONNECTIONS`] connections at once (more are closed at
-//! once). Other routes and methods get a JSON error with a 4xx status.
+//! once). Other routes get a JSON error with 404, other methods on `/metrics` (`HEAD`
+//! included) 405.
 
+use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
 use guard::counters::{Kind, PromText};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use listener::{Closed, Config, Hooks, Limits, Listener, Refused};
+use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, trace, warn};
 
@@ -22,119 +29,102 @@ use crate::server::{Budget, ServerHandle, ServerMetrics};
 pub const READ_TIMEOUT: Duration = Duration::from_secs(5);
 /// Time to write the answer.
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
-/// Largest request head read.
-pub const MAX_HEAD: usize = 8192;
+/// Largest request head read (hyper's smallest read buffer).
+pub const MAX_HEAD: usize = listener::MIN_HEAD;
 /// Connections served at once.
 pub const MAX_CONNECTIONS: usize = 16;
+/// Time a scrape in flight gets to finish when the relay stops.
+pub const SHUTDOWN_GRACE: Duration = Duration::from_secs(1);
+/// Pause after an accept error (a full descriptor table) before accepting again.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
-/// Serves `GET /metrics` for `server` on `listener` until `cancel`.
+/// Serves `GET /metrics` for `server` on `listener` until `cancel`, then stops within
+/// [`SHUTDOWN_GRACE`].
 pub async fn serve(
     listener: TcpListener,
     server: Arc<ServerHandle>,
     budget: Budget,
     cancel: CancellationToken,
 ) {
+    serve_router(listener, router(move || render(&server, &budget)), cancel).await;
+}
+
+/// Serves `app` within this module's bounds.
+async fn serve_router(listener: TcpListener, app: Router, cancel: CancellationToken) {
     match listener.local_addr() {
         Ok(a) => info!("metrics on {a}"),
         Err(e) => warn!("metrics: {e}"),
     }
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
-    loop {
-        let stream = tokio::select! {
-            () = cancel.cancelled() => return,
-            r = listener.accept() => match r {
-                Ok((s, _)) => s,
-                Err(e) => {
-                    trace!(error = %e, "metrics accept");
-                    continue;
-                }
-            },
-        };
-        let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-            continue;
-        };
-        let (server, budget) = (Arc::clone(&server), budget.clone());
-        tokio::spawn(async move {
-            answer(stream, &server, &budget).await;
-            drop(permit);
-        });
-    }
-}
-
-/// Reads one request and answers it; every step bounded in time.
-async fn answer(mut stream: TcpStream, server: &ServerHandle, budget: &Budget) {
-    let head = match tokio::time::timeout(READ_TIMEOUT, read_head(&mut stream)).await {
-        Ok(Some(h)) => h,
-        Ok(None) => return,
-        Err(_) => {
-            trace!("metrics: request head timed out");
-            return;
-        }
+    let config = Config {
+        header_timeout: READ_TIMEOUT,
+        conn_deadline: Some(READ_TIMEOUT + WRITE_TIMEOUT),
+        keep_alive: false,
+        max_head: MAX_HEAD,
+        grace: SHUTDOWN_GRACE,
+        accept_backoff: ACCEPT_BACKOFF,
     };
-    let (status, kind, body) = route(&head, || render(server, budget));
-    let text = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {kind}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    let _ = tokio::time::timeout(WRITE_TIMEOUT, async {
-        let _ = stream.write_all(text.as_bytes()).await;
-        let _ = stream.shutdown().await;
-    })
-    .await;
+    // One cap: a scraper is one address, and the listener's address is the operator's choice.
+    let caps = Limits {
+        total: MAX_CONNECTIONS,
+        per_source: MAX_CONNECTIONS,
+        reserved: 0,
+    };
+    Listener::per_ip(config, caps)
+        .with_hooks(Trace)
+        .serve(listener, app, cancel)
+        .await;
 }
 
-/// The request head (up to the blank line), or what arrived before [`MAX_HEAD`] bytes or the
-/// end of the stream; `None` when nothing did.
-async fn read_head(stream: &mut TcpStream) -> Option<Vec<u8>> {
-    let mut head = Vec::with_capacity(1024);
-    let mut buf = [0u8; 1024];
-    while head.len() < MAX_HEAD && !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
-            Ok(n) => head.extend_from_slice(&buf[..n]),
+/// Everything at trace level: the metrics port says nothing unasked.
+#[derive(Debug)]
+struct Trace;
+
+impl Hooks for Trace {
+    fn refused(&self, r: &Refused) {
+        trace!(open = r.open, "metrics: connection refused");
+    }
+    fn accept_failed(&self, e: &io::Error) {
+        trace!(error = %e, "metrics accept");
+    }
+    fn closed(&self, _peer: SocketAddr, how: &Closed) {
+        if !matches!(how, Closed::Done) {
+            trace!("metrics: {how}");
         }
     }
-    (!head.is_empty()).then_some(head)
 }
 
-/// Status line, content type and body for a request head.
-fn route(head: &[u8], metrics: impl FnOnce() -> String) -> (&'static str, &'static str, String) {
-    const JSON: &str = "application/json";
-    let error = |status, code: &str, message: &str| {
-        (
-            status,
-            JSON,
-            serde_json::json!({"error": code, "message": message}).to_string(),
-        )
+/// `GET /metrics` answered with `metrics()`; JSON errors elsewhere.
+fn router(metrics: impl Fn() -> String + Clone + Send + Sync + 'static) -> Router {
+    let scrape = move || {
+        let metrics = metrics.clone();
+        async move {
+            (
+                [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                metrics(),
+            )
+        }
     };
-    if !head.windows(4).any(|w| w == b"\r\n\r\n") {
-        return error(
-            "431 Request Header Fields Too Large",
-            "bad_request",
-            "request head too large or incomplete",
-        );
-    }
-    let line = head.split(|&b| b == b'\r').next().unwrap_or_default();
-    let mut parts = line.split(|&b| b == b' ');
-    let (Some(method), Some(path), Some(version)) = (parts.next(), parts.next(), parts.next())
-    else {
-        return error("400 Bad Request", "bad_request", "malformed request line");
-    };
-    if !version.starts_with(b"HTTP/1.") {
-        return error("400 Bad Request", "bad_request", "malformed request line");
-    }
-    let path = path.split(|&b| b == b'?').next().unwrap_or_default();
-    if path != b"/metrics" {
-        return error("404 Not Found", "not_found", "no such route");
-    }
-    if method != b"GET" {
-        return error(
-            "405 Method Not Allowed",
-            "method_not_allowed",
-            "method not allowed on this route",
-        );
-    }
-    ("200 OK", "text/plain; version=0.0.4", metrics())
+    Router::new()
+        .route("/metrics", get(scrape).head(method_not_allowed))
+        .fallback(|| async { error(StatusCode::NOT_FOUND, "not_found", "no such route") })
+        .method_not_allowed_fallback(method_not_allowed)
+}
+
+async fn method_not_allowed() -> Response {
+    error(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "method not allowed on this route",
+    )
+}
+
+/// `{"error": code, "message": message}` with `status`.
+fn error(status: StatusCode, code: &str, message: &str) -> Response {
+    (
+        status,
+        Json(serde_json::json!({"error": code, "message": message})),
+    )
+        .into_response()
 }
 
 /// The counters of the one server, as the control API renders them.
@@ -162,22 +152,84 @@ fn render(server: &ServerHandle, budget: &Budget) -> String {
 
 #[cfg(test)]
 mod tests {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpStream;
+
     use super::*;
 
-    fn req(head: &str) -> (&'static str, String) {
-        let (s, _, b) = route(head.as_bytes(), || "m".to_string());
-        (s, b)
+    /// The listener with metrics "m" on 127.0.0.1, and what each of `requests` gets back (the
+    /// connection read to its end).
+    async fn ask(requests: &[&[u8]]) -> Vec<String> {
+        let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = tcp.local_addr().unwrap();
+        let cancel = CancellationToken::new();
+        let served = tokio::spawn(serve_router(
+            tcp,
+            router(|| "m".to_string()),
+            cancel.clone(),
+        ));
+        let mut answers = vec![];
+        for request in requests {
+            let mut s = TcpStream::connect(addr).await.unwrap();
+            s.write_all(request).await.unwrap();
+            s.shutdown().await.unwrap();
+            let mut out = String::new();
+            s.read_to_string(&mut out).await.unwrap();
+            answers.push(out);
+        }
+        cancel.cancel();
+        served.await.unwrap();
+        answers
     }
 
-    #[test]
-    fn routes_and_errors() {
-        assert_eq!(req("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").0, "200 OK");
-        assert_eq!(req("GET /metrics?x=1 HTTP/1.0\r\n\r\n").1, "m");
-        let (s, b) = req("GET /other HTTP/1.1\r\n\r\n");
-        assert!(s.starts_with("404") && b.contains("\"not_found\""), "{b}");
-        assert!(req("POST /metrics HTTP/1.1\r\n\r\n").0.starts_with("405"));
-        assert!(req("garbage\r\n\r\n").0.starts_with("400"));
-        assert!(req("GET /metrics SPDY\r\n\r\n").0.starts_with("400"));
-        assert!(req("GET /metrics HTTP/1.1\r\n").0.starts_with("431"));
+    #[tokio::test]
+    async fn routes_and_errors() {
+        let long = format!(
+            "GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n",
+            "a".repeat(MAX_HEAD)
+        );
+        let got = ask(&[
+            b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+            b"GET /metrics?x=1 HTTP/1.0\r\n\r\n",
+            b"GET /other HTTP/1.1\r\n\r\n",
+            b"POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n",
+            b"HEAD /metrics HTTP/1.1\r\n\r\n",
+            b"garbage\r\n\r\n",
+            b"GET /metrics SPDY\r\n\r\n",
+            long.as_bytes(),
+        ])
+        .await;
+        let ok = &got[0];
+        assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
+        let lower = ok.to_ascii_lowercase();
+        assert!(
+            lower.contains("content-type: text/plain; version=0.0.4\r\n"),
+            "{ok}"
+        );
+        assert!(lower.contains("content-length: 1\r\n"), "{ok}");
+        assert!(lower.contains("connection: close\r\n"), "{ok}");
+        assert!(ok.ends_with("\r\n\r\nm"), "{ok}");
+        assert!(got[1].starts_with("HTTP/1.0 200") && got[1].ends_with("\r\n\r\nm"));
+        let nf = &got[2];
+        assert!(nf.starts_with("HTTP/1.1 404"), "{nf}");
+        assert!(
+            nf.to_ascii_lowercase()
+                .contains("content-type: application/json")
+        );
+        assert!(
+            nf.ends_with(r#"{"error":"not_found","message":"no such route"}"#),
+            "{nf}"
+        );
+        assert!(got[3].starts_with("HTTP/1.1 405"), "{}", got[3]);
+        assert!(
+            got[3].contains(r#""error":"method_not_allowed""#),
+            "{}",
+            got[3]
+        );
+        // An answer to HEAD has no body.
+        assert!(got[4].starts_with("HTTP/1.1 405"), "{}", got[4]);
+        assert!(got[5].starts_with("HTTP/1.1 400"), "{}", got[5]);
+        assert!(got[6].starts_with("HTTP/1.1 400"), "{}", got[6]);
+        assert!(got[7].starts_with("HTTP/1.1 431"), "{}", got[7]);
     }
 }
