@@ -10,6 +10,8 @@ use std::time::Duration;
 
 use rusqlite::Connection;
 
+pub(crate) mod group_commit;
+
 /// What can go wrong with a store's SQLite file.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {

@@ -17,18 +17,19 @@
 //! registry at a time: two registries (or processes) on the same file would not see each other's
 //! decisions.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, Transaction, TransactionBehavior, params};
 
-use self::group::Write;
+use self::group::{LIMITS, Write};
 pub use self::group::{MAX_BATCH_BYTES, MAX_BATCH_WRITES};
 
 use super::{ReplayError, ReplayStore};
 use crate::sources::SourceKey;
+use crate::sqlite::group_commit::GroupCommit;
 use crate::sqlite::{self, SqliteContext, StoreError, sql_time};
 
 /// The registry's key: a layer's replay tag (v2, `crate::proto::sphinx::ReplayTag`).
@@ -112,19 +113,10 @@ struct Inner {
     expiry: BTreeSet<(u64, RouteId)>,
     /// Purged from memory, still to delete from SQLite with the next write.
     pending_deletes: Vec<RouteId>,
-    /// The SQLite connection; `None` for the memory store, and while a leader commits a batch.
-    db: Option<Connection>,
     /// SQLite-backed (writes are queued for a group commit).
     sqlite: bool,
     /// Live routes per source.
     per_source: HashMap<SourceKey, usize>,
-    /// Writes waiting for the next group commit, with their tickets.
-    queue: VecDeque<(u64, Write)>,
-    next_ticket: u64,
-    /// Outcomes of committed (or failed) writes, until their callers take them.
-    results: HashMap<u64, Result<(), Arc<ReplayError>>>,
-    /// Group commits run (SQLite transactions).
-    commits: u64,
 }
 
 impl Inner {
@@ -133,13 +125,8 @@ impl Inner {
             entries: HashMap::new(),
             expiry: BTreeSet::new(),
             pending_deletes: Vec::new(),
-            db: None,
             sqlite,
             per_source: HashMap::new(),
-            queue: VecDeque::new(),
-            next_ticket: 0,
-            results: HashMap::new(),
-            commits: 0,
         }
     }
 }
@@ -154,8 +141,8 @@ pub struct ReplayRegistry {
     window_secs: u64,
     persistent: bool,
     inner: Mutex<Inner>,
-    /// Signalled when a group commit ends.
-    committed: Condvar,
+    /// The SQLite connection and its group commit; `None` for the memory store.
+    group: Option<GroupCommit<Connection, Write, (), ReplayError>>,
 }
 
 impl fmt::Debug for ReplayRegistry {
@@ -182,78 +169,15 @@ impl ReplayRegistry {
     ) -> Result<Self, ReplayError> {
         let now_sql = sql_time(now)?;
         let mut conn = sqlite::open_durable(path)?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS replay_routes (
-                route_id BLOB PRIMARY KEY NOT NULL CHECK (length(route_id) = 16),
-                digest BLOB NOT NULL CHECK (length(digest) = 32),
-                reserved_at INTEGER NOT NULL,
-                state INTEGER NOT NULL CHECK (state IN (0, 1)),
-                status INTEGER,
-                body BLOB,
-                completed_at INTEGER,
-                CHECK ((state = 0 AND status IS NULL AND body IS NULL AND completed_at IS NULL)
-                    OR (state = 1 AND status IS NOT NULL AND body IS NOT NULL
-                        AND completed_at IS NOT NULL))
-            );",
-        )
-        .ctx("create the replay_routes table")?;
-        sqlite::settle(&conn)?;
-
-        let tx = conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .ctx("begin loading the replay registry")?;
-        // Live while now < reserved_at + window, i.e. expired when reserved_at <= now - window.
-        let expired = match now.checked_sub(window_secs) {
-            Some(cutoff) => tx
-                .execute(
-                    "DELETE FROM replay_routes WHERE reserved_at <= ?1",
-                    [sql_time(cutoff)?],
-                )
-                .ctx("delete expired routes")?,
-            None => 0,
-        };
-        let interrupted = tx
-            .execute(
-                "UPDATE replay_routes SET state = ?1, status = ?2, body = ?3, completed_at = ?4
-                 WHERE state = ?5",
-                params![
-                    STATE_COMPLETED,
-                    INTERRUPTED_STATUS,
-                    INTERRUPTED_BODY,
-                    now_sql,
-                    STATE_IN_FLIGHT
-                ],
-            )
-            .ctx("complete interrupted routes")?;
-        let mut inner = Inner::new(true);
-        {
-            let mut stmt = tx
-                .prepare(
-                    "SELECT route_id, digest, reserved_at, state, status, body, completed_at
-                     FROM replay_routes",
-                )
-                .ctx("prepare loading routes")?;
-            let mut rows = stmt.query([]).ctx("load routes")?;
-            while let Some(row) = rows.next().ctx("load routes")? {
-                let (route_id, entry) = entry_from_row(row)?;
-                inner.insert(route_id, entry, window_secs);
-            }
-        }
-        tx.commit().ctx("commit loading the replay registry")?;
-        inner.db = Some(conn);
-        tracing::info!(
-            live = inner.entries.len(),
-            expired,
-            interrupted,
-            "replay registry loaded"
-        );
+        create_table(&conn)?;
+        let inner = load(&mut conn, window_secs, now, now_sql)?;
         Ok(Self {
             capacity,
             source_share: capacity,
             window_secs,
             persistent: true,
             inner: Mutex::new(inner),
-            committed: Condvar::new(),
+            group: Some(GroupCommit::new(conn, LIMITS)),
         })
     }
 
@@ -265,7 +189,7 @@ impl ReplayRegistry {
             window_secs,
             persistent: false,
             inner: Mutex::new(Inner::new(false)),
-            committed: Condvar::new(),
+            group: None,
         }
     }
 
@@ -430,7 +354,7 @@ impl ReplayRegistry {
     /// Group commits run so far (one SQLite transaction and one fsync each; 0 for the memory
     /// store): with [`ReplayRegistry::live`], how many writes shared a commit.
     pub fn group_commits(&self) -> u64 {
-        self.lock().commits
+        self.group.as_ref().map_or(0, GroupCommit::commits)
     }
 
     /// How many routes are live (reserved, in flight or completed) at `now`.
@@ -518,6 +442,88 @@ impl Inner {
             }
         }
     }
+}
+
+/// Creates the registry's table (if new) and settles the file (`sqlite::settle`).
+fn create_table(conn: &Connection) -> Result<(), StoreError> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS replay_routes (
+            route_id BLOB PRIMARY KEY NOT NULL CHECK (length(route_id) = 16),
+            digest BLOB NOT NULL CHECK (length(digest) = 32),
+            reserved_at INTEGER NOT NULL,
+            state INTEGER NOT NULL CHECK (state IN (0, 1)),
+            status INTEGER,
+            body BLOB,
+            completed_at INTEGER,
+            CHECK ((state = 0 AND status IS NULL AND body IS NULL AND completed_at IS NULL)
+                OR (state = 1 AND status IS NOT NULL AND body IS NOT NULL
+                    AND completed_at IS NOT NULL))
+        );",
+    )
+    .ctx("create the replay_routes table")?;
+    sqlite::settle(conn)
+}
+
+/// Deletes the rows whose window has ended at `now`, completes the rows still in flight as
+/// interrupted, and loads the rest into a mirror, in one transaction.
+fn load(
+    conn: &mut Connection,
+    window_secs: u64,
+    now: u64,
+    now_sql: i64,
+) -> Result<Inner, ReplayError> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .ctx("begin loading the replay registry")?;
+    // Live while now < reserved_at + window, i.e. expired when reserved_at <= now - window.
+    let expired = match now.checked_sub(window_secs) {
+        Some(cutoff) => tx
+            .execute(
+                "DELETE FROM replay_routes WHERE reserved_at <= ?1",
+                [sql_time(cutoff)?],
+            )
+            .ctx("delete expired routes")?,
+        None => 0,
+    };
+    let interrupted = tx
+        .execute(
+            "UPDATE replay_routes SET state = ?1, status = ?2, body = ?3, completed_at = ?4
+             WHERE state = ?5",
+            params![
+                STATE_COMPLETED,
+                INTERRUPTED_STATUS,
+                INTERRUPTED_BODY,
+                now_sql,
+                STATE_IN_FLIGHT
+            ],
+        )
+        .ctx("complete interrupted routes")?;
+    let inner = load_rows(&tx, window_secs)?;
+    tx.commit().ctx("commit loading the replay registry")?;
+    tracing::info!(
+        live = inner.entries.len(),
+        expired,
+        interrupted,
+        "replay registry loaded"
+    );
+    Ok(inner)
+}
+
+/// Every row of the table, as a mirror.
+fn load_rows(tx: &Transaction<'_>, window_secs: u64) -> Result<Inner, StoreError> {
+    let mut inner = Inner::new(true);
+    let mut stmt = tx
+        .prepare(
+            "SELECT route_id, digest, reserved_at, state, status, body, completed_at
+             FROM replay_routes",
+        )
+        .ctx("prepare loading routes")?;
+    let mut rows = stmt.query([]).ctx("load routes")?;
+    while let Some(row) = rows.next().ctx("load routes")? {
+        let (route_id, entry) = entry_from_row(row)?;
+        inner.insert(route_id, entry, window_secs);
+    }
+    Ok(inner)
 }
 
 fn entry_from_row(row: &rusqlite::Row<'_>) -> Result<(RouteId, Entry), StoreError> {

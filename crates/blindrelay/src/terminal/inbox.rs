@@ -1,20 +1,19 @@
 //! The terminal's durable inbox: payloads delivered to this node, committed to SQLite before
 //! the delivery receipt is released. Every call may block on the disk.
 //!
-//! Stores are group-committed: the payloads waiting at the moment one caller (the leader) starts
-//! a transaction go in it together (at most [`BATCH_ITEMS`] items and [`BATCH_BYTES`] bytes),
-//! one fsync for all; the others wait for it. A store returns its id only once its own
-//! transaction has committed; if a batch fails, every member fails and stores nothing. A store
-//! alone commits at once.
+//! Stores are group-committed (`crate::sqlite::group_commit`): the payloads waiting at the
+//! moment one caller (the leader) starts a transaction go in it together (at most
+//! [`BATCH_ITEMS`] items and [`BATCH_BYTES`] bytes), one fsync for all; the others wait for it.
+//! A store returns its id only once its own transaction has committed; if a batch fails, every
+//! member fails and stores nothing. A store alone commits at once.
 
-use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use rusqlite::{Connection, OptionalExtension, params};
 
+use crate::sqlite::group_commit::{Failed, GroupCommit, Limits};
 use crate::sqlite::{self, SqliteContext, StoreError, sql_time};
 
 /// Items an inbox holds at most.
@@ -28,6 +27,11 @@ pub const BATCH_ITEMS: usize = 256;
 pub const BATCH_BYTES: usize = 4 << 20;
 
 const TABLE: &str = "inbox_items";
+
+const LIMITS: Limits = Limits {
+    writes: BATCH_ITEMS,
+    bytes: BATCH_BYTES,
+};
 
 /// Why the inbox did not store or read.
 #[derive(Debug, thiserror::Error)]
@@ -66,19 +70,12 @@ struct Pending {
     payload: Vec<u8>,
 }
 
-/// The counts and the group commit's queue (a lock apart from the connection's, so stores can
-/// queue while a batch commits).
+/// The counts (a lock apart from the connection's and the group commit's, so stores can take
+/// their room while a batch commits).
 struct State {
     /// Items and payload bytes stored or waiting for their commit.
     items: usize,
     bytes: u64,
-    queue: VecDeque<(u64, Pending)>,
-    next_ticket: u64,
-    /// A leader is committing a batch.
-    committing: bool,
-    results: HashMap<u64, Result<u64, Option<Arc<StoreError>>>>,
-    /// Group commits run.
-    commits: u64,
 }
 
 /// The terminal's inbox in its own SQLite file. `Send + Sync`; SQLite calls are serialized by
@@ -87,10 +84,9 @@ pub struct Inbox {
     path: PathBuf,
     max_items: usize,
     max_bytes: u64,
-    conn: Mutex<Connection>,
+    /// The connection, and the stores waiting for their commit.
+    writer: GroupCommit<Connection, Pending, u64, StoreError>,
     state: Mutex<State>,
-    /// Signalled when a group commit ends.
-    committed: Condvar,
 }
 
 impl fmt::Debug for Inbox {
@@ -143,17 +139,8 @@ impl Inbox {
             path: path.to_path_buf(),
             max_items,
             max_bytes,
-            conn: Mutex::new(conn),
-            state: Mutex::new(State {
-                items,
-                bytes,
-                queue: VecDeque::new(),
-                next_ticket: 0,
-                committing: false,
-                results: HashMap::new(),
-                commits: 0,
-            }),
-            committed: Condvar::new(),
+            writer: GroupCommit::new(conn, LIMITS),
+            state: Mutex::new(State { items, bytes }),
         })
     }
 
@@ -163,89 +150,44 @@ impl Inbox {
         let received_at = sql_time(received_at)?;
         let size = payload.len() as u64;
         let size_sql = i64::try_from(size).map_err(|_| InboxError::Full)?;
-        let mut state = self.state();
-        if state.items >= self.max_items
-            || state
-                .bytes
-                .checked_add(size)
-                .is_none_or(|total| total > self.max_bytes)
         {
-            return Err(InboxError::Full);
-        }
-        // The room is taken now, and given back if the batch fails.
-        state.items += 1;
-        state.bytes += size;
-        let ticket = state.next_ticket;
-        state.next_ticket += 1;
-        state.queue.push_back((
-            ticket,
-            Pending {
-                received_at,
-                size: size_sql,
-                payload: payload.to_vec(),
-            },
-        ));
-        loop {
-            if let Some(result) = state.results.remove(&ticket) {
-                if result.is_err() {
-                    state.items = state.items.saturating_sub(1);
-                    state.bytes = state.bytes.saturating_sub(size);
-                }
-                return result.map_err(InboxError::GroupCommit);
-            }
-            state = if state.committing {
-                self.committed
-                    .wait(state)
-                    .unwrap_or_else(PoisonError::into_inner)
-            } else {
-                self.lead(state)
-            };
-        }
-    }
-
-    /// Commits the stores queued now in one transaction, without the state's lock, then
-    /// hands each its id (or the batch's error) and wakes every waiting caller.
-    fn lead<'a>(&'a self, mut state: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
-        state.committing = true;
-        let mut batch = Vec::new();
-        let mut bytes = 0usize;
-        while let Some((_, next)) = state.queue.front() {
-            let size = next.payload.len();
-            if !batch.is_empty()
-                && (batch.len() >= BATCH_ITEMS || bytes.saturating_add(size) > BATCH_BYTES)
+            let mut state = self.state();
+            if state.items >= self.max_items
+                || state
+                    .bytes
+                    .checked_add(size)
+                    .is_none_or(|total| total > self.max_bytes)
             {
-                break;
+                return Err(InboxError::Full);
             }
-            bytes = bytes.saturating_add(size);
-            if let Some(item) = state.queue.pop_front() {
-                batch.push(item);
-            }
+            // The room is taken now, and given back if the batch fails.
+            state.items += 1;
+            state.bytes += size;
         }
-        drop(state);
-        let result = catch_unwind(AssertUnwindSafe(|| write_batch(&mut self.conn(), &batch)))
-            .unwrap_or(Err(None));
-        let mut state = self.state();
-        state.committing = false;
-        state.commits += 1;
-        match result {
-            Ok(ids) => {
-                for ((ticket, _), id) in batch.iter().zip(ids) {
-                    state.results.insert(*ticket, Ok(id));
-                }
-            }
-            Err(e) => {
-                for (ticket, _) in &batch {
-                    state.results.insert(*ticket, Err(e.clone()));
-                }
-            }
+        let pending = Pending {
+            received_at,
+            size: size_sql,
+            payload: payload.to_vec(),
+        };
+        let (_, result) = self.writer.submit(pending, payload.len(), |conn, batch| {
+            write_batch(conn, batch)
+        });
+        if result.is_err() {
+            let mut state = self.state();
+            state.items = state.items.saturating_sub(1);
+            state.bytes = state.bytes.saturating_sub(size);
         }
-        self.committed.notify_all();
-        state
+        result.map_err(|failed| {
+            InboxError::GroupCommit(match failed {
+                Failed::Error(e) => Some(e),
+                Failed::Panicked => None,
+            })
+        })
     }
 
     /// Group commits run so far (one transaction and one fsync each).
     pub fn group_commits(&self) -> u64 {
-        self.state().commits
+        self.writer.commits()
     }
 
     /// Every item, oldest (first stored) first.
@@ -365,10 +307,9 @@ impl Inbox {
         (self.max_items, self.max_bytes)
     }
 
-    /// A panic while holding it leaves no half-done write: each call is one statement or one
-    /// transaction, rolled back if not committed.
+    /// The connection (`GroupCommit::conn`: it waits for a batch being committed).
     fn conn(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(PoisonError::into_inner)
+        self.writer.conn()
     }
 
     /// The counts are changed only under this lock, each change whole.
@@ -378,39 +319,26 @@ impl Inbox {
 }
 
 /// Inserts `batch` in one transaction and commits (`synchronous=FULL`): the rows' ids.
-fn write_batch(
-    conn: &mut Connection,
-    batch: &[(u64, Pending)],
-) -> Result<Vec<u64>, Option<Arc<StoreError>>> {
-    let wrap = |e: StoreError| Some(Arc::new(e));
-    let tx = conn
-        .transaction()
-        .ctx("begin an inbox group commit")
-        .map_err(wrap)?;
+fn write_batch(conn: &mut Connection, batch: &[Pending]) -> Result<Vec<u64>, StoreError> {
+    let tx = conn.transaction().ctx("begin an inbox group commit")?;
     let mut ids = Vec::with_capacity(batch.len());
     {
         let mut stmt = tx
             .prepare_cached(
                 "INSERT INTO inbox_items (received_at, size, payload) VALUES (?1, ?2, ?3)",
             )
-            .ctx("prepare storing inbox items")
-            .map_err(wrap)?;
-        for (_, p) in batch {
+            .ctx("prepare storing inbox items")?;
+        for p in batch {
             stmt.execute(params![p.received_at, p.size, p.payload])
-                .ctx("store an inbox item")
-                .map_err(wrap)?;
-            let id = u64::try_from(tx.last_insert_rowid()).map_err(|_| {
-                wrap(StoreError::Corrupt {
-                    table: TABLE,
-                    what: "negative id",
-                })
+                .ctx("store an inbox item")?;
+            let id = u64::try_from(tx.last_insert_rowid()).map_err(|_| StoreError::Corrupt {
+                table: TABLE,
+                what: "negative id",
             })?;
             ids.push(id);
         }
     }
-    tx.commit()
-        .ctx("commit an inbox group commit")
-        .map_err(wrap)?;
+    tx.commit().ctx("commit an inbox group commit")?;
     Ok(ids)
 }
 
@@ -595,10 +523,14 @@ mod tests {
         assert_eq!((mode.as_str(), sync), ("wal", 2));
     }
 
-    /// Polls `cond` on the inbox's state until it holds (bounded: 10 s).
-    fn wait_until(inbox: &Inbox, what: &str, cond: impl Fn(&State) -> bool) {
+    /// Polls `cond` on the inbox's group commit until it holds (bounded: 10 s).
+    fn wait_until(
+        inbox: &Inbox,
+        what: &str,
+        cond: impl Fn(&GroupCommit<Connection, Pending, u64, StoreError>) -> bool,
+    ) {
         let start = std::time::Instant::now();
-        while !cond(&inbox.state()) {
+        while !cond(&inbox.writer) {
             assert!(
                 start.elapsed() < std::time::Duration::from_secs(10),
                 "never: {what}"
@@ -626,8 +558,8 @@ mod tests {
                     id
                 })
             };
-            wait_until(&inbox, "the first store committing", |s| {
-                s.committing && s.queue.is_empty()
+            wait_until(&inbox, "the first store committing", |w| {
+                w.committing() && w.queued() == 0
             });
             let others: Vec<_> = (0..3u8)
                 .map(|i| {
@@ -635,7 +567,7 @@ mod tests {
                     scope.spawn(move || inbox.store(&[i; 10], 2).unwrap())
                 })
                 .collect();
-            wait_until(&inbox, "three stores queued", |s| s.queue.len() == 3);
+            wait_until(&inbox, "three stores queued", |w| w.queued() == 3);
             assert!(rx.try_recv().is_err(), "reported before its commit");
             assert_eq!(inbox.len(), 4); // the room is taken while they wait
             holder.execute_batch("COMMIT").unwrap();
@@ -660,14 +592,14 @@ mod tests {
         holder.execute_batch("BEGIN IMMEDIATE").unwrap();
         let results: Vec<Result<u64, InboxError>> = std::thread::scope(|scope| {
             let first = scope.spawn(|| inbox.store(b"first", 1));
-            wait_until(&inbox, "the first store committing", |s| s.committing);
+            wait_until(&inbox, "the first store committing", |w| w.committing());
             let others: Vec<_> = (0..3u8)
                 .map(|i| {
                     let inbox = &inbox;
                     scope.spawn(move || inbox.store(&[i; 10], 2))
                 })
                 .collect();
-            wait_until(&inbox, "three stores queued", |s| s.queue.len() == 3);
+            wait_until(&inbox, "three stores queued", |w| w.queued() == 3);
             // The table's CHECK refuses a row whose size is not its payload's length: make
             // every later insert fail by dropping the table under the inbox.
             holder

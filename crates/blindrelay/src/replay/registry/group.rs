@@ -1,7 +1,8 @@
-//! Group commit: every SQLite write of the registry (a reservation, a stored response) waits in
-//! one queue, and one caller at a time, the *leader*, commits all the writes queued at that
-//! moment in one transaction with one fsync (`synchronous=FULL`), at most
-//! [`MAX_BATCH_WRITES`] writes and [`MAX_BATCH_BYTES`] bytes of stored bodies per batch.
+//! Group commit (`crate::sqlite::group_commit`): every SQLite write of the registry (a
+//! reservation, a stored response) waits in one queue, and one caller at a time, the *leader*,
+//! commits all the writes queued at that moment in one transaction with one fsync
+//! (`synchronous=FULL`), at most [`MAX_BATCH_WRITES`] writes and [`MAX_BATCH_BYTES`] bytes of
+//! stored bodies per batch.
 //!
 //! Only a reservation needs its own fsync: it is what keeps a layer from running twice, after
 //! a power loss too. A batch of stored responses only is committed with `synchronous=NORMAL`:
@@ -21,21 +22,19 @@
 //! reservation waiting for its commit answers concurrent duplicates `route_in_flight`, and
 //! counts in the capacity), and is undone if its batch fails: every member of a failed batch
 //! gets [`ReplayError::GroupCommit`], the reservations are forgotten and the completions left
-//! in flight, exactly as when a single write failed.
-//!
-//! The queue holds at most one write per blocked caller; callers are the runtime's blocking
-//! threads (bounded by tokio's `max_blocking_threads`).
+//! in flight, exactly as when a single write failed. Rows of purged entries are deleted in the
+//! next batch's transaction (and kept for the one after if it fails).
 
 use std::mem;
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Arc, MutexGuard, PoisonError};
+use std::sync::{Arc, MutexGuard};
 
-use rusqlite::{Connection, TransactionBehavior, params};
+use rusqlite::{Connection, Transaction, TransactionBehavior, params};
 
 use super::{
     Digest, Inner, ReplayError, ReplayRegistry, RouteId, STATE_COMPLETED, STATE_IN_FLIGHT, State,
     StoredResponse, TABLE,
 };
+use crate::sqlite::group_commit::{Failed, Limits};
 use crate::sqlite::{SqliteContext, StoreError};
 
 /// Writes one group commit holds at most.
@@ -43,6 +42,12 @@ pub const MAX_BATCH_WRITES: usize = 256;
 /// Bytes of stored response bodies one group commit holds at most (a larger single write still
 /// goes alone).
 pub const MAX_BATCH_BYTES: usize = 1 << 20;
+
+/// Both bounds.
+pub(super) const LIMITS: Limits = Limits {
+    writes: MAX_BATCH_WRITES,
+    bytes: MAX_BATCH_BYTES,
+};
 
 /// One queued write.
 #[derive(Debug)]
@@ -64,7 +69,8 @@ pub(super) enum Write {
 }
 
 impl Write {
-    fn bytes(&self) -> usize {
+    /// Its size for the batch bound: the stored body's.
+    pub(super) fn bytes(&self) -> usize {
         match self {
             Write::Reserve { .. } => 0,
             Write::Complete { body, .. } => body.len(),
@@ -75,83 +81,67 @@ impl Write {
 impl ReplayRegistry {
     /// Queues `write` (its effect already applied to the mirror as pending) and returns once the
     /// transaction holding it has committed (`Ok`) or failed (the error, the mirror undone).
-    pub(super) fn commit<'a>(
-        &'a self,
-        mut inner: MutexGuard<'a, Inner>,
+    pub(super) fn commit(
+        &self,
+        inner: MutexGuard<'_, Inner>,
         write: Write,
     ) -> Result<(), ReplayError> {
-        let ticket = inner.next_ticket;
-        inner.next_ticket += 1;
-        inner.queue.push_back((ticket, write));
-        loop {
-            if let Some(result) = inner.results.remove(&ticket) {
-                return result.map_err(ReplayError::GroupCommit);
+        drop(inner);
+        let Some(group) = &self.group else {
+            return Ok(()); // the memory store: nothing to write
+        };
+        let size = write.bytes();
+        let (write, result) =
+            group.submit(write, size, |conn, batch| self.write_group(conn, batch));
+        self.lock().settle(write, result.is_ok(), self.window_secs);
+        result.map_err(|failed| match failed {
+            Failed::Error(e) => ReplayError::GroupCommit(e),
+            Failed::Panicked => {
+                let e = ReplayError::CommitPanicked;
+                super::warn_write_failed("reserve a route or store its answer", &e);
+                ReplayError::GroupCommit(Arc::new(e))
             }
-            if inner.db.is_some() {
-                // Nobody is committing and this write is still queued: lead the next batch.
-                inner = self.lead(inner);
-            } else {
-                inner = self
-                    .committed
-                    .wait(inner)
-                    .unwrap_or_else(PoisonError::into_inner);
+        })
+    }
+
+    /// The leader's write: the rows purged so far deleted, then `batch`, in one transaction.
+    fn write_group(&self, conn: &mut Connection, batch: &[Write]) -> Result<Vec<()>, ReplayError> {
+        let mut deletes = Deletes {
+            registry: self,
+            routes: mem::take(&mut self.lock().pending_deletes),
+            done: false,
+        };
+        match write_batch(conn, &deletes.routes, batch) {
+            Ok(()) => {
+                deletes.done = true;
+                Ok(vec![(); batch.len()])
+            }
+            Err(e) => {
+                super::warn_write_failed("reserve a route or store its answer", &e);
+                Err(e)
             }
         }
     }
+}
 
-    /// Takes the connection and the writes queued now, commits them without the lock, then
-    /// applies the outcome to the mirror and wakes every waiting caller.
-    fn lead<'a>(&'a self, mut inner: MutexGuard<'a, Inner>) -> MutexGuard<'a, Inner> {
-        let Some(mut conn) = inner.db.take() else {
-            return inner;
-        };
-        let batch = inner.take_batch();
-        let deletes = mem::take(&mut inner.pending_deletes);
-        drop(inner);
-        let result = catch_unwind(AssertUnwindSafe(|| {
-            write_batch(&mut conn, &deletes, &batch)
-        }))
-        .unwrap_or(Err(ReplayError::CommitPanicked));
-        let mut inner = self.lock();
-        inner.db = Some(conn);
-        inner.commits += 1;
-        let result = match result {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                super::warn_write_failed("reserve a route or store its answer", &e);
-                inner.pending_deletes.extend(deletes);
-                Err(Arc::new(e))
-            }
-        };
-        for (ticket, write) in batch {
-            inner.settle(write, result.is_ok(), self.window_secs);
-            inner.results.insert(ticket, result.clone());
+/// Rows a batch deletes: given back to the next batch unless its transaction committed (also
+/// when the write panicked).
+struct Deletes<'a> {
+    registry: &'a ReplayRegistry,
+    routes: Vec<RouteId>,
+    done: bool,
+}
+
+impl Drop for Deletes<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            let routes = mem::take(&mut self.routes);
+            self.registry.lock().pending_deletes.extend(routes);
         }
-        self.committed.notify_all();
-        inner
     }
 }
 
 impl Inner {
-    /// The oldest queued writes, within the batch bounds (at least one).
-    pub(super) fn take_batch(&mut self) -> Vec<(u64, Write)> {
-        let mut batch = Vec::new();
-        let mut bytes = 0usize;
-        while let Some((_, next)) = self.queue.front() {
-            let size = next.bytes();
-            if !batch.is_empty()
-                && (batch.len() >= MAX_BATCH_WRITES || bytes.saturating_add(size) > MAX_BATCH_BYTES)
-            {
-                break;
-            }
-            bytes = bytes.saturating_add(size);
-            if let Some(item) = self.queue.pop_front() {
-                batch.push(item);
-            }
-        }
-        batch
-    }
-
     /// Applies a committed write to the mirror, or undoes a failed one.
     fn settle(&mut self, write: Write, committed: bool, window_secs: u64) {
         match write {
@@ -199,14 +189,12 @@ impl Inner {
 fn write_batch(
     conn: &mut Connection,
     deletes: &[RouteId],
-    batch: &[(u64, Write)],
+    batch: &[Write],
 ) -> Result<(), ReplayError> {
     // A stored answer needs no fsync of its own (module doc): a batch of answers only is
     // written with `synchronous=NORMAL`, and reaches the disk with the next reservation's.
     // (Prepared once and cached: not parsed again at every batch.)
-    let reserves = batch
-        .iter()
-        .any(|(_, w)| matches!(w, Write::Reserve { .. }));
+    let reserves = batch.iter().any(|w| matches!(w, Write::Reserve { .. }));
     let level = if reserves {
         "PRAGMA synchronous = FULL"
     } else {
@@ -227,62 +215,67 @@ fn write_batch(
                 .ctx("delete an expired route")?;
         }
     }
-    for (_, write) in batch {
-        match write {
-            Write::Reserve {
-                route_id,
-                digest,
-                reserved_at,
-            } => {
-                tx.prepare_cached(
-                    "INSERT INTO replay_routes (route_id, digest, reserved_at, state)
-                     VALUES (?1, ?2, ?3, ?4)",
+    for write in batch {
+        write_one(&tx, write)?;
+    }
+    tx.commit().ctx("commit a group commit")?;
+    Ok(())
+}
+
+/// One write of a batch, in its transaction.
+fn write_one(tx: &Transaction<'_>, write: &Write) -> Result<(), StoreError> {
+    match write {
+        Write::Reserve {
+            route_id,
+            digest,
+            reserved_at,
+        } => {
+            tx.prepare_cached(
+                "INSERT INTO replay_routes (route_id, digest, reserved_at, state)
+                 VALUES (?1, ?2, ?3, ?4)",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    &route_id[..],
+                    &digest[..],
+                    reserved_at,
+                    STATE_IN_FLIGHT
+                ])
+            })
+            .ctx("insert a route reservation")?;
+        }
+        Write::Complete {
+            route_id,
+            status,
+            body,
+            completed_at_sql,
+            ..
+        } => {
+            let changed = tx
+                .prepare_cached(
+                    "UPDATE replay_routes
+                     SET state = ?1, status = ?2, body = ?3, completed_at = ?4
+                     WHERE route_id = ?5 AND state = ?6",
                 )
                 .and_then(|mut stmt| {
                     stmt.execute(params![
+                        STATE_COMPLETED,
+                        status,
+                        body,
+                        completed_at_sql,
                         &route_id[..],
-                        &digest[..],
-                        reserved_at,
                         STATE_IN_FLIGHT
                     ])
                 })
-                .ctx("insert a route reservation")?;
-            }
-            Write::Complete {
-                route_id,
-                status,
-                body,
-                completed_at_sql,
-                ..
-            } => {
-                let changed = tx
-                    .prepare_cached(
-                        "UPDATE replay_routes
-                         SET state = ?1, status = ?2, body = ?3, completed_at = ?4
-                         WHERE route_id = ?5 AND state = ?6",
-                    )
-                    .and_then(|mut stmt| {
-                        stmt.execute(params![
-                            STATE_COMPLETED,
-                            status,
-                            body,
-                            completed_at_sql,
-                            &route_id[..],
-                            STATE_IN_FLIGHT
-                        ])
-                    })
-                    .ctx("store a route's response")?;
-                if changed != 1 {
-                    // The file disagrees with the mirror: someone else writes to it.
-                    return Err(StoreError::Corrupt {
-                        table: TABLE,
-                        what: "the reservation to complete is missing",
-                    }
-                    .into());
-                }
+                .ctx("store a route's response")?;
+            if changed != 1 {
+                // The file disagrees with the mirror: someone else writes to it.
+                return Err(StoreError::Corrupt {
+                    table: TABLE,
+                    what: "the reservation to complete is missing",
+                });
             }
         }
     }
-    tx.commit().ctx("commit a group commit")?;
     Ok(())
 }

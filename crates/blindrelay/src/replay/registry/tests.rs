@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 
-use super::group::Write as Queued;
+use super::group::{LIMITS, Write as Queued};
 use super::*;
 
 const T0: u64 = 1_764_450_000;
@@ -337,8 +337,7 @@ fn the_connection_is_wal_synchronous_full_with_a_busy_timeout() {
     let dir = fast_dir();
     let reg =
         ReplayRegistry::open_sqlite(&dir.path().join("replay.db"), 8, WINDOW_SECS, T0).unwrap();
-    let inner = reg.lock();
-    let conn = inner.db.as_ref().unwrap();
+    let conn = reg.group.as_ref().unwrap().conn();
     let pragma = |name: &str| -> String {
         conn.query_row(&format!("PRAGMA {name}"), [], |r| {
             r.get::<_, rusqlite::types::Value>(0)
@@ -363,8 +362,7 @@ fn only_a_batch_with_a_reservation_pays_an_fsync() {
     let reg =
         ReplayRegistry::open_sqlite(&dir.path().join("replay.db"), 8, WINDOW_SECS, T0).unwrap();
     let synchronous = |reg: &ReplayRegistry| -> i64 {
-        let inner = reg.lock();
-        let conn = inner.db.as_ref().unwrap();
+        let conn = reg.group.as_ref().unwrap().conn();
         conn.query_row("PRAGMA synchronous", [], |r| r.get(0))
             .unwrap()
     };
@@ -641,10 +639,13 @@ fn kill_9_right_after_reserve_loses_nothing() {
 
 // ---- group commit ---------------------------------------------------------------------------
 
-/// Polls `cond` on the registry's state until it holds (bounded: 10 s).
-fn wait_until(reg: &ReplayRegistry, what: &str, cond: impl Fn(&Inner) -> bool) {
+/// The registry's group commit.
+type Group = GroupCommit<Connection, Queued, (), ReplayError>;
+
+/// Polls `cond` on the registry's group commit until it holds (bounded: 10 s).
+fn wait_until(reg: &ReplayRegistry, what: &str, cond: impl Fn(&Group) -> bool) {
     let start = std::time::Instant::now();
-    while !cond(&reg.lock()) {
+    while !cond(reg.group.as_ref().unwrap()) {
         assert!(start.elapsed() < Duration::from_secs(10), "never: {what}");
         std::thread::yield_now();
     }
@@ -670,8 +671,8 @@ fn a_reservation_is_not_reported_before_its_commit() {
             tx.send(reserve(&reg, 1, 1, T0)).unwrap();
         });
         // The caller leads a batch: it holds the connection, waiting for the file's lock.
-        wait_until(&reg, "a batch in progress", |i| {
-            i.db.is_none() && i.queue.is_empty()
+        wait_until(&reg, "a batch in progress", |g| {
+            g.committing() && g.queued() == 0
         });
         assert!(rx.try_recv().is_err(), "reported before its commit");
         assert!(rows(&path).is_empty());
@@ -698,7 +699,7 @@ fn writes_waiting_together_share_one_commit_and_a_failed_batch_fails_each_member
     let results: Vec<(u32, Result<Outcome, String>)> = std::thread::scope(|scope| {
         // The leader: waits for the file's lock with its own write only.
         let leader = scope.spawn(|| (1, reg.reserve(rid(1), dg(1), T0)));
-        wait_until(&reg, "the leader committing", |i| i.db.is_none());
+        wait_until(&reg, "the leader committing", |g| g.committing());
         // Three followers and a completion queue behind it: the next batch.
         let mut handles = vec![leader];
         for n in [2u32, 3, 4] {
@@ -712,7 +713,7 @@ fn writes_waiting_together_share_one_commit_and_a_failed_batch_fails_each_member
                     .map(|()| Outcome::New),
             )
         }));
-        wait_until(&reg, "four writes queued", |i| i.queue.len() == 4);
+        wait_until(&reg, "four writes queued", |g| g.queued() == 4);
         // A row the registry does not know makes route 3's insert fail: its whole batch fails.
         holder
             .execute(
@@ -754,7 +755,7 @@ fn writes_waiting_together_share_one_commit_and_a_failed_batch_fails_each_member
 
 #[test]
 fn a_batch_holds_at_most_its_bounds() {
-    let mut inner = Inner::new(true);
+    let mut queue = crate::sqlite::group_commit::Queue::new(LIMITS);
     let reserve = |n: u32| Queued::Reserve {
         route_id: rid(n),
         digest: dg(1),
@@ -768,19 +769,24 @@ fn a_batch_holds_at_most_its_bounds() {
         completed_at_sql: 0,
     };
     for n in 0..(MAX_BATCH_WRITES as u32 + 3) {
-        inner.queue.push_back((u64::from(n), reserve(n)));
+        let write = reserve(n);
+        queue.push(u64::from(n), write.bytes(), write);
     }
-    assert_eq!(inner.take_batch().len(), MAX_BATCH_WRITES);
-    assert_eq!(inner.take_batch().len(), 3);
-    assert!(inner.take_batch().is_empty());
-    inner.queue.push_back((0, complete(0, MAX_BATCH_BYTES / 2)));
-    inner.queue.push_back((1, complete(1, MAX_BATCH_BYTES / 2)));
-    inner.queue.push_back((2, complete(2, 1)));
-    inner.queue.push_back((3, complete(3, MAX_BATCH_BYTES * 2)));
-    assert_eq!(inner.take_batch().len(), 2);
-    assert_eq!(inner.take_batch().len(), 1);
+    assert_eq!(queue.take_batch().len(), MAX_BATCH_WRITES);
+    assert_eq!(queue.take_batch().len(), 3);
+    assert!(queue.take_batch().is_empty());
+    let write = complete(0, MAX_BATCH_BYTES / 2);
+    queue.push(0, write.bytes(), write);
+    let write = complete(1, MAX_BATCH_BYTES / 2);
+    queue.push(1, write.bytes(), write);
+    let write = complete(2, 1);
+    queue.push(2, write.bytes(), write);
+    let write = complete(3, MAX_BATCH_BYTES * 2);
+    queue.push(3, write.bytes(), write);
+    assert_eq!(queue.take_batch().len(), 2);
+    assert_eq!(queue.take_batch().len(), 1);
     // A single write larger than the bound still goes, alone.
-    assert_eq!(inner.take_batch().len(), 1);
+    assert_eq!(queue.take_batch().len(), 1);
 }
 
 // ---- property test: memory, sqlite and a plain model agree -------------------------------
