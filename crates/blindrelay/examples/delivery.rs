@@ -16,8 +16,8 @@
 //! in-flight shares, the replay and inbox shares) are raised by their flags: they bound what an
 //! attacker gets, and would otherwise be what this measures. The figures are the relay's own.
 //!
-//! The crypto bound: one delivery of *h* hops costs the sender's wrap (`send::v2::wrap`), *h*
-//! hops' `pipeline::v2::check` (signature, peel, expiry, slot) plus the next frame's signature
+//! The crypto bound: one delivery of *h* hops costs the sender's wrap (`send::wrap::wrap`), *h*
+//! hops' `pipeline::check_frame` (signature, peel, expiry, slot) plus the next frame's signature
 //! or the terminal's receipt seal, and the sender's receipt check; measured here on one thread.
 //! With every core doing nothing else, `cores / that` deliveries/s is the most the machine could
 //! do; the ratio says how much of a delivery's time is cryptography.
@@ -39,7 +39,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use blindrelay::pipeline::v2::{self as hop_v2, HopNext};
+use blindrelay::pipeline::{self, HopNext};
 use blindrelay::proto::frame::Frame;
 use blindrelay::proto::receipt;
 use blindrelay::send::Hop;
@@ -385,7 +385,7 @@ async fn overload(target: &Node, from: Ipv4Addr, conns: usize, until: Instant) -
         node_id: id,
         onion_key: bogus,
     }];
-    let frame = blindrelay::send::v2::wrap(&path, &[0; 1024], false, now, &prober)
+    let frame = blindrelay::send::wrap::wrap(&path, &[0; 1024], false, now, &prober)
         .expect("wraps")
         .frame;
     let http = reqwest::Client::builder()
@@ -455,7 +455,7 @@ fn crypto_cost(hops: usize, payload: &[u8], rounds: usize) -> (Duration, Duratio
     let (mut best_sender, mut best_hops) = (Duration::MAX, Duration::MAX);
     for _ in 0..rounds {
         let t = Instant::now();
-        let wrapped = blindrelay::send::v2::wrap(&path, payload, false, now, &me).expect("wraps");
+        let wrapped = blindrelay::send::wrap::wrap(&path, payload, false, now, &me).expect("wraps");
         let mut sender = t.elapsed();
         let mut frame = Frame::decode(&wrapped.frame).expect("a frame");
         let mut on_hops = Duration::ZERO;
@@ -463,7 +463,7 @@ fn crypto_cost(hops: usize, payload: &[u8], rounds: usize) -> (Duration, Duratio
         for (sign, onion) in &keys {
             let id = sign.verifying_key().to_bytes();
             let t = Instant::now();
-            let c = hop_v2::check(&id, &[onion], frame.clone(), now, &mut None, |_| Ok(()))
+            let c = pipeline::check_frame(&id, &[onion], frame.clone(), now, &mut None, |_| Ok(()))
                 .expect("accepted");
             match c.next {
                 HopNext::Forward { next_hop, packet } => {

@@ -66,8 +66,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })?;
         nodes.push(node);
     }
-    let relays: Vec<Arc<Context>> = nodes.iter().map(|n| Arc::clone(n.pipeline.ctx())).collect();
-    let terminal_inbox = Arc::clone(nodes[2].pipeline.terminal().inbox());
+    let relays: Vec<Arc<Context>> = nodes.iter().map(|n| Arc::clone(n.relay.ctx())).collect();
+    let terminal_inbox = Arc::clone(nodes[2].relay.terminal().inbox());
 
     let stop = CancellationToken::new();
     let mut servers = Vec::new();

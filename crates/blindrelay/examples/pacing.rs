@@ -105,8 +105,8 @@ async fn throughput(
         })?);
     }
     let (a, b) = (
-        Arc::clone(built[0].pipeline.ctx()),
-        Arc::clone(built[1].pipeline.ctx()),
+        Arc::clone(built[0].relay.ctx()),
+        Arc::clone(built[1].relay.ctx()),
     );
     let stop = CancellationToken::new();
     let mut servers = Vec::new();

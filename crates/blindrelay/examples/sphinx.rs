@@ -10,7 +10,7 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-use blindrelay::pipeline::v2::{self as hop_v2, HopNext};
+use blindrelay::pipeline::{self, HopNext};
 use blindrelay::proto::frame::Frame;
 use blindrelay::proto::sphinx::{self, Action, Delivery, HopSpec, SizeClass};
 use ed25519_dalek::SigningKey;
@@ -112,7 +112,7 @@ fn main() {
             );
 
             // What a v2 hop does per frame: the previous hop's signature, the layer peeled in
-            // place, its expiry and slot (`pipeline::v2::check`), then the next frame signed.
+            // place, its expiry and slot (`pipeline::check_frame`), then the next frame signed.
             let keys: Vec<SigningKey> = (0..=hops)
                 .map(|i| SigningKey::from_bytes(&[i as u8 + 50; 32]))
                 .collect();
@@ -124,7 +124,7 @@ fn main() {
                 for (i, node) in route.iter().enumerate() {
                     let received = frame.clone();
                     let t = Instant::now();
-                    let checked = hop_v2::check(
+                    let checked = pipeline::check_frame(
                         &node.spec.node_id,
                         &[&node.secret],
                         received,

@@ -12,19 +12,19 @@ use std::time::{Duration, Instant};
 use blindrelay::clock::Clock;
 use blindrelay::daemon::{self, RelayConfig, RunConfig};
 use blindrelay::health::MAX_TRACKED;
-use blindrelay::pipeline::Pipeline;
 use blindrelay::reason::Reason;
+use blindrelay::relay::Relay;
 use blindrelay::replay::ReplayStore;
 use blindrelay::status;
 
 const ROUNDS: usize = 200;
 
 /// Builds and serializes the document `ROUNDS` times: its size and the mean time per document.
-fn document_cost(pipeline: &Pipeline) -> (usize, Duration) {
+fn document_cost(relay: &Relay) -> (usize, Duration) {
     let start = Instant::now();
     let mut size = 0;
     for _ in 0..ROUNDS {
-        let body = serde_json::to_vec(&status::document(pipeline)).expect("serializes");
+        let body = serde_json::to_vec(&status::document(relay)).expect("serializes");
         size = body.len();
     }
     (size, start.elapsed() / ROUNDS as u32)
@@ -63,7 +63,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         clock: Clock::System,
         accept_lost_state: false,
     })?;
-    let pipeline = Arc::clone(&built.pipeline);
+    let relay = Arc::clone(&built.relay);
 
     // The receiver: answers every push with 204.
     let listener = tokio::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
@@ -83,7 +83,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("|---|---:|---:|---:|");
     for case in ["idle", "peer health table full (4 096 peers)"] {
         if case != "idle" {
-            let health = &pipeline.ctx().health;
+            let health = &relay.ctx().health;
             let reasons = [
                 Reason::RateLimited,
                 Reason::Quarantined,
@@ -98,8 +98,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 health.record_route(&id, i % 3 == 0, now);
             }
         }
-        let (size, build) = document_cost(&pipeline);
-        let body = serde_json::to_vec(&status::document(&pipeline))?;
+        let (size, build) = document_cost(&relay);
+        let body = serde_json::to_vec(&status::document(&relay))?;
         let (median, p99) = push_cost(&http, &url, &body).await;
         println!(
             "| {case} | {:.1} KiB | {:.0} µs | {:.0} µs / {:.0} µs |",

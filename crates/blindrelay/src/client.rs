@@ -173,6 +173,13 @@ pub async fn status(operator: &str, json: bool) -> Result<(), String> {
 
 /// The status document as readable tables.
 fn render_status(doc: &Status) {
+    render_summary(doc);
+    render_evidence(doc);
+    render_peers(doc);
+}
+
+/// The node's status, why, what to do, its stores and admission.
+fn render_summary(doc: &Status) {
     let ps = doc.peer_store();
     let (q, s) = (&ps.blind_relay_quality, &ps.runtime);
     say!(
@@ -201,6 +208,12 @@ fn render_status(doc: &Status) {
         s.admission.connections,
         s.admission.sources
     );
+}
+
+/// The evidence of relaying, then the counters.
+fn render_evidence(doc: &Status) {
+    let ps = doc.peer_store();
+    let (q, s) = (&ps.blind_relay_quality, &ps.runtime);
     say!("");
     say!(
         "{:<28} {:>8} {:>12} {:>6}",
@@ -228,7 +241,12 @@ fn render_status(doc: &Status) {
     {
         say!("  {k:<34} {}", val.unwrap_or(0));
     }
-    let h = &ps.peer_health_summary;
+}
+
+/// Peer health: the summary, a warning on identity changes, a row per peer.
+fn render_peers(doc: &Status) {
+    let ps = doc.peer_store();
+    let (h, s) = (&ps.peer_health_summary, &ps.runtime);
     say!("");
     if s.peers.identity_changes > 0 {
         say!(

@@ -21,6 +21,7 @@ use crate::peers::Peers;
 use crate::pipeline::{Pipeline, gate};
 use crate::probe;
 use crate::proto::Prefix;
+use crate::relay::Relay;
 use crate::replay::{self, ReplayRegistry, ReplayStore};
 use crate::report;
 use crate::sources::Grouping;
@@ -169,11 +170,11 @@ fn check_writable(dir: &std::path::Path) -> Result<(), RunError> {
     std::fs::remove_file(&probe).map_err(RunError::ReadOnly)
 }
 
-/// A built node: its pipeline (whose context the outbound side uses) and how often it probes.
+/// A built node: its handle and what its listeners and background tasks are set to.
 #[derive(Debug, Clone)]
 pub struct Built {
-    /// The inbound pipeline over the shared context.
-    pub pipeline: Arc<Pipeline>,
+    /// The node: context, pipeline, stores, relay connections.
+    pub relay: Arc<Relay>,
     /// Time between probe rounds.
     pub probe_interval: Duration,
     /// The listeners' limits.
@@ -224,7 +225,7 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
     let peers = Arc::new(Peers::new(
         config.peers,
         config.relay.allow_private_endpoints,
-        config.clock.clone(),
+        config.clock,
         *node.id(),
     ));
     let ctx = Arc::new(Context::with_config(
@@ -240,6 +241,10 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
             bind: relay.bind,
         },
     ));
+    let (registry, terminal) = (
+        Arc::new(registry),
+        Terminal::new(Arc::new(inbox), relay.inbox_share_percent),
+    );
     let pipeline = Pipeline::new(
         ctx,
         gate::GateConfig {
@@ -250,15 +255,15 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
             in_flight_per_source: relay.in_flight_per_source,
         },
         relay.grouping,
-        serve::connections(&listen),
-        Arc::new(registry),
-        Terminal::new(Arc::new(inbox), relay.inbox_share_percent),
+        Arc::clone(&registry),
+        terminal.clone(),
     );
+    let node = Relay::new(pipeline, registry, terminal, serve::connections(&listen));
     let cookie =
         api::cookie::Cookie::create(&config.state_dir).map_err(|e| RunError::Cookie(e.kind()))?;
     Ok(Built {
         cookie,
-        pipeline: Arc::new(pipeline),
+        relay: Arc::new(node),
         probe_interval: relay.probe_interval,
         listen,
         inbox_retention: relay.inbox_retention,
@@ -311,14 +316,14 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let Built {
-        pipeline,
+        relay,
         probe_interval,
         listen,
         inbox_retention,
         cookie,
         report,
     } = node;
-    let ctx = Arc::clone(pipeline.ctx());
+    let ctx = Arc::clone(relay.ctx());
     let tls = match crate::links::server_config(ctx.node.signing_key()) {
         Ok(c) => tokio_rustls::TlsAcceptor::from(c),
         Err(e) => {
@@ -329,26 +334,21 @@ pub async fn serve(
     let cancel = CancellationToken::new();
     let probes = tokio::spawn(probe::run(Arc::clone(&ctx), probe_interval, cancel.clone()));
     let peers = tokio::spawn(Arc::clone(&ctx.peers).run(ctx.http.clone(), cancel.clone()));
-    let upkeep = tokio::spawn(upkeep(
-        Arc::clone(&pipeline),
-        inbox_retention,
-        cancel.clone(),
-    ));
-    let report =
-        report.map(|r| tokio::spawn(report::run(Arc::clone(&pipeline), r, cancel.clone())));
+    let upkeep = tokio::spawn(upkeep(Arc::clone(&relay), inbox_retention, cancel.clone()));
+    let report = report.map(|r| tokio::spawn(report::run(Arc::clone(&relay), r, cancel.clone())));
     let a = tokio::spawn(serve::serve(
         public,
-        api::public(Arc::clone(&pipeline)),
-        Arc::clone(&pipeline),
+        api::public(Arc::clone(&relay)),
+        Arc::clone(relay.pipeline()),
         listen,
-        pipeline.connections().clone(),
+        relay.connections().clone(),
         Some(tls),
         cancel.clone(),
     ));
     let b = tokio::spawn(serve::serve(
         operator,
-        api::operator(Arc::clone(&pipeline), cookie),
-        pipeline,
+        api::operator(Arc::clone(&relay), cookie),
+        Arc::clone(relay.pipeline()),
         listen,
         serve::connections(&listen),
         None,
@@ -364,8 +364,9 @@ pub async fn serve(
 }
 
 /// Onion key rotation, guard upkeep, and the inbox's retention.
-async fn upkeep(pipeline: Arc<Pipeline>, retention: Duration, cancel: CancellationToken) {
-    let ctx = Arc::clone(pipeline.ctx());
+async fn upkeep(relay: Arc<Relay>, retention: Duration, cancel: CancellationToken) {
+    let ctx = Arc::clone(relay.ctx());
+    let pipeline = relay.pipeline();
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -381,17 +382,17 @@ async fn upkeep(pipeline: Arc<Pipeline>, retention: Duration, cancel: Cancellati
         pipeline.gate().sweep(instant);
         pipeline.sources().sweep(instant);
         if !retention.is_zero() {
-            expire(&pipeline, retention).await;
+            expire(&relay, retention).await;
         }
     }
 }
 
 /// Deletes the inbox items older than `retention`.
-pub async fn expire(pipeline: &Arc<Pipeline>, retention: Duration) {
-    let ctx = pipeline.ctx();
+pub async fn expire(relay: &Relay, retention: Duration) {
+    let ctx = relay.ctx();
     let now = ctx.clock.unix();
     let cutoff = now.saturating_sub(retention.as_secs());
-    let terminal = pipeline.terminal().clone();
+    let terminal = relay.terminal().clone();
     match tokio::task::spawn_blocking(move || terminal.expire(cutoff)).await {
         Ok(Ok(0)) => {}
         Ok(Ok(n)) => {

@@ -31,11 +31,10 @@
 //! a log.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use crate::clock::{self, Instant};
 
 use sha2::{Digest, Sha256};
 use tracing::debug;
@@ -53,10 +52,6 @@ pub const MAX_ATTEMPTS: u32 = 3;
 pub const MAX_BUSY_RETRIES: u32 = 40;
 /// A busy retry waits at most this many times the formula's delay.
 pub const MAX_BUSY_BACKOFF: u32 = 8;
-/// Connect timeout to a next hop.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// Whole-request timeout of the client (each request is also bounded by its deadline).
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Largest answer read from a next hop.
 pub const MAX_ANSWER: usize = 16 * 1024;
 /// How long a hop may take to answer a frame, whatever its position on the route.
@@ -139,25 +134,6 @@ pub fn retry_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32) -> Durat
     Duration::from_millis(50 + u64::from(u16::from_be_bytes([d[0], d[1]]) % 100))
 }
 
-/// The HTTP client for next hops: no proxy, no redirects, bounded timeouts; connections made
-/// from `bind` when given; up to `idle` idle connections kept per host.
-/// `tls` is the link's pinned TLS configuration (`crate::links`).
-pub fn client(bind: Option<IpAddr>, tls: rustls::ClientConfig, idle: usize) -> reqwest::Client {
-    crate::links::install_provider();
-    reqwest::Client::builder()
-        .use_preconfigured_tls(tls)
-        .tls_info(true)
-        .https_only(true)
-        .no_proxy()
-        .local_address(bind)
-        .redirect(reqwest::redirect::Policy::none())
-        .connect_timeout(CONNECT_TIMEOUT)
-        .timeout(REQUEST_TIMEOUT)
-        .pool_max_idle_per_host(idle)
-        .build()
-        .unwrap_or_else(|_| reqwest::Client::new())
-}
-
 /// What the next hop made of a forward.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Forwarded {
@@ -198,7 +174,7 @@ enum Attempt {
 }
 
 async fn attempt(http: &reqwest::Client, url: &str, frame: &[u8], deadline: Instant) -> Attempt {
-    let left = deadline.saturating_duration_since(Instant::now());
+    let left = deadline.saturating_duration_since(clock::now());
     let work = async {
         match http
             .post(url)
@@ -297,7 +273,7 @@ pub async fn post(
                 };
                 if busy(status, reason)
                     && busy_retries < MAX_BUSY_RETRIES
-                    && Instant::now() + delay < deadline
+                    && clock::now() + delay < deadline
                 {
                     busy_retries += 1;
                     retry += 1;
@@ -324,7 +300,7 @@ pub async fn post(
                 failures += 1;
                 debug!(next = %Prefix(next_hop), attempt = failures, kind, "next hop unreachable");
                 let delay = retry_delay(route_id, next_hop, retry + 1);
-                if failures >= MAX_ATTEMPTS || Instant::now() + delay >= deadline {
+                if failures >= MAX_ATTEMPTS || clock::now() + delay >= deadline {
                     break;
                 }
                 retry += 1;

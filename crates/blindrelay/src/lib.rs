@@ -6,20 +6,23 @@
 //! # Layout
 //!
 //! A relay request's path: [`api`] → [`pipeline`] (steps 1–7 in order, each refusing with a
-//! [`reason::Reason`]) → [`forward`] (with retries) or [`terminal`] → [`replay`] records the
-//! answer → [`api`] answers.
+//! [`reason::Reason`]) → step 8: [`forward`] (with retries) or [`terminal`] → [`replay`] records
+//! the answer → [`api`] answers. The daemon owns the node's handle, [`relay::Relay`]; the
+//! listeners, the status document and the report take it.
 //!
 //! - [`proto`]: the wire formats without I/O: envelopes and their signatures, onion layers,
 //!   delivery receipts, descriptors, the relay answer, the probe payload.
 //! - [`reason`]: why a request is refused: wire string, HTTP status, counter, scored or not.
 //! - [`sources`]: who a request comes from (address blocks, known peers) and the bounded
 //!   per-source tables and fair shares the relay listener divides its capacity with.
+//! - [`relay`]: the node's handle: context, pipeline, stores, the relay listener's connections.
 //! - [`context`]: what inbound and outbound work share: keys, peers, clock, counters, peer
-//!   health, the crypto gate, the HTTP client.
-//! - [`pipeline`]: the admission pipeline, one file per design step, run in order by its
-//!   `mod.rs`.
-//! - [`forward`]: the next hop's client and the retry policy.
-//! - [`links`]: node-to-node TLS 1.3, pinned to the peer's identity key.
+//!   health, the crypto gate, the links.
+//! - [`pipeline`]: the admission pipeline, one file per design step (each a function of its
+//!   input and the time), run in order by its `mod.rs`.
+//! - [`forward`]: posting to the next hop and the retry policy.
+//! - [`links`]: node-to-node TLS 1.3, pinned to the peer's identity key, and the links' HTTP
+//!   clients (their limits passed in).
 //! - [`outbound`]: every request to a next hop waits its turn under the next hop's
 //!   previous-hop rate, in a bounded queue.
 //! - [`terminal`]: the terminal hop: the inbox and receipt signing.
@@ -35,7 +38,7 @@
 //! - [`health`]: per-peer health without who-talks-to-whom.
 //! - [`counters`]: the aggregate counters.
 //! - [`status`]: evidence quality, proof scope, the status document, the Prometheus text.
-//! - [`clock`]: time, passed in.
+//! - [`clock`]: time: one clock, tokio's (paused in tests); Unix dates read in one place.
 //! - [`api`]: the two listeners and their one error type.
 //! - [`daemon`]: `blindrelay run`: build the node, serve, background upkeep.
 //! - [`cli`]: the command line's flags; [`client`]: the operator's commands (`send`, `inbox`,
@@ -112,6 +115,7 @@ pub mod pipeline;
 pub mod probe;
 pub mod proto;
 pub mod reason;
+pub mod relay;
 pub mod replay;
 pub mod report;
 pub mod send;

@@ -22,6 +22,7 @@ use std::fmt;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use ed25519_dalek::{Signature, SigningKey, VerifyingKey};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
@@ -29,7 +30,6 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, Serve
 use rustls::{DigitallySignedStruct, SignatureScheme};
 use tracing::warn;
 
-use crate::peers::MAX_PEERS;
 use crate::proto::{NodeId, Prefix};
 
 /// The DER prefix of an Ed25519 SubjectPublicKeyInfo; the 32-byte key follows.
@@ -198,13 +198,27 @@ pub fn unpinned_config() -> rustls::ClientConfig {
     client_config(None, Arc::new(AtomicU64::new(0)))
 }
 
+/// Connect timeout to a peer.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Whole-request timeout of a link's client (each request is also bounded by its deadline).
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The bounds of a node's links.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkLimits {
+    /// Idle connections kept per peer: at least the requests one next hop may have in flight
+    /// (`--per-next-hop`), so a busy link never closes a connection only to handshake again.
+    pub idle_per_peer: usize,
+    /// Pinned clients kept at most (one per peer the node talks to, and one unpinned): past
+    /// it, the table starts again.
+    pub clients: usize,
+}
+
 /// The client side of this node's links: a pinned client per peer id, made on first use.
 #[derive(Clone)]
 pub struct Links {
     bind: Option<IpAddr>,
-    /// Idle connections kept per peer (at least the requests one next hop may have in flight,
-    /// so a busy link never closes a connection only to handshake again).
-    idle_per_peer: usize,
+    limits: LinkLimits,
     clients: Arc<Mutex<HashMap<Option<NodeId>, reqwest::Client>>>,
     refusals: Arc<AtomicU64>,
 }
@@ -219,22 +233,18 @@ impl fmt::Debug for Links {
 }
 
 impl Links {
-    /// Clients whose connections are made from `bind` when given; TLS identity refusals are
-    /// added to `refusals`.
-    pub fn new(bind: Option<IpAddr>, refusals: Arc<AtomicU64>) -> Self {
+    /// Clients whose connections are made from `bind` when given, within `limits`; TLS
+    /// identity refusals are added to `refusals`.
+    pub fn new(bind: Option<IpAddr>, refusals: Arc<AtomicU64>, limits: LinkLimits) -> Self {
         Links {
             bind,
-            idle_per_peer: crate::forward::PER_NEXT_HOP,
+            limits: LinkLimits {
+                idle_per_peer: limits.idle_per_peer.max(1),
+                clients: limits.clients.max(1),
+            },
             clients: Arc::new(Mutex::new(HashMap::new())),
             refusals,
         }
-    }
-
-    /// The same links, keeping up to `n` idle connections per peer (the node passes its
-    /// `--per-next-hop`).
-    pub fn with_idle_per_peer(mut self, n: usize) -> Self {
-        self.idle_per_peer = n.max(1);
-        self
     }
 
     /// Handshakes refused because the peer's TLS key was not the expected one.
@@ -243,7 +253,7 @@ impl Links {
     }
 
     /// The client that talks only to `pinned` (to any Ed25519 key when `None`); connections
-    /// are reused while the client lives. The table is bounded: past `MAX_PEERS + 1` clients
+    /// are reused while the client lives. The table is bounded: past [`LinkLimits::clients`]
     /// it starts again.
     pub fn client(&self, pinned: Option<&NodeId>) -> reqwest::Client {
         let mut map = self
@@ -254,17 +264,36 @@ impl Links {
         if let Some(c) = map.get(&key) {
             return c.clone();
         }
-        if map.len() > MAX_PEERS {
+        if map.len() >= self.limits.clients {
             map.clear();
         }
-        let c = crate::forward::client(
+        let c = http_client(
             self.bind,
             client_config(key, Arc::clone(&self.refusals)),
-            self.idle_per_peer,
+            self.limits.idle_per_peer,
         );
         map.insert(key, c.clone());
         c
     }
+}
+
+/// An HTTP client for peers: no proxy, no redirects, bounded timeouts; connections made from
+/// `bind` when given; up to `idle` idle connections kept per host; `tls` the link's pinned TLS
+/// configuration.
+fn http_client(bind: Option<IpAddr>, tls: rustls::ClientConfig, idle: usize) -> reqwest::Client {
+    install_provider();
+    reqwest::Client::builder()
+        .use_preconfigured_tls(tls)
+        .tls_info(true)
+        .https_only(true)
+        .no_proxy()
+        .local_address(bind)
+        .redirect(reqwest::redirect::Policy::none())
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(REQUEST_TIMEOUT)
+        .pool_max_idle_per_host(idle)
+        .build()
+        .unwrap_or_else(|_| reqwest::Client::new())
 }
 
 #[cfg(test)]

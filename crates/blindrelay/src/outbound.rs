@@ -39,8 +39,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use crate::clock::{self, Instant};
 use tokio::sync::Notify;
-use tokio::time::Instant;
 
 use crate::proto::NodeId;
 
@@ -235,7 +235,7 @@ impl Pacer {
     /// [`QueueFull`]: the next hop's queue or the whole queue is at its bound (entries or
     /// bytes), or the table of next hops is full of busy ones.
     pub fn join(self: &Arc<Self>, hop: &NodeId, bytes: usize) -> Result<Turn, QueueFull> {
-        let now = Instant::now();
+        let now = clock::now();
         let mut s = self.lock();
         let l = &self.limits;
         if s.waiting + 1 > l.total_entries || s.waiting_bytes + bytes > l.total_bytes {
@@ -311,7 +311,7 @@ impl Pacer {
     /// A request leaves the wire, `answered` or not (then it counts [`UNANSWERED_GRACE`]
     /// longer).
     fn off_wire(&self, hop: &NodeId, answered: bool) {
-        let now = Instant::now();
+        let now = clock::now();
         let mut s = self.lock();
         if let Some(lane) = s.lanes.get_mut(hop) {
             lane.on_wire = lane.on_wire.saturating_sub(1);
@@ -407,7 +407,7 @@ impl Turn {
         if self.phase == Phase::Waiting
             && self
                 .pacer
-                .try_go(&self.hop, self.place, Instant::now())
+                .try_go(&self.hop, self.place, clock::now())
                 .is_ok()
         {
             self.phase = Phase::OnWire;
@@ -426,7 +426,7 @@ impl Turn {
             let changed = self.pacer.changed.notified();
             tokio::pin!(changed);
             changed.as_mut().enable();
-            let now = Instant::now();
+            let now = clock::now();
             match self.pacer.try_go(&self.hop, self.place, now) {
                 Ok(()) => {
                     self.phase = Phase::OnWire;

@@ -373,7 +373,6 @@ mod tests {
     use ed25519_dalek::SigningKey;
 
     use super::*;
-    use crate::clock::ManualClock;
 
     const T0: u64 = 1_800_000_000;
 
@@ -383,7 +382,7 @@ mod tests {
 
     #[test]
     fn a_descriptor_is_verified_once_then_used_while_current() {
-        let clock = Clock::Manual(ManualClock::new(T0));
+        let clock = Clock::starting_at(T0);
         let peers = Peers::new(vec![], true, clock, [0; 32]);
         let key = SigningKey::from_bytes(&[1; 32]);
         let id = key.verifying_key().to_bytes();
@@ -409,13 +408,9 @@ mod tests {
     /// A peer that changes its onion key mid-traffic: its newer descriptor replaces the held
     /// one at once, an older one (a replayed fetch) never brings the former key back, and once
     /// the newer one expires the peer is not routable until it is fetched again.
-    #[test]
-    fn a_newer_descriptor_with_another_onion_key_replaces_the_held_one() {
-        let clock = Clock::Manual(ManualClock::new(T0));
-        let manual = match &clock {
-            Clock::Manual(m) => Arc::clone(m),
-            Clock::System => unreachable!("a manual clock"),
-        };
+    #[tokio::test(start_paused = true)]
+    async fn a_newer_descriptor_with_another_onion_key_replaces_the_held_one() {
+        let clock = Clock::starting_at(T0);
         let peers = Peers::new(vec![], true, clock, [0; 32]);
         let key = SigningKey::from_bytes(&[3; 32]);
         let id = key.verifying_key().to_bytes();
@@ -423,7 +418,7 @@ mod tests {
             x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from([6u8; 32])).to_bytes();
         let old = Descriptor::sign(&key, onion_key(), "https://127.0.0.9:7001", T0, 3600);
         assert!(peers.insert(old.clone()));
-        manual.advance(std::time::Duration::from_secs(60));
+        tokio::time::advance(std::time::Duration::from_secs(60)).await;
         let new = Descriptor::sign(&key, other_key, "https://127.0.0.9:7001", T0 + 60, 3600);
         assert!(peers.insert(new.clone()));
         assert_eq!(
@@ -439,7 +434,7 @@ mod tests {
     #[test]
     fn a_peer_without_protocol_2_is_known_but_not_routable() {
         use ed25519_dalek::Signer;
-        let clock = Clock::Manual(ManualClock::new(T0));
+        let clock = Clock::starting_at(T0);
         let peers = Peers::new(vec![], true, clock, [0; 32]);
         let key = SigningKey::from_bytes(&[3; 32]);
         let mut d = Descriptor::sign(&key, onion_key(), "https://127.0.0.9:7001", T0, 3600);
@@ -456,7 +451,7 @@ mod tests {
 
     #[test]
     fn private_endpoints_only_when_allowed() {
-        let clock = Clock::Manual(ManualClock::new(T0));
+        let clock = Clock::starting_at(T0);
         let strict = Peers::new(vec![], false, clock, [0; 32]);
         let key = SigningKey::from_bytes(&[2; 32]);
         let d = Descriptor::sign(&key, onion_key(), "https://127.0.0.9:7001", T0, 3600);

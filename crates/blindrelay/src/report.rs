@@ -18,7 +18,7 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use crate::pipeline::Pipeline;
+use crate::relay::Relay;
 use crate::status;
 
 /// Time between pushes unless told otherwise.
@@ -71,8 +71,8 @@ fn kind(e: &reqwest::Error) -> &'static str {
 }
 
 /// One push of the document now: `Ok` on a 2xx answer, else why, as a word.
-async fn push(pipeline: &Arc<Pipeline>, http: &reqwest::Client, url: &str) -> Result<(), String> {
-    let p = Arc::clone(pipeline);
+async fn push(relay: &Arc<Relay>, http: &reqwest::Client, url: &str) -> Result<(), String> {
+    let p = Arc::clone(relay);
     let body = tokio::task::spawn_blocking(move || serde_json::to_vec(&status::document(&p)))
         .await
         .map_err(|_| "document".to_string())?
@@ -92,7 +92,7 @@ async fn push(pipeline: &Arc<Pipeline>, http: &reqwest::Client, url: &str) -> Re
 }
 
 /// Pushes the document per `config` until `cancel`.
-pub async fn run(pipeline: Arc<Pipeline>, config: ReportConfig, cancel: CancellationToken) {
+pub async fn run(relay: Arc<Relay>, config: ReportConfig, cancel: CancellationToken) {
     crate::links::install_provider();
     let http = match reqwest::Client::builder()
         .timeout(config.timeout)
@@ -110,7 +110,7 @@ pub async fn run(pipeline: Arc<Pipeline>, config: ReportConfig, cancel: Cancella
     let mut ticks = tokio::time::interval(config.interval.max(MIN_INTERVAL));
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut throttle = guard::throttle::Throttle::new(LOG_EVERY);
-    let counters = &pipeline.ctx().counters;
+    let counters = &relay.ctx().counters;
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
@@ -118,7 +118,7 @@ pub async fn run(pipeline: Arc<Pipeline>, config: ReportConfig, cancel: Cancella
         }
         let outcome = tokio::select! {
             () = cancel.cancelled() => return,
-            r = push(&pipeline, &http, &config.url) => r,
+            r = push(&relay, &http, &config.url) => r,
         };
         match outcome {
             Ok(()) => {
@@ -127,7 +127,7 @@ pub async fn run(pipeline: Arc<Pipeline>, config: ReportConfig, cancel: Cancella
             }
             Err(why) => {
                 counters.report_failed.inc();
-                if let Some(left_out) = throttle.event(tokio::time::Instant::now().into_std()) {
+                if let Some(left_out) = throttle.event(relay.ctx().clock.instant()) {
                     warn!(
                         why,
                         left_out,

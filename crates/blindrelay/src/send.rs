@@ -5,7 +5,7 @@
 //! receipt checking take a crypto slot from the whole budget, including the one inbound
 //! requests never get, so they proceed under an inbound burst.
 
-pub mod v2;
+pub mod wrap;
 
 use std::sync::Arc;
 
@@ -92,7 +92,7 @@ pub async fn send(
     if hops > sphinx::MAX_HOPS {
         return Err(SendError::TooManyHops(sphinx::MAX_HOPS));
     }
-    if v2::class_for(payload.len(), false).is_none() {
+    if wrap::class_for(payload.len(), false).is_none() {
         return Err(SendError::TooLarge(MAX_PAYLOAD));
     }
     let now = ctx.clock.unix();
@@ -196,14 +196,14 @@ pub(crate) async fn deliver_along(
         .route(&entry, now)
         .map_err(|_| SendError::NotEnoughPeers(hops))?;
     // The sender waits longer than the entry hop's late deadline: its final answer comes first.
-    let deadline = tokio::time::Instant::now() + forward::SENDER_DEADLINE;
+    let deadline = ctx.clock.now() + forward::SENDER_DEADLINE;
     let slot = ctx
         .crypto_slot(ctx.crypto.limit(), ctx.crypto_wait)
         .await
         .ok_or(SendError::Backpressure)?;
     let node = Arc::clone(&ctx.node);
     let (wrapped, commitment) = context::on_crypto_slot(slot, move || {
-        let wrapped = v2::wrap(&path, &payload, probe, now, node.signing_key())?;
+        let wrapped = wrap::wrap(&path, &payload, probe, now, node.signing_key())?;
         Ok::<_, SendError>((wrapped, receipt::commitment(&payload)))
     })
     .await
@@ -262,7 +262,7 @@ mod tests {
     use rand::rngs::StdRng;
 
     use super::*;
-    use crate::clock::{Clock, ManualClock};
+    use crate::clock::Clock;
     use crate::node::{self, Node};
     use crate::peers::Peers;
 
@@ -281,10 +281,10 @@ mod tests {
 
     /// A context over a fresh node: no SQLite, no listener, no HTTP.
     fn context(dir: &tempfile::TempDir, crypto_slots: usize) -> Arc<Context> {
-        let clock = Clock::Manual(ManualClock::new(T0));
+        let clock = Clock::starting_at(T0);
         node::init(dir.path(), "https://127.0.0.1:7001", T0).unwrap();
         let node = Arc::new(Node::load(dir.path()).unwrap());
-        let peers = Arc::new(Peers::new(vec![], true, clock.clone(), *node.id()));
+        let peers = Arc::new(Peers::new(vec![], true, clock, *node.id()));
         Arc::new(Context::new(node, peers, clock, crypto_slots))
     }
 

@@ -55,7 +55,7 @@ async fn counters_equal_the_outcomes_of_a_scripted_run() {
     let d1: Descriptor = serde_json::from_value(net.get_json(1, "/v1/descriptor").await).unwrap();
     let peer = SigningKey::from_bytes(&rand_bytes());
     let now = common::unix_now();
-    let expires = blindrelay::send::v2::expiry(now);
+    let expires = blindrelay::send::wrap::expiry(now);
     let direct = common::craft(&peer, &[&d2], b"direct", false, expires).frame;
     // Delivered to node 2, then the same frame again: answered from the replay registry.
     assert_eq!(post(&n2.endpoint, direct.clone()).await.0, 200);

@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use blindrelay::proto::NodeId;
-use blindrelay::send::v2::expiry;
+use blindrelay::send::wrap::expiry;
 use ed25519_dalek::SigningKey;
 
 #[path = "common/doc.rs"]
@@ -19,9 +19,9 @@ mod inproc;
 use doc::Doc;
 use inproc::*;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::test(start_paused = true)]
 async fn the_request_gate_shares_its_totals_per_source() {
-    let (m, clock) = manual();
+    let clock = clock();
     let n = node(&clock, |c| c.window_limit = 60_000).await;
     let peer = node(&clock, |_| {}).await;
     introduce(&n, &peer);
@@ -74,16 +74,16 @@ async fn the_request_gate_shares_its_totals_per_source() {
     let known = n.pipeline.classify(peer.addr.ip());
     assert!(n.pipeline.admit(&known, &body).is_ok());
     // Recovery follows the load: seconds, not a 60 s window.
-    m.advance(Duration::from_secs(4));
+    advance(Duration::from_secs(4)).await;
     assert!(n.pipeline.admit(&flood, &body).is_ok());
 }
 
 /// Step 2 never waits: with every inbound crypto slot taken a request is refused at once
 /// (`backpressure`); a stranger over the strangers' share is refused with `source_limited` (the
 /// node is not out of CPU, so not `attention`) while a known peer's request still gets a slot.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn crypto_admission_refuses_at_once_and_strangers_cannot_take_the_known_peers_slot() {
-    let (_m, clock) = manual();
+    let clock = clock();
     let n = node(&clock, |_| {}).await;
     let peer = node(&clock, |_| {}).await;
     introduce(&n, &peer);
@@ -124,9 +124,9 @@ async fn crypto_admission_refuses_at_once_and_strangers_cannot_take_the_known_pe
     assert_eq!(reason(&submit_from(&n, &known, req()).await), "delivered");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn crypto_admission_refuses_at_once_and_keeps_a_slot_for_outbound() {
-    let (_m, clock) = manual();
+    let clock = clock();
     let n = node(&clock, |c| c.crypto_slots = 4).await;
     let t = node(&clock, |_| {}).await;
     introduce(&n, &t);
@@ -158,9 +158,9 @@ async fn crypto_admission_refuses_at_once_and_keeps_a_slot_for_outbound() {
     assert_eq!(blindrelay::context::crypto_slots(64), 8);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn forged_frames_cannot_quarantine_an_honest_node() {
-    let (_m, clock) = manual();
+    let clock = clock();
     let n = node(&clock, |_| {}).await;
     let now = clock.unix();
     let honest = key();
@@ -183,9 +183,9 @@ async fn forged_frames_cannot_quarantine_an_honest_node() {
     assert_eq!(reason(&r), "delivered");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn rate_limit_quarantine_expiry_and_window_reset() {
-    let (m, clock) = manual();
+    let clock = clock();
     let n = node(&clock, |_| {}).await;
     let p = key();
     let cheap = |n: &Node, _: u64| junk_frame(&p, n).encode(); // refused later, at the peel
@@ -201,7 +201,7 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
     );
     assert_eq!(n.ctx.counters.snapshot().quarantine_started, 1);
     for step in [1, 100, 198] {
-        m.advance(Duration::from_secs(step));
+        advance(Duration::from_secs(step)).await;
         assert_eq!(
             reason(&submit(&n, cheap(&n, clock.unix())).await),
             "quarantined",
@@ -213,7 +213,7 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
         1,
         "refusals do not restart it"
     );
-    m.advance(Duration::from_secs(1)); // 300 s after it started
+    advance(Duration::from_secs(1)).await; // 300 s after it started
     assert_eq!(
         reason(&submit(&n, cheap(&n, clock.unix())).await),
         "onion_peel_failed",
@@ -226,7 +226,7 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
     for _ in 0..120 {
         submit(&n, f(clock.unix())).await;
     }
-    m.advance(Duration::from_secs(60));
+    advance(Duration::from_secs(60)).await;
     for _ in 0..120 {
         assert_eq!(
             reason(&submit(&n, f(clock.unix())).await),
@@ -255,9 +255,9 @@ async fn rate_limit_quarantine_expiry_and_window_reset() {
     assert_eq!(reason(&r), "delivered");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn five_thousand_fresh_identities_cannot_flush_an_active_quarantine() {
-    let (_m, clock) = manual();
+    let clock = clock();
     let n = node(&clock, |_| {}).await;
     let q = key();
     for _ in 0..=120 {
@@ -283,9 +283,9 @@ async fn five_thousand_fresh_identities_cannot_flush_an_active_quarantine() {
 /// refusals (no route, a disallowed endpoint, a frame for another node, a full replay registry)
 /// note the contact only, never `degraded`, never a score. A replay conflict (its own reuse of
 /// a route id) does mark it, to show the rows tell the difference.
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
-    let (m, clock) = manual();
+    let clock = clock();
     let n = node(&clock, |c| c.replay_capacity = 64).await;
     let strict = node(&clock, |c| c.allow_private_endpoints = false).await;
     let other = node(&clock, |_| {}).await;
@@ -312,7 +312,7 @@ async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
     let (in_flight, expired) = (key(), key());
     let busy = frame(&in_flight, &[to(&n)], b"b", expiry(now));
     deliver(&n, &in_flight, now, b"contact").await;
-    n.pipeline
+    n.relay
         .replay()
         .reserve(busy.tag, busy.request_digest(), now)
         .unwrap();
@@ -321,7 +321,7 @@ async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
     for _ in 0..13 {
         assert_eq!(reason(&submit(&n, busy.encode()).await), "route_in_flight");
     }
-    m.advance(Duration::from_secs(121));
+    advance(Duration::from_secs(121)).await;
     let now = clock.unix();
     for _ in 0..13 {
         assert_eq!(
@@ -350,9 +350,9 @@ async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
     untouched(&row(&n, &no_route), "no_route");
     untouched(&row(&n, &wrong_hop), "wrong_hop");
     untouched(&row(&strict, &endpoint), "invalid_endpoint");
-    let live = n.pipeline.replay().live(now);
+    let live = n.relay.replay().live(now);
     for _ in live..64 {
-        n.pipeline
+        n.relay
             .replay()
             .reserve(rand::random(), [0; 32], now)
             .unwrap();

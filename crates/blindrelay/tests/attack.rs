@@ -18,7 +18,7 @@ use blindrelay::proto::descriptor::Descriptor;
 use blindrelay::proto::frame::Frame;
 use blindrelay::proto::receipt;
 use blindrelay::proto::sphinx::{self, SizeClass};
-use blindrelay::send::v2::Wrapped;
+use blindrelay::send::wrap::Wrapped;
 use common::{Doc, Net, counter, http_from};
 use ed25519_dalek::SigningKey;
 use serde_json::Value;
@@ -384,7 +384,7 @@ fn craft(key: &SigningKey, path: &[&Descriptor], payload: &[u8]) -> Wrapped {
 
 /// [`craft`] of a message or a probe (the probe flag, in the 2 KiB class).
 fn craft_with(probe: bool, key: &SigningKey, path: &[&Descriptor], payload: &[u8]) -> Wrapped {
-    let expires = blindrelay::send::v2::expiry(common::unix_now());
+    let expires = blindrelay::send::wrap::expiry(common::unix_now());
     common::craft(key, path, payload, probe, expires)
 }
 

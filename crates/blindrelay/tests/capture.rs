@@ -16,7 +16,7 @@ use blindrelay::proto::descriptor::Descriptor;
 use blindrelay::proto::frame::{Frame, frame_len};
 use blindrelay::proto::receipt;
 use blindrelay::proto::sphinx::{self, Action, Delivery, HopSpec, SizeClass};
-use blindrelay::send::v2::expiry;
+use blindrelay::send::wrap::expiry;
 use common::{Net, Tap, http, tap_mark, unix_now};
 use ed25519_dalek::SigningKey;
 use serde_json::Value;

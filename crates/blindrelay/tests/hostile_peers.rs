@@ -38,7 +38,7 @@ fn unix() -> u64 {
 
 /// A frame along `path` (this process as the sender, signed by `key`).
 fn craft(key: &SigningKey, path: &[&Descriptor], payload: &[u8]) -> Vec<u8> {
-    let expires = blindrelay::send::v2::expiry(unix());
+    let expires = blindrelay::send::wrap::expiry(unix());
     common::craft(key, path, payload, false, expires).frame
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use blindrelay::proto::sphinx;
-use blindrelay::send::v2::expiry;
+use blindrelay::send::wrap::expiry;
 
 #[path = "common/doc.rs"]
 #[allow(dead_code, unreachable_pub)]
@@ -18,12 +18,12 @@ mod inproc;
 use doc::Doc;
 use inproc::*;
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn every_replay_outcome() {
     // The registry is filled to its capacity below: a small one keeps the test fast (the default
     // capacity itself is filled in the registry's own test).
     const CAPACITY: usize = 512;
-    let (m, clock) = manual();
+    let clock = clock();
     let n = node(&clock, |c| c.replay_capacity = CAPACITY).await;
     let p = key();
     let now = clock.unix();
@@ -38,32 +38,32 @@ async fn every_replay_outcome() {
         moved(&before, &n.ctx.counters.snapshot()),
         counted(&[("received", 1), ("duplicate_route", 1)])
     );
-    assert_eq!(n.pipeline.terminal().inbox().len(), 1);
+    assert_eq!(n.relay.terminal().inbox().len(), 1);
     // The same layer in another frame (a re-wrap by another previous hop): its tag is taken.
     let other = first.rewrap(&key());
     let r = submit(&n, other.encode()).await;
     assert_eq!((r.status, reason(&r).as_str()), (400, "replay_conflict"));
     // In flight.
     let busy = frame(&p, &[to(&n)], b"busy", expiry(now));
-    n.pipeline
+    n.relay
         .replay()
         .reserve(busy.tag, busy.request_digest(), now)
         .unwrap();
     let r = submit(&n, busy.encode()).await;
     assert_eq!((r.status, reason(&r).as_str()), (503, "route_in_flight"));
     // The stored response is too old to replay after 120 s; the route stays reserved.
-    m.advance(Duration::from_secs(121));
+    advance(Duration::from_secs(121)).await;
     let r = submit(&n, first.encode()).await;
     assert_eq!(
         (r.status, reason(&r).as_str()),
         (409, "replay_response_expired")
     );
-    assert_eq!(n.pipeline.terminal().inbox().len(), 1);
+    assert_eq!(n.relay.terminal().inbox().len(), 1);
     // Capacity: every slot live → 503, no live reservation evicted.
     let now = clock.unix();
-    let live = n.pipeline.replay().live(now);
+    let live = n.relay.replay().live(now);
     for _ in live..CAPACITY {
-        n.pipeline
+        n.relay
             .replay()
             .reserve(rand::random(), [0; 32], now)
             .unwrap();
@@ -78,9 +78,9 @@ async fn every_replay_outcome() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_forwarded_duplicate_is_not_forwarded_twice() {
-    let (_m, clock) = manual();
+    let clock = clock();
     let a = node(&clock, |_| {}).await;
     let b = node(&clock, |_| {}).await;
     introduce(&a, &b);
@@ -96,9 +96,9 @@ async fn a_forwarded_duplicate_is_not_forwarded_twice() {
     assert_eq!(a.ctx.counters.snapshot().forwarded, 1);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
-    let (m, clock) = manual();
+    let clock = clock();
     let n = node(&clock, |c| {
         c.replay_capacity = 8;
         c.replay_share_percent = 25;
@@ -138,9 +138,10 @@ async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
     assert_eq!(s.counters()["replay_share_exceeded"], 1);
     // Tags end once their layers can no longer be accepted (expiry + 120 s, inclusive): room
     // again, and status no longer full.
-    m.advance(Duration::from_secs(
+    advance(Duration::from_secs(
         expiry(T0) + sphinx::EXPIRY_SKEW + 1 - clock.unix(),
-    ));
+    ))
+    .await;
     let r = submit_from(&n, &src(9), probe()).await;
     assert_eq!(reason(&r), "delivered");
     assert_eq!(status_of(&n).runtime()["replay"]["full"], false);
@@ -149,10 +150,10 @@ async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
 /// A layer's tag stays reserved as long as the layer can be accepted
 /// (through its expiry plus the skew, inclusive), also past the registry's 600 s window from the
 /// reservation; one second later the layer itself is refused (hand-driven clock).
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_reservation_outlives_its_layer() {
     use blindrelay::proto::sphinx::{EXPIRY_SKEW, MAX_LIFETIME};
-    let (m, clock) = manual();
+    let clock = clock();
     let n = node(&clock, |_| {}).await;
     let p = key();
     let t0 = clock.unix();
@@ -162,35 +163,35 @@ async fn a_reservation_outlives_its_layer() {
     assert_eq!(reason(&submit(&n, ahead.encode()).await), "delivered");
     assert_eq!(reason(&submit(&n, today.encode()).await), "delivered");
     // The last second `today` is accepted: still reserved.
-    m.advance(Duration::from_secs(MAX_LIFETIME + EXPIRY_SKEW));
+    advance(Duration::from_secs(MAX_LIFETIME + EXPIRY_SKEW)).await;
     assert_eq!(
         reason(&submit(&n, today.encode()).await),
         "replay_response_expired"
     );
-    m.advance(Duration::from_secs(1));
+    advance(Duration::from_secs(1)).await;
     assert_eq!(
         reason(&submit(&n, today.encode()).await),
         "timestamp_expired"
     );
     // Past the registry's window from `ahead`'s reservation, its layer is still acceptable.
-    m.advance(Duration::from_secs(EXPIRY_SKEW - 1));
+    advance(Duration::from_secs(EXPIRY_SKEW - 1)).await;
     assert_eq!(clock.unix(), t0 + MAX_LIFETIME + 2 * EXPIRY_SKEW);
     assert_eq!(
         reason(&submit(&n, ahead.encode()).await),
         "replay_response_expired"
     );
     // One second later it is not: refused by its expiry, never delivered again.
-    m.advance(Duration::from_secs(1));
+    advance(Duration::from_secs(1)).await;
     assert_eq!(
         reason(&submit(&n, ahead.encode()).await),
         "timestamp_expired"
     );
-    assert_eq!(n.pipeline.terminal().inbox().len(), 2);
+    assert_eq!(n.relay.terminal().inbox().len(), 2);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_route_accepted_before_a_crash_is_refused_after_the_restart() {
-    let (_m, clock) = manual();
+    let clock = clock();
     let n = node(&clock, |_| {}).await;
     let p = key();
     let now = clock.unix();
@@ -199,7 +200,7 @@ async fn a_route_accepted_before_a_crash_is_refused_after_the_restart() {
     assert_eq!(reason(&r1), "delivered");
     // One more reserved but never completed (the process dies while handling it).
     let g = frame(&p, &[to(&n)], b"cut short", expiry(now));
-    n.pipeline
+    n.relay
         .replay()
         .reserve(g.tag, g.request_digest(), now)
         .unwrap();
@@ -209,10 +210,11 @@ async fn a_route_accepted_before_a_crash_is_refused_after_the_restart() {
     let tmp = n._tmp.take();
     drop(n);
     // A new process on the same state dir.
-    let (pipeline, addr, operator, stop) = start_in(&dir, &clock, |_| {}, false).await;
+    let (relay, addr, operator, stop) = start_in(&dir, &clock, |_| {}, false).await;
     let n = Node {
-        ctx: Arc::clone(pipeline.ctx()),
-        pipeline,
+        ctx: Arc::clone(relay.ctx()),
+        pipeline: Arc::clone(relay.pipeline()),
+        relay,
         addr,
         operator,
         dir,
@@ -224,13 +226,13 @@ async fn a_route_accepted_before_a_crash_is_refused_after_the_restart() {
         r1,
         "replayed, not delivered again"
     );
-    assert_eq!(n.pipeline.terminal().inbox().len(), 1);
+    assert_eq!(n.relay.terminal().inbox().len(), 1);
     let r = submit(&n, g.encode()).await;
     assert_eq!((r.status, reason(&r).as_str()), (503, "route_interrupted"));
-    assert_eq!(n.pipeline.terminal().inbox().len(), 1);
+    assert_eq!(n.relay.terminal().inbox().len(), 1);
     // The delivered layer re-wrapped by another previous hop, after the restart: refused by its
     // tag, never delivered again.
     let r = submit(&n, f.rewrap(&key()).encode()).await;
     assert_eq!((r.status, reason(&r).as_str()), (400, "replay_conflict"));
-    assert_eq!(n.pipeline.terminal().inbox().len(), 1);
+    assert_eq!(n.relay.terminal().inbox().len(), 1);
 }

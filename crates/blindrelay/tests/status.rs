@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use blindrelay::proto::NodeId;
-use blindrelay::send::v2::expiry;
+use blindrelay::send::wrap::expiry;
 use ed25519_dalek::SigningKey;
 use tokio::net::TcpListener;
 
@@ -19,9 +19,9 @@ mod inproc;
 use doc::Doc;
 use inproc::*;
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_sender_verifies_the_terminal_receipt() {
-    let (_m, clock) = manual();
+    let clock = clock();
     let a = node(&clock, |_| {}).await;
     let b = node(&clock, |_| {}).await;
     let c = node(&clock, |_| {}).await;
@@ -37,7 +37,7 @@ async fn the_sender_verifies_the_terminal_receipt() {
     assert!(s.last_verified_client_onion_delivery_at.is_some());
     assert_eq!(b.ctx.counters.snapshot().forwarded, 1);
     assert_eq!(
-        c.pipeline.terminal().inbox().get(1).unwrap().unwrap(),
+        c.relay.terminal().inbox().get(1).unwrap().unwrap(),
         b"two hops"
     );
 
@@ -65,7 +65,7 @@ async fn the_sender_verifies_the_terminal_receipt() {
         clock.unix(),
         3600,
     );
-    let (_m2, clock2) = manual();
+    let clock2 = inproc::clock();
     let solo = node(&clock2, |_| {}).await;
     assert!(solo.ctx.peers.insert(desc));
     let err = blindrelay::send::send(&solo.ctx, id(&liar), 1, b"x".to_vec())
@@ -84,9 +84,9 @@ async fn the_sender_verifies_the_terminal_receipt() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn probes_are_kept_apart_from_user_traffic() {
-    let (_m, clock) = manual();
+    let clock = clock();
     let (a, b, c) = three(&clock).await;
     blindrelay::probe::round(&a.ctx).await;
     let s = a.ctx.counters.snapshot();
@@ -115,7 +115,7 @@ async fn probes_are_kept_apart_from_user_traffic() {
     let (sb, sc) = (b.ctx.counters.snapshot(), c.ctx.counters.snapshot());
     assert_eq!(sb.probes_answered + sc.probes_answered, 3);
     assert_eq!(sb.terminal + sc.terminal, 0);
-    assert!(b.pipeline.terminal().inbox().is_empty() && c.pipeline.terminal().inbox().is_empty());
+    assert!(b.relay.terminal().inbox().is_empty() && c.relay.terminal().inbox().is_empty());
     // The middle of the two-hop probe cannot tell it from a message: one forward, as designed.
     assert_eq!(sb.forwarded + sc.forwarded, 1);
     let q = status_of(&a).quality().clone();
@@ -135,9 +135,9 @@ async fn probes_are_kept_apart_from_user_traffic() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn status_moves_with_recent_events_and_recovers() {
-    let (m, clock) = manual();
+    let clock = clock();
     let n = node(&clock, |c| c.crypto_slots = 4).await;
     let st = |n: &Node| {
         status_of(n).quality()["status"]
@@ -154,7 +154,7 @@ async fn status_moves_with_recent_events_and_recovers() {
     assert_eq!(st(&n), "observing");
     deliver(&n, &p, now, b"a").await;
     assert_eq!(st(&n), "ready");
-    m.advance(Duration::from_secs(1800));
+    advance(Duration::from_secs(1800)).await;
     assert_eq!(st(&n), "stale");
     // A rate limit: protecting, while the relay keeps working.
     let q = key();
@@ -175,7 +175,7 @@ async fn status_moves_with_recent_events_and_recovers() {
     assert_eq!(row["quarantine_remaining_secs"], 300);
     assert!(row["reasons"]["rate_limit"].as_u64().unwrap() >= 1);
     // The window passes; with fresh work the node is ready again by itself.
-    m.advance(Duration::from_secs(1800));
+    advance(Duration::from_secs(1800)).await;
     deliver(&n, &p, clock.unix(), b"c").await;
     assert_eq!(st(&n), "ready");
     // Backpressure: attention, with what to do.
@@ -187,7 +187,7 @@ async fn status_moves_with_recent_events_and_recovers() {
     let q = status_of(&n).quality().clone();
     assert_eq!(q["status"], "attention");
     assert!(q["next_action"].as_str().unwrap().contains("CPU"));
-    m.advance(Duration::from_secs(1800));
+    advance(Duration::from_secs(1800)).await;
     // Forward failures: degraded, and the next hop shows as failing after three.
     let dead = node(&clock, |_| {}).await;
     introduce(&n, &dead);
@@ -215,9 +215,9 @@ async fn status_moves_with_recent_events_and_recovers() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn status_and_metrics_name_no_peer_route_endpoint_or_payload() {
-    let (_m, clock) = manual();
+    let clock = clock();
     let (a, b, c) = three(&clock).await;
     let payload = b"PRIVATE-PAYLOAD-3f9a".to_vec();
     blindrelay::send::send(&a.ctx, *c.ctx.node.id(), 2, payload.clone())
@@ -242,7 +242,7 @@ async fn status_and_metrics_name_no_peer_route_endpoint_or_payload() {
     }
     forbidden.push(hex::encode(id(&p)));
     for n in [&a, &b, &c] {
-        let text = status_of(n).to_string() + &blindrelay::status::metrics::render(&n.pipeline);
+        let text = status_of(n).to_string() + &blindrelay::status::metrics::render(&n.relay);
         for f in &forbidden {
             assert!(
                 !text.contains(f.as_str()),
@@ -255,7 +255,7 @@ async fn status_and_metrics_name_no_peer_route_endpoint_or_payload() {
         );
     }
     // The metrics are labelled by status only.
-    let metrics = blindrelay::status::metrics::render(&a.pipeline);
+    let metrics = blindrelay::status::metrics::render(&a.relay);
     for line in metrics.lines().filter(|l| !l.starts_with('#')) {
         assert!(
             !line.contains('{') || line.starts_with("blindrelay_status{status="),

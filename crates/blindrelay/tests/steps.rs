@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use blindrelay::proto::NodeId;
 use blindrelay::proto::sphinx;
-use blindrelay::send::v2::expiry;
+use blindrelay::send::wrap::expiry;
 use ed25519_dalek::SigningKey;
 use tokio::net::TcpListener;
 
@@ -18,9 +18,9 @@ use tokio::net::TcpListener;
 mod inproc;
 use inproc::*;
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn each_step_refuses_with_its_reason_status_and_one_counter() {
-    let (_m, clock) = manual();
+    let clock = clock();
     let n = node(&clock, |_| {}).await;
     let strict = node(&clock, |c| c.allow_private_endpoints = false).await;
     let other = node(&clock, |_| {}).await;
@@ -235,9 +235,9 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
     );
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn the_steps_run_in_the_design_order() {
-    let (_m, clock) = manual();
+    let clock = clock();
     let n = node(&clock, |_| {}).await;
     let now = clock.unix();
     let stale = now - 10_000;
@@ -272,10 +272,10 @@ async fn the_steps_run_in_the_design_order() {
     assert_eq!(reason(&submit(&n, f.encode()).await), "route_loop");
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn a_definitive_answer_is_not_retried() {
     use std::sync::atomic::AtomicUsize;
-    let (_m, clock) = manual();
+    let clock = clock();
     let a = node(&clock, |_| {}).await;
     // A next hop that answers 400 to everything, counting what it gets.
     let hits = Arc::new(AtomicUsize::new(0));
@@ -313,9 +313,9 @@ async fn a_definitive_answer_is_not_retried() {
     assert_eq!(a.ctx.counters.snapshot().retry_attempted, 0);
 }
 
-#[tokio::test]
+#[tokio::test(start_paused = true)]
 async fn every_error_of_both_listeners_is_json() {
-    let (_m, clock) = manual();
+    let clock = clock();
     let n = node(&clock, |_| {}).await;
     let cookie = std::fs::read_to_string(n.dir.join("operator.cookie")).unwrap();
     let mut headers = reqwest::header::HeaderMap::new();

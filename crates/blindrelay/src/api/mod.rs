@@ -1,11 +1,11 @@
 //! The two listeners: the public relay listener (`--listen`: descriptor and relay) and the
 //! operator listener (`--operator`, loopback by default: send, inbox, status, metrics, probe).
-//! Both share the one process-wide [`Pipeline`] and its [`crate::context::Context`].
+//! Both take the node's handle, [`Relay`]: its [`crate::pipeline::Pipeline`], stores and [`crate::context::Context`].
 //!
 //! Handlers turn what the pipeline, the sender and the stores decide into responses; every
 //! error goes through [`ApiError`]. SQLite reads and the status document (whose locks may wait
-//! for a commit) run on blocking threads. Both listeners run [`serve::serve`]: header and idle
-//! timeouts, and capped connections per source.
+//! for a commit) run on blocking threads. Both listeners run [`serve::serve`] (the shared `listener`
+//! accept loop): header and idle timeouts, and capped connections per source.
 //!
 //! A relay request (`POST /v2/relay`, one v2 frame) has a body deadline: [`BODY_BASE`] plus its
 //! length at [`BODY_MIN_RATE`] (a declared `Content-Length` over the largest frame is refused at
@@ -23,12 +23,13 @@ mod error;
 mod fixed;
 pub mod serve;
 
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
-use axum::extract::{DefaultBodyLimit, Extension, Path, Query, Request, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Extension, Path, Query, Request, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -36,28 +37,28 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 pub use self::error::ApiError;
-use self::serve::PeerAddr;
-use crate::pipeline::{Answer, Pipeline};
+use crate::pipeline::Answer;
 use crate::proto::frame::MAX_FRAME;
 use crate::proto::from_hex;
 use crate::reason::Reason;
+use crate::relay::Relay;
 use crate::send::{self, Delivered};
 use crate::terminal::InboxItem;
 use crate::{probe, status};
 
 /// The public relay listener.
-pub fn public(pipeline: Arc<Pipeline>) -> Router {
+pub fn public(relay: Arc<Relay>) -> Router {
     Router::new()
         .route("/v1/descriptor", get(descriptor))
         .route("/v2/relay", post(relay_request))
         .route("/v1/relay", post(v1_relay))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .with_state(pipeline)
+        .with_state(relay)
 }
 
 /// The operator listener: every path needs the operator `cookie` ([`cookie::require`]).
-pub fn operator(pipeline: Arc<Pipeline>, cookie: cookie::Cookie) -> Router {
+pub fn operator(relay: Arc<Relay>, cookie: cookie::Cookie) -> Router {
     Router::new()
         .route("/v1/send", post(send_message))
         .route("/v1/inbox", get(inbox_list))
@@ -73,7 +74,7 @@ pub fn operator(pipeline: Arc<Pipeline>, cookie: cookie::Cookie) -> Router {
             cookie,
             cookie::require,
         ))
-        .with_state(pipeline)
+        .with_state(relay)
 }
 
 async fn not_found() -> ApiError {
@@ -93,8 +94,8 @@ async fn blocking<T: Send + 'static>(
         .map_err(|_| ApiError::Internal)
 }
 
-async fn descriptor(State(pipeline): State<Arc<Pipeline>>) -> Response {
-    let ctx = pipeline.ctx();
+async fn descriptor(State(relay): State<Arc<Relay>>) -> Response {
+    let ctx = relay.ctx();
     Json(ctx.node.descriptor(ctx.clock.unix())).into_response()
 }
 
@@ -111,10 +112,13 @@ pub fn body_deadline(len: u64) -> Duration {
 /// `POST /v1/relay`: the v1 protocol is not accepted. The source's cheap budget is charged
 /// first, so the refusal costs no more than any other cheap one; the body is never read.
 async fn v1_relay(
-    State(pipeline): State<Arc<Pipeline>>,
-    peer: Option<Extension<PeerAddr>>,
+    State(relay): State<Arc<Relay>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
 ) -> Result<Response, ApiError> {
-    let ip = peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |Extension(p)| p.0);
+    let pipeline = relay.pipeline();
+    let ip = peer.map_or(IpAddr::from([0, 0, 0, 0]), |Extension(ConnectInfo(p))| {
+        p.ip()
+    });
     let source = pipeline.classify(ip);
     pipeline.cheap(&source)?;
     Err(pipeline.refuse(Reason::V1NotAccepted).into())
@@ -124,11 +128,14 @@ async fn v1_relay(
 /// checked; the body read within its deadline and capped; then the pipeline (admission once
 /// the body is framed).
 async fn relay_request(
-    State(pipeline): State<Arc<Pipeline>>,
-    peer: Option<Extension<PeerAddr>>,
+    State(relay): State<Arc<Relay>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     req: Request,
 ) -> Result<Response, ApiError> {
-    let ip = peer.map_or(std::net::IpAddr::from([0, 0, 0, 0]), |Extension(p)| p.0);
+    let pipeline = relay.pipeline();
+    let ip = peer.map_or(IpAddr::from([0, 0, 0, 0]), |Extension(ConnectInfo(p))| {
+        p.ip()
+    });
     let source = pipeline.classify(ip);
     pipeline.cheap(&source)?;
     let declared = req
@@ -158,7 +165,7 @@ async fn relay_request(
     // Not over when the previous hop must have its answer: `route_in_flight`, which it may
     // retry; the request goes on and its final answer is stored for that retry.
     let answer_by = admitted.answer_by();
-    let p = Arc::clone(&pipeline);
+    let p = Arc::clone(pipeline);
     let mut task = tokio::spawn(async move { p.process(admitted).await });
     match tokio::time::timeout_at(answer_by, &mut task).await {
         // Refused after admission (steps 2–8), the body was read and judged: the connection
@@ -197,14 +204,14 @@ pub struct Sent {
 }
 
 async fn send_message(
-    State(pipeline): State<Arc<Pipeline>>,
+    State(relay): State<Arc<Relay>>,
     query: Result<Query<SendQuery>, QueryRejection>,
     body: Result<Bytes, BytesRejection>,
 ) -> Result<Json<Sent>, ApiError> {
     let Query(q) = query?;
     let body = body?;
     let to = from_hex::<32>(&q.to).ok_or(ApiError::BadNodeId)?;
-    let delivery = send::send(pipeline.ctx(), to, q.hops, body.to_vec()).await?;
+    let delivery = send::send(relay.ctx(), to, q.hops, body.to_vec()).await?;
     Ok(Json(Sent {
         delivered: true,
         delivery,
@@ -218,8 +225,8 @@ pub struct InboxList {
     pub items: Vec<InboxItem>,
 }
 
-async fn inbox_list(State(pipeline): State<Arc<Pipeline>>) -> Result<Json<InboxList>, ApiError> {
-    let inbox = Arc::clone(pipeline.terminal().inbox());
+async fn inbox_list(State(relay): State<Arc<Relay>>) -> Result<Json<InboxList>, ApiError> {
+    let inbox = Arc::clone(relay.terminal().inbox());
     let items = blocking(move || inbox.list())
         .await?
         .map_err(|_| ApiError::InboxUnavailable)?;
@@ -227,11 +234,11 @@ async fn inbox_list(State(pipeline): State<Arc<Pipeline>>) -> Result<Json<InboxL
 }
 
 async fn inbox_item(
-    State(pipeline): State<Arc<Pipeline>>,
+    State(relay): State<Arc<Relay>>,
     id: Result<Path<u64>, PathRejection>,
 ) -> Result<Response, ApiError> {
     let Path(id) = id?;
-    let inbox = Arc::clone(pipeline.terminal().inbox());
+    let inbox = Arc::clone(relay.terminal().inbox());
     match blocking(move || inbox.get(id)).await? {
         Ok(Some(bytes)) => Ok((
             [(header::CONTENT_TYPE, "application/octet-stream")],
@@ -253,16 +260,16 @@ pub struct Deleted {
 }
 
 async fn inbox_delete(
-    State(pipeline): State<Arc<Pipeline>>,
+    State(relay): State<Arc<Relay>>,
     id: Result<Path<u64>, PathRejection>,
 ) -> Result<Json<Deleted>, ApiError> {
     let Path(id) = id?;
-    let terminal = pipeline.terminal().clone();
+    let terminal = relay.terminal().clone();
     match blocking(move || terminal.remove(id)).await? {
         Ok(Some(size)) => {
-            let c = &pipeline.ctx().counters;
+            let c = &relay.ctx().counters;
             c.inbox_removed.inc();
-            c.last_inbox_freed_at.set(pipeline.ctx().clock.unix());
+            c.last_inbox_freed_at.set(relay.ctx().clock.unix());
             Ok(Json(Deleted { deleted: id, size }))
         }
         Ok(None) => Err(ApiError::NotFound("no such item")),
@@ -271,13 +278,13 @@ async fn inbox_delete(
 }
 
 async fn status_document(
-    State(pipeline): State<Arc<Pipeline>>,
+    State(relay): State<Arc<Relay>>,
 ) -> Result<Json<status::Document>, ApiError> {
-    Ok(Json(blocking(move || status::document(&pipeline)).await?))
+    Ok(Json(blocking(move || status::document(&relay)).await?))
 }
 
-async fn metrics(State(pipeline): State<Arc<Pipeline>>) -> Result<Response, ApiError> {
-    let text = blocking(move || status::metrics::render(&pipeline)).await?;
+async fn metrics(State(relay): State<Arc<Relay>>) -> Result<Response, ApiError> {
+    let text = blocking(move || status::metrics::render(&relay)).await?;
     Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response())
 }
 
@@ -293,8 +300,8 @@ struct ProbeCounts {
 }
 
 /// Runs a probe round now (the periodic one runs every `--probe-interval`).
-async fn probe_now(State(pipeline): State<Arc<Pipeline>>) -> Json<ProbeCounts> {
-    let ctx = pipeline.ctx();
+async fn probe_now(State(relay): State<Arc<Relay>>) -> Json<ProbeCounts> {
+    let ctx = relay.ctx();
     probe::round(ctx).await;
     let s = ctx.counters.snapshot();
     Json(ProbeCounts {

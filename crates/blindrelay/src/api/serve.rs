@@ -1,40 +1,38 @@
-//! The accept loop both listeners run (instead of `axum::serve`, which has few knobs): hyper's
-//! HTTP/1 connection builder with a header timeout, and a bounded table of open connections.
+//! Both listeners run the shared [`listener`] accept loop (hyper's HTTP/1 connection builder
+//! with a header timeout, a bounded table of open connections, a bounded stop), configured here.
 //!
 //! - **Header timeout** ([`HEADER_TIMEOUT`], `--header-timeout`): a connection that has not sent
 //!   a complete request head within it is closed. hyper starts this timer whenever it waits for
 //!   a head, on a new connection and between two requests of a kept-alive one, so it is the idle
-//!   timeout too.
+//!   timeout too (`connections_timed_out`).
 //! - **Connections** ([`CONNECTIONS`], `--max-connections`): at most this many open, at most
 //!   [`CONNECTIONS_PER_SOURCE`] per source, and [`CONNECTIONS_RESERVED`] of them only for known
-//!   sources (`crate::sources`). A connection over a cap is closed at once, before anything is
+//!   sources (`crate::sources`: a source is an address block or a known peer, counted in a
+//!   [`Connections`] table). A connection over a cap is closed at once, before anything is
 //!   read (`connections_refused`).
 //! - The body's deadline is the relay handler's (`api::relay_request`).
 //! - **TLS** (the public listener, `crate::links`): the TLS 1.3 handshake must end within the
 //!   header timeout too; a slow or half-open handshake is closed then and counted as a timed
 //!   out connection. The connection caps above are taken before the handshake starts.
+//! - **Stop**: kept-alive connections close after their request in flight; [`DRAIN`] later
+//!   every connection left is dropped.
 //!
-//! Each request carries its peer's address ([`PeerAddr`]) for the handler to classify; nothing
-//! here logs an address.
+//! Each request carries its peer's address (axum's `ConnectInfo<SocketAddr>`) for the handler
+//! to classify; nothing here logs an address.
 
-use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::Request;
-use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::net::TcpListener;
+use listener::{Admit, Closed, Config, Hooks, Limits, Listener, Refusal, Refused, Wrap};
+use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
-use tower::ServiceExt;
 
 use crate::pipeline::Pipeline;
-use crate::sources::{CountLimits, CountTable};
+use crate::sources::{CountLimits, CountRefusal, CountTable, Held};
 
 /// A request head must arrive within this (also the idle timeout between requests).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -44,12 +42,10 @@ pub const CONNECTIONS: usize = 1024;
 pub const CONNECTIONS_PER_SOURCE: usize = 32;
 /// Open connections only known sources may take.
 pub const CONNECTIONS_RESERVED: usize = 128;
-/// Longest wait for open connections to finish at shutdown.
+/// Longest wait for open connections to finish at shutdown, before they are dropped.
 const DRAIN: Duration = Duration::from_secs(2);
-
-/// The peer address of the connection a request came on.
-#[derive(Debug, Clone, Copy)]
-pub struct PeerAddr(pub IpAddr);
+/// Pause after an accept error (out of descriptors): lets the table drain a moment.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(10);
 
 /// A listener's limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,21 +69,12 @@ impl Default for ListenConfig {
     }
 }
 
-/// The open connections of a listener.
-#[derive(Debug, Clone)]
-pub struct Connections {
-    table: CountTable,
-}
-
-impl Connections {
-    /// Connections open now.
-    pub fn open(&self) -> usize {
-        self.table.held()
-    }
-}
+/// The open connections of a listener, counted per source ([`CountTable::held`]: open now).
+pub type Connections = CountTable;
 
 /// Serves `router` on `listener` until `cancel`, then lets open connections finish (at most
-/// [`DRAIN`]). Connections are classified and counted by `pipeline`'s sources and counters.
+/// [`DRAIN`]). Connections are classified by `pipeline`'s sources, counted in `connections`
+/// and in its counters; with `tls`, each is a TLS connection.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -97,89 +84,92 @@ pub async fn serve(
     tls: Option<TlsAcceptor>,
     cancel: CancellationToken,
 ) {
-    let tracker = TaskTracker::new();
-    loop {
-        let accepted = tokio::select! {
-            () = cancel.cancelled() => break,
-            a = listener.accept() => a,
-        };
-        let (stream, addr) = match accepted {
-            Ok(a) => a,
-            Err(_) => {
-                // Out of descriptors or a transient error: let the table drain a moment.
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
-        };
-        let source = pipeline.classify(addr.ip());
-        let Ok(held) = connections.table.acquire(source.key()) else {
-            pipeline.ctx().counters.connections_refused.inc();
-            drop(stream);
-            continue;
-        };
-        let (router, pipeline, cancel) = (router.clone(), Arc::clone(&pipeline), cancel.clone());
-        let tls = tls.clone();
-        tracker.spawn(async move {
-            let _ = stream.set_nodelay(true);
-            let served = match tls {
-                None => connection(stream, addr, router, config, cancel).await,
-                Some(tls) => {
-                    match tokio::time::timeout(config.header_timeout, tls.accept(stream)).await {
-                        Ok(Ok(stream)) => connection(stream, addr, router, config, cancel).await,
-                        // A failed handshake is not a timeout: the peer went away or spoke
-                        // something else.
-                        Ok(Err(_)) => true,
-                        Err(_) => false,
-                    }
-                }
-            };
-            if !served {
-                pipeline.ctx().counters.connections_timed_out.inc();
-            }
-            drop(held);
-        });
-    }
-    tracker.close();
-    let _ = tokio::time::timeout(DRAIN, tracker.wait()).await;
-}
-
-/// One connection until it closes; false if it was closed for its header timeout.
-async fn connection<S>(
-    stream: S,
-    addr: SocketAddr,
-    router: Router,
-    config: ListenConfig,
-    cancel: CancellationToken,
-) -> bool
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-{
-    let peer = PeerAddr(addr.ip());
-    let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
-        req.extensions_mut().insert(peer);
-        let router = router.clone();
-        async move { Ok::<_, Infallible>(router.oneshot(req).await.unwrap_or_else(|e| match e {})) }
-    });
-    let mut builder = hyper::server::conn::http1::Builder::new();
-    builder
-        .timer(TokioTimer::new())
-        .header_read_timeout(config.header_timeout)
-        .keep_alive(true);
-    let conn = builder.serve_connection(TokioIo::new(stream), service);
-    tokio::pin!(conn);
-    let result = tokio::select! {
-        r = conn.as_mut() => r,
-        () = cancel.cancelled() => {
-            conn.as_mut().graceful_shutdown();
-            conn.as_mut().await
-        }
+    let shared = Config {
+        header_timeout: config.header_timeout,
+        conn_deadline: None,
+        keep_alive: true,
+        max_head: listener::HYPER_MAX_HEAD,
+        grace: DRAIN,
+        accept_backoff: ACCEPT_BACKOFF,
     };
-    !matches!(result, Err(e) if e.is_timeout())
+    let counting = Counting(Arc::clone(&pipeline));
+    let admit = Sources {
+        pipeline,
+        table: connections,
+    };
+    let served = Listener::new(shared, admit).with_hooks(counting);
+    match tls {
+        None => served.serve(listener, router, cancel).await,
+        Some(tls) => {
+            served
+                .serve_wrapped(listener, router, Tls(tls), cancel)
+                .await;
+        }
+    }
 }
 
 /// The connection table for `config`.
 pub fn connections(config: &ListenConfig) -> Connections {
-    Connections {
-        table: CountTable::new(config.connections),
+    CountTable::new(config.connections)
+}
+
+/// A connection counted in the table under its source (`Pipeline::classify`).
+#[derive(Debug)]
+struct Sources {
+    pipeline: Arc<Pipeline>,
+    table: CountTable,
+}
+
+impl Admit for Sources {
+    type Slot = Held;
+
+    fn admit(&self, peer: SocketAddr) -> Result<Held, Refusal> {
+        let source = self.pipeline.classify(peer.ip());
+        self.table.acquire(source.key()).map_err(|r| match r {
+            CountRefusal::Source => Refusal::Source,
+            CountRefusal::Total => Refusal::Total,
+        })
+    }
+
+    fn held(&self) -> usize {
+        self.table.held()
+    }
+
+    fn limits(&self) -> Limits {
+        let l = self.table.limits();
+        Limits {
+            total: l.total,
+            per_source: l.per_source,
+            reserved: l.reserved,
+        }
+    }
+}
+
+/// `connections_refused` and `connections_timed_out` (the header timeout, or a handshake not
+/// over within it; a failed handshake is not a timeout: the peer went away or spoke something
+/// else).
+#[derive(Debug)]
+struct Counting(Arc<Pipeline>);
+
+impl Hooks for Counting {
+    fn refused(&self, _refused: &Refused) {
+        self.0.ctx().counters.connections_refused.inc();
+    }
+
+    fn closed(&self, _peer: SocketAddr, how: &Closed) {
+        if how.timed_out() {
+            self.0.ctx().counters.connections_timed_out.inc();
+        }
+    }
+}
+
+/// The links' TLS 1.3 handshake (`crate::links`).
+struct Tls(TlsAcceptor);
+
+impl Wrap for Tls {
+    type Stream = TlsStream<TcpStream>;
+
+    async fn wrap(&self, tcp: TcpStream) -> std::io::Result<TlsStream<TcpStream>> {
+        self.0.accept(tcp).await
     }
 }

@@ -1,12 +1,17 @@
-//! Step 3's framing, the cheap check run before step 1 admits a request: the body must be one
-//! v2 frame ([`crate::proto::frame`]) of a known class and exactly its class's length, checked
-//! before anything is copied. A v1 envelope (`BRE1…`) is refused as `v1_not_accepted`, never
-//! scored. The previous hop's signature is checked on a crypto slot ([`super::v2::check`]); a
-//! failure there is counted but never charged to the identity the frame claims: forged frames
-//! cannot quarantine an honest node.
+//! Step 3: authenticate the signed previous hop and the frame.
+//!
+//! Its framing is the cheap check run before step 1 admits a request ([`frame`]): the body must
+//! be one v2 frame ([`crate::proto::frame`]) of a known class and exactly its class's length,
+//! checked before anything is copied. A v1 envelope (`BRE1…`) is refused as
+//! `v1_not_accepted`, never scored.
+//!
+//! The previous hop's signature ([`previous_hop`]) is checked on a crypto slot; a failure there
+//! is counted but never charged to the identity the frame claims: forged frames cannot
+//! quarantine an honest node.
 
 use crate::proto::frame::Frame;
 use crate::proto::sphinx::FramingError;
+use crate::proto::{AuthError, NodeId};
 use crate::reason::Reason;
 
 /// The frame in `body`: the cheap check, run before the request gate admits it.
@@ -18,6 +23,19 @@ pub(super) fn frame(body: &[u8]) -> Result<Frame, Reason> {
         FramingError::V1Envelope => Reason::V1NotAccepted,
         _ => Reason::MalformedEnvelope,
     })
+}
+
+/// The previous hop of `frame`, authenticated: its signature verifies, and the frame is
+/// addressed to this node `me`.
+///
+/// # Errors
+/// `invalid_previous_hop` or `invalid_signature`.
+pub fn previous_hop(frame: &Frame, me: &NodeId) -> Result<NodeId, Reason> {
+    frame.verify(me).map_err(|e| match e {
+        AuthError::InvalidPreviousHop => Reason::InvalidPreviousHop,
+        AuthError::InvalidSignature => Reason::InvalidSignature,
+    })?;
+    Ok(frame.previous_hop)
 }
 
 #[cfg(test)]

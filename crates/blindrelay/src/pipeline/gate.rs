@@ -185,7 +185,7 @@ mod tests {
 
     #[test]
     fn in_flight_per_source_and_reserved_for_known_sources() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::Clock::System.instant();
         let gate = RequestGate::new(
             GateConfig {
                 per_minute: 60_000,
@@ -221,7 +221,7 @@ mod tests {
 
     #[test]
     fn known_sources_keep_their_share_under_a_flood() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::Clock::System.instant();
         let gate = RequestGate::new(GateConfig::default(), t0);
         // A flood from eight unknown sources spends the shared pool…
         for i in 0..8 {
@@ -234,7 +234,7 @@ mod tests {
 
     #[test]
     fn the_cheap_budget_is_per_source() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::Clock::System.instant();
         let gate = RequestGate::new(GateConfig::default(), t0);
         let ok = (0..1000).filter(|_| gate.cheap(net(1), t0).is_ok()).count();
         assert_eq!(ok, 2 * CHEAP_PER_SECOND as usize);

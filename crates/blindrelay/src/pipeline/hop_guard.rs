@@ -30,8 +30,9 @@ use guard::window::FixedWindow;
 use tracing::debug;
 
 use crate::counters::Counters;
+use crate::health::Health;
 use crate::proto::{NodeId, Prefix};
-use crate::reason::Reason;
+use crate::reason::{Blame, Reason};
 
 pub use crate::outbound::{HopRate, RATE_LIMIT, RATE_WINDOW};
 /// Scored failures that start a quarantine…
@@ -187,6 +188,36 @@ impl HopGuard {
         }
     }
 
+    /// A refusal `r` of the authenticated previous hop `prev`'s frame, blamed as
+    /// [`Reason::blame`] says: a reason the previous hop could have checked itself and on the
+    /// design's list is charged to it; its health notes only refusals of what it signed itself.
+    /// What the sender sealed, duplicates and this node's own state leave it untouched (its
+    /// contact is still noted). `now` is Unix seconds, `instant` the same moment on the
+    /// guard's clock.
+    pub(super) fn blame(
+        &self,
+        prev: &NodeId,
+        r: Reason,
+        (now, instant): (u64, Instant),
+        counters: &Counters,
+        health: &Health,
+    ) {
+        if r.is_charged() {
+            self.charge(prev, instant, counters);
+        }
+        match r.blame() {
+            Blame::PreviousHop | Blame::PreviousHopUnscored => {
+                health.record_refusal(prev, r, now);
+                // Its row is kept while the quarantine lasts, whatever fills the table.
+                let left = self.quarantine_left(prev, instant);
+                if left > 0 {
+                    health.record_quarantine(prev, now + left, now);
+                }
+            }
+            Blame::Sender | Blame::Nobody | Blame::ThisNode => health.record_contact(prev, now),
+        }
+    }
+
     fn admit(&self, hop: &NodeId, now: Instant) -> Verdict {
         match self.lock().check(hop, now) {
             Ok(v) => v,
@@ -259,7 +290,7 @@ mod tests {
 
     #[test]
     fn rate_limit_starts_a_quarantine_that_expires() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::Clock::System.instant();
         let g = HopGuard::default();
         for _ in 0..RATE_LIMIT {
             assert_eq!(g.admit(&id(1), t0), Verdict::Allowed);
@@ -284,7 +315,7 @@ mod tests {
 
     #[test]
     fn the_step_refuses_with_reasons_and_counts_quarantines() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::Clock::System.instant();
         let (g, c) = (HopGuard::default(), Counters::default());
         for _ in 0..RATE_LIMIT {
             assert_eq!(g.check(&id(1), t0, &c), Ok(()));
@@ -311,7 +342,7 @@ mod tests {
 
     #[test]
     fn the_window_resets() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::Clock::System.instant();
         let g = HopGuard::default();
         for _ in 0..RATE_LIMIT {
             g.admit(&id(1), t0);
@@ -334,7 +365,7 @@ mod tests {
 
     #[test]
     fn twelve_scored_failures_quarantine() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::Clock::System.instant();
         let g = HopGuard::default();
         assert_eq!(g.admit(&id(1), t0), Verdict::Allowed);
         for _ in 0..11 {
@@ -353,7 +384,7 @@ mod tests {
 
     #[test]
     fn idle_buckets_are_evicted_but_never_an_active_quarantine() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::Clock::System.instant();
         let g = HopGuard::new(16);
         // One quarantined identity…
         for _ in 0..=RATE_LIMIT {

@@ -1,71 +1,78 @@
-//! The admission pipeline, one file per design step, run in this order by [`Pipeline`]:
+//! The admission pipeline: one file per design step, run in order by [`Pipeline`], this file
+//! being only the sequencer.
 //!
 //! 1. [`gate`]: the request gate. Its cheap budget is charged before the body is read
 //!    ([`Pipeline::cheap`]); once the body is read (within its deadline, at the HTTP edge) and
-//!    framed (the cheap checks: size, framing), the request can be judged and takes its fair
-//!    share of the design's process-wide totals: a token of the admission rate and one of the
-//!    64 in-flight slots ([`Pipeline::admit`]);
+//!    framed (step 3's framing: size, class), the request takes its fair share of the design's
+//!    process-wide totals: a token of the admission rate and one of the 64 in-flight slots
+//!    ([`Pipeline::admit`]);
 //! 2. [`crypto`]: a crypto slot (inbound requests get all but one, strangers a share of those),
 //!    taken at once or refused at once: `backpressure`, or `source_limited` for a stranger
 //!    over its share;
-//! 3. [`authenticate`]: the v2 frame's framing (a v1 envelope is `v1_not_accepted`), then on the
-//!    crypto slot its previous hop's signature ([`v2`]);
-//! 4. [`hop_guard`]: the previous-hop rate limit and quarantine;
-//! 5. to 7. [`v2`]: self-loop; the layer opens with this node's onion keys (peeled in place, the
-//!    same length out as in); its sealed expiry; the next hop from its slot (route loop), then
-//!    [`route`]: the next hop's v2 descriptor; then [`reserve`]: the layer's replay tag reserved
-//!    through its expiry plus the skew;
-//! 8. forward the peeled packet in a frame signed by this node ([`crate::forward`], with
-//!    retries), or deliver at the terminal ([`crate::terminal`]); then [`reserve`] records the
-//!    answer for duplicates.
+//! 3. [`authenticate`]: the frame's framing (a v1 envelope is `v1_not_accepted`), then on the
+//!    crypto slot its previous hop's signature;
+//! 4. [`hop_guard`]: the previous-hop rate limit and quarantine, and the blame of what a
+//!    previous hop sent;
+//! 5. [`freshness`]: this node's layer opened (peeled in place, the same length out as in) and
+//!    its sealed expiry checked;
+//! 6. [`self_loop`]: the previous hop is not this node (checked before step 5: it needs no key);
+//! 7. [`route`]: the route loop and the next hop's v2 descriptor; then [`reserve`]: the layer's
+//!    replay tag reserved through its expiry plus the skew;
+//! 8. [`deliver`]: forward the peeled packet in a frame signed by this node
+//!    ([`crate::forward`], with retries), or deliver at the terminal ([`crate::terminal`]);
+//!    then [`reserve`] records the answer for duplicates.
 //!
-//! Steps 3–7 up to the reservation are CPU work (a signature check, a Sphinx layer, and the
-//! signing of what step 8 sends: the next frame or the sealed receipt); they run on a
-//! blocking thread while the crypto slot is held. The slot is given back before any disk work
-//! (the reservation, the inbox, the replay record, each a SQLite commit) and before any
-//! network work (the forward). The disk work that follows the checks runs on the same
-//! blocking thread once the slot is given back: the reservation, and at the terminal the inbox
-//! and the replay record, take no second hop off the reactor (each hop is a thread wake-up
-//! there and back); a forward's replay record runs on a blocking thread of its own once the
-//! next hop answered.
+//! Each step is a function of its input and the time that returns its output or a [`Reason`].
+//! Steps 3–7 up to the reservation, and the signing of what step 8 sends, are CPU work
+//! ([`check_frame`] and [`deliver::prepare`]); they run on a blocking thread while the crypto
+//! slot is held. The slot is given back before any disk work (the reservation, the inbox, the
+//! replay record, each a SQLite commit) and before any network work (the forward). The disk
+//! work that follows the checks runs on the same blocking thread once the slot is given back
+//! (each hop off the reactor is a thread wake-up there and back); a forward's replay record
+//! runs on a blocking thread of its own once the next hop answered.
 //!
-//! Every step returns a decision: go on, or a [`Reason`]. A refusal after authentication is
-//! blamed as [`Reason::blame`] says: only what the previous hop signed itself is charged to it
+//! A refusal after authentication is blamed as [`Reason::blame`] says
+//! ([`hop_guard::HopGuard::blame`]): only what the previous hop signed itself is charged to it
 //! (the design's scored list, less what the sender sealed) or noted in its health.
-//! [`Pipeline::process`] ends with an [`Answer`] or a [`Reason`]; the HTTP edge
-//! (`api`) turns them into responses. Each request bumps `received` and exactly one
-//! outcome counter.
+//! [`Pipeline::process`] ends with an [`Answer`] or a [`Reason`]; the HTTP edge (`api`) turns
+//! them into responses. Each request bumps `received` and exactly one outcome counter
+//! ([`answer`]).
 
+pub mod answer;
 pub mod authenticate;
 pub mod crypto;
+pub mod deliver;
+pub mod freshness;
 pub mod gate;
 pub mod hop_guard;
 pub mod reserve;
 pub mod route;
-pub mod v2;
+pub mod self_loop;
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tracing::{debug, trace};
+use tracing::trace;
+use x25519_dalek::StaticSecret;
 
+pub use self::answer::{Answer, wire};
+use self::deliver::Next;
 use self::gate::{GateConfig, RequestGate};
 use self::hop_guard::HopGuard;
 use self::reserve::Reserved;
-use crate::api::serve::Connections;
+pub use self::route::HopNext;
+use crate::clock::Instant;
 use crate::context::{self, Context};
-use crate::forward::{self, Forwarded, NextHopSlot};
-use crate::health::Bucket;
+use crate::forward::{self, NextHopSlot};
 use crate::outbound::Turn;
-use crate::proto::answer::{Accepted, ErrorBody, Outcome};
 use crate::proto::frame::Frame;
-use crate::proto::sphinx::ReplayTag;
+use crate::proto::sphinx::{self, ReplayTag};
 use crate::proto::{NodeId, Prefix};
-use crate::reason::{Blame, Reason};
-use crate::replay::{Digest, ReplayRegistry, StoredResponse};
+use crate::reason::Reason;
+use crate::replay::{Digest, ReplayRegistry};
 use crate::sources::{Classifier, Grouping, Source};
-use crate::terminal::{self, Terminal, Undelivered};
+use crate::terminal::Terminal;
 
 /// Of a request's deadline, what is kept back to record its answer and reply.
 const FINISH_MARGIN: Duration = Duration::from_millis(250);
@@ -78,68 +85,74 @@ pub struct Admitted {
     source: Source,
     /// When the previous hop must have its answer ([`forward::HOP_DEADLINE`]: a hop does not
     /// know how many hops follow it).
-    answer_by: tokio::time::Instant,
+    answer_by: Instant,
     /// When everything this hop does for it must be over: a forward still waiting for its next
     /// hop at `answer_by` goes on until then ([`forward::LATE_DEADLINE`]), so the answer stored
     /// is the next hop's, not a failure of this hop's impatience.
-    deadline: tokio::time::Instant,
+    deadline: Instant,
 }
 
 impl Admitted {
     /// When the previous hop must have its answer: if the request is not over by then, it is
     /// answered `503 route_in_flight` (retryable) while it goes on to its deadline, and its
     /// final answer is stored for the retry.
-    pub fn answer_by(&self) -> tokio::time::Instant {
+    pub fn answer_by(&self) -> Instant {
         self.answer_by
     }
 }
 
-/// What an admitted request is answered with, unless it is refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Answer {
-    /// This node is the terminal: the payload is stored (a probe's is not), the receipt sealed.
-    Delivered {
-        /// Hex of the sealed receipt.
-        receipt: String,
-        /// Another node's probe: answered, not stored, not user traffic.
-        probe: bool,
-    },
-    /// The next hop accepted: its receipt, passed back.
-    Forwarded {
-        /// Hex of the sealed receipt.
-        receipt: String,
-    },
-    /// A duplicate of a completed request: its stored answer, as first sent.
-    Replayed(StoredResponse),
+/// A frame that passed steps 3–7 up to the reservation ([`check_frame`]).
+#[derive(Debug)]
+pub struct HopChecked {
+    /// The authenticated previous hop.
+    pub prev: NodeId,
+    /// The layer's replay tag: the reservation's key, whatever frame carries the layer.
+    pub tag: ReplayTag,
+    /// SHA-256 of previous hop and packet: a retry of the same frame has the same digest.
+    pub digest: Digest,
+    /// The layer's expiry (Unix seconds).
+    pub expires_at: u64,
+    /// Keep the tag reserved through this second: `expires_at` + [`sphinx::EXPIRY_SKEW`], after
+    /// which the layer is refused anyway.
+    pub keep_through: u64,
+    /// Step 8.
+    pub next: HopNext,
 }
 
-impl Answer {
-    /// The HTTP status and JSON body (`docs/blindrelay-protocol.md`).
-    pub fn wire(&self) -> (u16, Vec<u8>) {
-        let accepted = |outcome, receipt: &str| Accepted {
-            outcome,
-            receipt: receipt.to_owned(),
-        };
-        match self {
-            Answer::Delivered { receipt, .. } => {
-                (200, accepted(Outcome::Delivered, receipt).to_json())
-            }
-            Answer::Forwarded { receipt } => (200, accepted(Outcome::Forwarded, receipt).to_json()),
-            Answer::Replayed(stored) => (stored.status, stored.body.clone()),
-        }
-    }
+/// Steps 3–7 up to the reservation for `frame` at node `me` holding `secrets` (current onion key
+/// first), at `now`: CPU work only. `prev` is set once the previous hop is authenticated, so a
+/// refusal after it can be blamed; `guard` (step 4) is asked about it before any other work.
+///
+/// # Errors
+/// `invalid_previous_hop`, `invalid_signature`, the guard's refusal, `self_loop`,
+/// `onion_peel_failed`, `timestamp_expired`, `timestamp_in_future` or `route_loop`.
+pub fn check_frame(
+    me: &NodeId,
+    secrets: &[&StaticSecret],
+    frame: Frame,
+    now: u64,
+    prev: &mut Option<NodeId>,
+    guard: impl FnOnce(&NodeId) -> Result<(), Reason>,
+) -> Result<HopChecked, Reason> {
+    let from = authenticate::previous_hop(&frame, me)?;
+    *prev = Some(from);
+    guard(&from)?;
+    self_loop::check(&from, me)?;
+    let digest = frame.request_digest();
+    let mut packet = frame.packet;
+    let opened = freshness::open(secrets, &mut packet, now)?;
+    let next = route::next(opened.slot, packet, &from, me)?;
+    Ok(HopChecked {
+        prev: from,
+        tag: opened.tag,
+        digest,
+        expires_at: opened.expires_at,
+        keep_through: opened.expires_at.saturating_add(sphinx::EXPIRY_SKEW),
+        next,
+    })
 }
 
-/// The HTTP status and JSON body of an answer or a refusal, as sent and as the replay registry
-/// keeps it.
-pub fn wire(verdict: &Result<Answer, Reason>) -> (u16, Vec<u8>) {
-    match verdict {
-        Ok(answer) => answer.wire(),
-        Err(r) => (r.status(), ErrorBody::code(r.as_str()).to_json()),
-    }
-}
-
-/// What steps 3–7 found, up to the reservation.
+/// What steps 3–7 found, up to the reservation, with step 8 prepared.
 struct Checked {
     /// The authenticated previous hop.
     prev: NodeId,
@@ -152,22 +165,6 @@ struct Checked {
     keep_through: u64,
     /// What step 8 does, already signed.
     next: Next,
-}
-
-/// Step 8, prepared.
-enum Next {
-    /// Post `frame` (signed by this node) to `endpoint`.
-    Forward {
-        endpoint: String,
-        next_hop: NodeId,
-        frame: Vec<u8>,
-    },
-    /// Store `payload` (unless a probe), then release `receipt`.
-    Terminal {
-        payload: Vec<u8>,
-        receipt: String,
-        probe: bool,
-    },
 }
 
 /// Where a request stands when its blocking work is over.
@@ -194,14 +191,14 @@ struct Forwarding {
     _next_hop_slot: NextHopSlot,
 }
 
-/// The inbound pipeline: its own state (gate, sources, guard, replay registry, terminal) over
-/// the shared context.
+/// The inbound pipeline: admits and processes relay requests. Its own state (gate, sources,
+/// previous-hop guard, strangers' crypto share) over the shared context, the replay registry
+/// and the terminal.
 #[derive(Debug)]
 pub struct Pipeline {
     ctx: Arc<Context>,
     gate: RequestGate,
     sources: Classifier,
-    connections: Connections,
     hops: HopGuard,
     strangers: Arc<crypto::Strangers>,
     replay: Arc<ReplayRegistry>,
@@ -210,19 +207,17 @@ pub struct Pipeline {
 
 impl Pipeline {
     /// A pipeline over `ctx`: the request gate's `gate` settings, sources grouped by
-    /// `grouping`, the relay listener's `connections`, reservations in `replay`, deliveries through `terminal`.
+    /// `grouping`, reservations in `replay`, deliveries through `terminal`.
     pub fn new(
         ctx: Arc<Context>,
         gate: GateConfig,
         grouping: Grouping,
-        connections: Connections,
         replay: Arc<ReplayRegistry>,
         terminal: Terminal,
     ) -> Self {
         Pipeline {
             gate: RequestGate::new(gate, ctx.clock.instant()),
             sources: Classifier::new(grouping, Arc::clone(&ctx.peers)),
-            connections,
             hops: HopGuard::with_rate(hop_guard::MAX_BUCKETS, ctx.hop_rate),
             strangers: crypto::Strangers::new(ctx.crypto.limit()),
             ctx,
@@ -236,7 +231,7 @@ impl Pipeline {
         &self.ctx
     }
 
-    /// The previous-hop guard.
+    /// The previous-hop guard (step 4).
     pub fn hops(&self) -> &HopGuard {
         &self.hops
     }
@@ -246,24 +241,9 @@ impl Pipeline {
         &self.strangers
     }
 
-    /// The replay registry.
-    pub fn replay(&self) -> &ReplayRegistry {
-        &self.replay
-    }
-
-    /// The terminal.
-    pub fn terminal(&self) -> &Terminal {
-        &self.terminal
-    }
-
-    /// The request gate.
+    /// The request gate (step 1).
     pub fn gate(&self) -> &RequestGate {
         &self.gate
-    }
-
-    /// The relay listener's open connections.
-    pub fn connections(&self) -> &Connections {
-        &self.connections
     }
 
     /// Known and verified sources.
@@ -286,8 +266,7 @@ impl Pipeline {
             .map_err(|r| self.refuse(r))
     }
 
-    /// The cheap checks (size, framing) of the body read, then step 1's admission. Never
-    /// waits.
+    /// Step 3's framing of the body read (size, class), then step 1's admission. Never waits.
     ///
     /// # Errors
     /// `v1_not_accepted`, `malformed_envelope`, `source_limited` or `backpressure` (already
@@ -298,10 +277,11 @@ impl Pipeline {
             .gate
             .admit(source.key(), self.ctx.clock.instant())
             .map_err(|r| self.refuse(r))?;
+        let now = self.ctx.clock.now();
         Ok(Admitted {
             _slot: slot,
-            answer_by: tokio::time::Instant::now() + forward::HOP_DEADLINE,
-            deadline: tokio::time::Instant::now() + forward::LATE_DEADLINE,
+            answer_by: now + forward::HOP_DEADLINE,
+            deadline: now + forward::LATE_DEADLINE,
             frame,
             source: *source,
         })
@@ -311,6 +291,10 @@ impl Pipeline {
     pub fn refuse(&self, r: Reason) -> Reason {
         self.record(&Err(r));
         r
+    }
+
+    fn record(&self, verdict: &Result<Answer, Reason>) {
+        answer::record(&self.ctx.counters, verdict, self.ctx.clock.unix());
     }
 
     /// Steps 2–8 for an admitted request; counted. Its in-flight slot is held until the end.
@@ -334,7 +318,7 @@ impl Pipeline {
         self: &Arc<Self>,
         frame: Frame,
         source: &Source,
-        deadline: tokio::time::Instant,
+        deadline: Instant,
     ) -> Result<Answer, Reason> {
         // Step 2, then 3–7 on a blocking thread while the slot (and a stranger's share) is held;
         // then, the slot given back, the reservation on the same thread (and at the terminal,
@@ -362,12 +346,34 @@ impl Pipeline {
         // Step 8 (the next hop's slot held to the end), then the replay record.
         trace!(next = %Prefix(f.turn.hop()), "forwarding");
         let until = deadline.checked_sub(FINISH_MARGIN).unwrap_or(deadline);
-        let verdict = self
-            .forward(&f.endpoint, &f.tag, f.frame, until, f.turn)
-            .await;
+        let verdict =
+            deliver::forward(&self.ctx, &f.endpoint, &f.tag, f.frame, until, f.turn).await;
         let completed_at = self.ctx.clock.unix();
         reserve::complete(&self.replay, f.tag, f.digest, wire(&verdict), completed_at).await;
         verdict
+    }
+
+    /// Steps 3–7 (up to the reservation) and step 8's signing: CPU work only. `prev` is set
+    /// once the previous hop is authenticated.
+    fn check(
+        &self,
+        frame: Frame,
+        now: u64,
+        instant: std::time::Instant,
+        prev: &mut Option<NodeId>,
+    ) -> Result<Checked, Reason> {
+        let secrets = self.ctx.node.onion_secrets(now);
+        let refs: Vec<_> = secrets.iter().collect();
+        let guard = |p: &NodeId| self.hops.check(p, instant, &self.ctx.counters);
+        let c = check_frame(self.ctx.node.id(), &refs, frame, now, prev, guard)?;
+        Ok(Checked {
+            next: deliver::prepare(&self.ctx, &c.tag, c.next, now)?,
+            prev: c.prev,
+            tag: c.tag,
+            digest: c.digest,
+            now,
+            keep_through: c.keep_through,
+        })
     }
 
     /// What follows steps 3–7 on their blocking thread, with no crypto slot held (blocking:
@@ -380,7 +386,7 @@ impl Pipeline {
         prev: Option<NodeId>,
         checked: Result<Checked, Reason>,
         source: &Source,
-        instant: Instant,
+        instant: std::time::Instant,
     ) -> Result<Staged, Reason> {
         let c = checked.inspect_err(|r| self.refused(prev, *r, instant))?;
         let (next_hop_slot, turn) = self.next_hop(&c.next)?;
@@ -405,16 +411,7 @@ impl Pipeline {
                 return Err(r);
             }
         }
-        let now = self.ctx.clock.unix();
-        // A known peer, authenticated: its address is known from now on (a peer whose
-        // connections do not come from its descriptor's endpoint), and its health row is kept
-        // before strangers' ones.
-        if self.ctx.peers.descriptor(&c.prev, now).is_ok() {
-            self.ctx.health.record_known_contact(&c.prev, now);
-            self.sources.verified(source, self.ctx.clock.instant());
-        } else {
-            self.ctx.health.record_contact(&c.prev, now);
-        }
+        self.note_contact(&c.prev, source);
         let verdict = match (c.next, turn, next_hop_slot) {
             (
                 Next::Forward {
@@ -441,10 +438,23 @@ impl Pipeline {
                 },
                 _,
                 _,
-            ) => self.deliver(&payload, receipt, probe, c.now, source),
+            ) => deliver::store(&self.terminal, &payload, receipt, probe, c.now, source),
         };
         reserve::complete_now(&self.replay, c.tag, c.digest, wire(&verdict), c.now);
         Ok(Staged::Done(verdict))
+    }
+
+    /// An authenticated previous hop whose layer was reserved: a known peer's address is known
+    /// from now on (a peer whose connections do not come from its descriptor's endpoint), and
+    /// its health row is kept before strangers' ones.
+    fn note_contact(&self, prev: &NodeId, source: &Source) {
+        let now = self.ctx.clock.unix();
+        if self.ctx.peers.descriptor(prev, now).is_ok() {
+            self.ctx.health.record_known_contact(prev, now);
+            self.sources.verified(source, self.ctx.clock.instant());
+        } else {
+            self.ctx.health.record_contact(prev, now);
+        }
     }
 
     /// A forward's slot to its next hop and its place in the next hop's queue: a next hop with
@@ -470,184 +480,16 @@ impl Pipeline {
         Ok((Some(slot), Some(turn)))
     }
 
-    /// Steps 3–7 (up to the reservation) and the signing of step 8's output: CPU work only.
-    /// `prev` is set once the previous hop is authenticated.
-    fn check(
-        &self,
-        frame: Frame,
-        now: u64,
-        instant: Instant,
-        prev: &mut Option<NodeId>,
-    ) -> Result<Checked, Reason> {
-        let node = &self.ctx.node;
-        let secrets = node.onion_secrets(now);
-        let refs: Vec<_> = secrets.iter().collect();
-        let guard = |p: &NodeId| self.hops.check(p, instant, &self.ctx.counters);
-        let c = v2::check(node.id(), &refs, frame, now, prev, guard)?;
-        let next = match c.next {
-            v2::HopNext::Forward { next_hop, packet } => {
-                let endpoint = route::next_hop(&self.ctx, &next_hop, now)?;
-                let frame = Frame::sign(packet, node.signing_key(), &next_hop)
-                    .map_err(|_| Reason::ForwardFailed)?;
-                Next::Forward {
-                    endpoint,
-                    next_hop,
-                    frame: frame.encode(),
-                }
-            }
-            v2::HopNext::Terminal {
-                payload,
-                probe,
-                receipt_key,
-            } => Next::Terminal {
-                receipt: terminal::seal_receipt(
-                    node.signing_key(),
-                    &c.tag,
-                    &receipt_key,
-                    &payload,
-                    now,
-                ),
-                probe,
-                payload,
-            },
-        };
-        Ok(Checked {
-            prev: c.prev,
-            tag: c.tag,
-            digest: c.digest,
-            now,
-            keep_through: c.keep_through,
-            next,
-        })
-    }
-
-    /// A refusal of an authenticated previous hop's frame, blamed as [`Reason::blame`] says:
-    /// a reason the previous hop could have checked itself and on the design's list is charged
-    /// to it; its health notes only refusals of what it signed itself. What the sender sealed,
-    /// duplicates and this node's own state leave it untouched (its contact is still noted).
-    fn refused(&self, prev: Option<NodeId>, r: Reason, instant: Instant) {
+    /// A refusal of what the authenticated previous hop `prev` sent (none: not authenticated,
+    /// nobody to blame), blamed by step 4.
+    fn refused(&self, prev: Option<NodeId>, r: Reason, instant: std::time::Instant) {
         let Some(prev) = prev else { return };
-        let now = self.ctx.clock.unix();
-        if r.is_charged() {
-            self.hops.charge(&prev, instant, &self.ctx.counters);
-        }
-        match r.blame() {
-            Blame::PreviousHop | Blame::PreviousHopUnscored => {
-                self.ctx.health.record_refusal(&prev, r, now);
-                // Its row is kept while the quarantine lasts, whatever fills the table.
-                let left = self.hops.quarantine_left(&prev, instant);
-                if left > 0 {
-                    self.ctx.health.record_quarantine(&prev, now + left, now);
-                }
-            }
-            Blame::Sender | Blame::Nobody | Blame::ThisNode => {
-                self.ctx.health.record_contact(&prev, now);
-            }
-        }
-    }
-
-    /// Step 8 for a forward: the next hop with retries; its health.
-    async fn forward(
-        &self,
-        endpoint: &str,
-        tag: &ReplayTag,
-        frame: Vec<u8>,
-        deadline: tokio::time::Instant,
-        turn: Turn,
-    ) -> Result<Answer, Reason> {
         let ctx = &self.ctx;
-        let next_hop = &{ *turn.hop() };
-        let outcome = forward::post(
-            &ctx.http,
-            endpoint,
-            &frame,
-            tag,
-            &ctx.counters,
-            deadline,
-            turn,
-        )
-        .await;
         let now = ctx.clock.unix();
-        match outcome {
-            Forwarded::Accepted { receipt } => {
-                ctx.health.record_route(next_hop, true, now);
-                Ok(Answer::Forwarded { receipt })
-            }
-            Forwarded::Refused { status, reason } => {
-                ctx.health.record_refused(next_hop, status, reason, now);
-                Err(Reason::ForwardFailed)
-            }
-            Forwarded::Exhausted => {
-                ctx.health
-                    .record_route_reason(next_hop, false, Bucket::Transport, now);
-                ctx.counters.last_retry_exhausted_at.set(now);
-                Err(Reason::ForwardFailed)
-            }
-        }
-    }
-
-    /// Step 8 at the terminal: the payload committed (a probe's is not stored), then the
-    /// receipt released. Blocking (a SQLite commit).
-    fn deliver(
-        &self,
-        payload: &[u8],
-        receipt: String,
-        probe: bool,
-        now: u64,
-        source: &Source,
-    ) -> Result<Answer, Reason> {
-        if !probe {
-            self.terminal
-                .store(payload, now, source.key())
-                .map_err(|e| match e {
-                    Undelivered::Full => Reason::InboxFull,
-                    Undelivered::ShareExceeded => Reason::InboxShareExceeded,
-                    Undelivered::Failed => Reason::StateWriteFailed,
-                })?;
-        }
-        Ok(Answer::Delivered { receipt, probe })
-    }
-
-    /// Counts one request's end: `received` and exactly one outcome. Another node's probe is
-    /// not user traffic: it moves only `probes_answered`.
-    fn record(&self, verdict: &Result<Answer, Reason>) {
-        let c = &self.ctx.counters;
-        if let Ok(Answer::Delivered { probe: true, .. }) = verdict {
-            c.probes_answered.inc();
-            return;
-        }
-        let now = self.ctx.clock.unix();
-        c.received.inc();
-        c.last_event_at.set(now);
-        match verdict {
-            Err(r) => {
-                c.rejected.inc();
-                r.counter(c).inc();
-                match r {
-                    Reason::Backpressure => c.last_backpressure_at.set(now),
-                    Reason::ForwardFailed => c.last_forward_failed_at.set(now),
-                    Reason::InboxFull => c.last_inbox_full_at.set(now),
-                    Reason::ReplayCapacity => c.last_replay_full_at.set(now),
-                    Reason::NextHopBusy => c.last_next_hop_busy_at.set(now),
-                    _ if r.is_protection() => c.last_protection_at.set(now),
-                    _ => {}
-                }
-                debug!(reason = r.as_str(), "relay request refused");
-            }
-            Ok(Answer::Delivered { .. }) => {
-                c.terminal.inc();
-                c.last_accepted_at.set(now);
-                debug!("relay request delivered here");
-            }
-            Ok(Answer::Forwarded { .. }) => {
-                c.forwarded.inc();
-                c.last_accepted_at.set(now);
-                debug!("relay request forwarded");
-            }
-            Ok(Answer::Replayed(_)) => {
-                c.duplicate_route.inc();
-                debug!("duplicate_route: relay request answered from the replay registry");
-            }
-        }
+        self.hops
+            .blame(&prev, r, (now, instant), &ctx.counters, &ctx.health);
     }
 }
+
+#[cfg(test)]
+mod tests;

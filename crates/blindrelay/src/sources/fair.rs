@@ -177,7 +177,7 @@ mod tests {
 
     #[test]
     fn one_flooding_source_cannot_starve_a_polite_one() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::Clock::System.instant();
         let pool = FairPool::new(10.0, t0);
         // A source asking 100/s and one asking 1/s, for 20 s.
         let got = run(&pool, t0, &[(net(1), 100), (net(2), 1)], 20);
@@ -192,7 +192,7 @@ mod tests {
 
     #[test]
     fn eight_flooding_sources_share_and_a_newcomer_still_gets_in() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::Clock::System.instant();
         let pool = FairPool::new(10.0, t0);
         let mut sources: Vec<_> = (1..=8).map(|i| (net(i), 100)).collect();
         sources.push((net(99), 1));
@@ -210,7 +210,7 @@ mod tests {
 
     #[test]
     fn recovery_follows_the_load() {
-        let t0 = Instant::now();
+        let t0 = crate::clock::Clock::System.instant();
         let pool = FairPool::new(10.0, t0);
         // A flood from many sources drains the pool…
         for i in 1..=20 {

@@ -313,7 +313,7 @@ impl Drop for Held {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::{Clock, ManualClock};
+    use crate::clock::Clock;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -339,8 +339,8 @@ mod tests {
 
     #[test]
     fn verified_hops_are_known_by_exact_address_for_a_while() {
-        let clock = Clock::Manual(ManualClock::new(1_800_000_000));
-        let peers = Arc::new(Peers::new(vec![], true, clock.clone(), [0; 32]));
+        let clock = Clock::starting_at(1_800_000_000);
+        let peers = Arc::new(Peers::new(vec![], true, clock, [0; 32]));
         let c = Classifier::new(Grouping::default(), peers);
         let t0 = clock.instant();
         let s = c.classify(ip("198.51.100.7"), t0);

@@ -2,18 +2,18 @@
 
 use guard::counters::{Kind, PromText};
 
-use super::quality::{Status, quality};
+use super::quality::{Quality, Status, Stores, quality};
 use super::stores;
-use crate::pipeline::Pipeline;
+use crate::relay::Relay;
 
 /// The Prometheus text (`GET /metrics`): aggregates only, no label names a peer, route or
 /// address.
-pub fn render(pipeline: &Pipeline) -> String {
-    let ctx = pipeline.ctx();
+pub fn render(relay: &Relay) -> String {
+    let ctx = relay.ctx();
     let now = ctx.clock.unix();
     let c = &ctx.counters;
     let snap = c.snapshot();
-    let st = stores(pipeline, &snap, now);
+    let st = stores(relay, &snap, now);
     let q = quality(&snap, now, st);
     let mut out = PromText::new();
     out.counter_sets(&[(&[], c)]);
@@ -29,28 +29,33 @@ pub fn render(pipeline: &Pipeline) -> String {
             u64::from(q.status == st),
         );
     }
-    out.family(
-        "blindrelay_real_relay_ready",
-        Kind::Gauge,
-        "1 when a fresh client delivery receipt was verified.",
-    );
-    out.sample(
-        "blindrelay_real_relay_ready",
-        &[],
-        u64::from(q.real_relay_ready),
-    );
-    out.family(
-        "blindrelay_replay_live_routes",
-        Kind::Gauge,
-        "Routes reserved in the replay registry.",
-    );
-    out.sample(
-        "blindrelay_replay_live_routes",
-        &[],
-        pipeline.replay().live(now) as u64,
-    );
-    let inbox = pipeline.terminal().inbox();
-    let gauges: [(&str, &str, u64); 7] = [
+    for (name, help, v) in gauges(relay, &q, &st, now) {
+        out.family(name, Kind::Gauge, help);
+        out.sample(name, &[], v);
+    }
+    out.finish()
+}
+
+/// The gauges after the status: name, help, value.
+// structure: table
+fn gauges(
+    relay: &Relay,
+    q: &Quality,
+    st: &Stores,
+    now: u64,
+) -> [(&'static str, &'static str, u64); 11] {
+    let inbox = relay.terminal().inbox();
+    [
+        (
+            "blindrelay_real_relay_ready",
+            "1 when a fresh client delivery receipt was verified.",
+            u64::from(q.real_relay_ready),
+        ),
+        (
+            "blindrelay_replay_live_routes",
+            "Routes reserved in the replay registry.",
+            relay.replay().live(now) as u64,
+        ),
         (
             "blindrelay_replay_full",
             "1 while every replay slot holds a live route.",
@@ -74,42 +79,27 @@ pub fn render(pipeline: &Pipeline) -> String {
         (
             "blindrelay_in_flight",
             "Relay requests in flight.",
-            pipeline.gate().in_flight() as u64,
+            relay.pipeline().gate().in_flight() as u64,
         ),
         (
             "blindrelay_connections_open",
             "Open connections of the relay listener.",
-            pipeline.connections().open() as u64,
+            relay.connections().held() as u64,
         ),
         (
             "blindrelay_admission_sources",
             "Sources the request gate's rate pools remember (a count, no addresses).",
-            pipeline.gate().sources() as u64,
+            relay.pipeline().gate().sources() as u64,
         ),
-    ];
-    for (name, help, v) in gauges {
-        out.family(name, Kind::Gauge, help);
-        out.sample(name, &[], v);
-    }
-    out.family(
-        "blindrelay_peers_routable",
-        Kind::Gauge,
-        "Peers with a valid descriptor and an allowed endpoint.",
-    );
-    out.sample(
-        "blindrelay_peers_routable",
-        &[],
-        ctx.peers.routable(now).len() as u64,
-    );
-    out.family(
-        "blindrelay_guard_identities",
-        Kind::Gauge,
-        "Previous hops the guard remembers.",
-    );
-    out.sample(
-        "blindrelay_guard_identities",
-        &[],
-        pipeline.hops().len() as u64,
-    );
-    out.finish()
+        (
+            "blindrelay_peers_routable",
+            "Peers with a valid descriptor and an allowed endpoint.",
+            relay.ctx().peers.routable(now).len() as u64,
+        ),
+        (
+            "blindrelay_guard_identities",
+            "Previous hops the guard remembers.",
+            relay.pipeline().hops().len() as u64,
+        ),
+    ]
 }

@@ -17,8 +17,8 @@ use serde::{Deserialize, Serialize};
 pub use self::quality::{Evidence, ProofScope, Quality, Status, Stores};
 use crate::counters::Snapshot;
 use crate::health::Summary;
-use crate::pipeline::Pipeline;
 use crate::proto::Prefix;
+use crate::relay::Relay;
 use crate::replay::ReplayStore;
 
 /// The replay registry, as the document shows it.
@@ -153,8 +153,8 @@ impl<C> Document<C> {
 }
 
 /// The stores' state now, for `status`.
-pub fn stores(pipeline: &Pipeline, counters: &Snapshot, now: u64) -> Stores {
-    let inbox = pipeline.terminal().inbox();
+pub fn stores(relay: &Relay, counters: &Snapshot, now: u64) -> Stores {
+    let inbox = relay.terminal().inbox();
     let refused_since_freed = match (counters.last_inbox_full_at, counters.last_inbox_freed_at) {
         (Some(full), Some(freed)) => full > freed,
         (Some(_), None) => true,
@@ -162,14 +162,14 @@ pub fn stores(pipeline: &Pipeline, counters: &Snapshot, now: u64) -> Stores {
     };
     Stores {
         inbox_full: inbox.len() >= inbox.limits().0 || refused_since_freed,
-        replay_full: pipeline.replay().live(now) >= pipeline.replay().capacity(),
+        replay_full: relay.replay().live(now) >= relay.replay().capacity(),
     }
 }
 
 /// The whole status document now. Reads the replay registry's and the inbox's in-memory state
 /// (no disk read), but their locks may wait for a commit: call it off the async reactor.
-pub fn document(pipeline: &Pipeline) -> Document {
-    let ctx = pipeline.ctx();
+pub fn document(relay: &Relay) -> Document {
+    let ctx = relay.ctx();
     let now = ctx.clock.unix();
     let counters = ctx.counters.snapshot();
     let descriptors: HashMap<_, _> = ctx
@@ -178,19 +178,19 @@ pub fn document(pipeline: &Pipeline) -> Document {
         .into_iter()
         .map(|d| (d.node_id, d.expires_at))
         .collect();
-    let quarantines = pipeline.hops().quarantines(ctx.clock.instant());
+    let quarantines = relay.pipeline().hops().quarantines(ctx.clock.instant());
     let peer_health = ctx.health.summary(now, &descriptors, |id| {
         quarantines.get(id).copied().unwrap_or(0)
     });
-    let stores = stores(pipeline, &counters, now);
-    let inbox = pipeline.terminal().inbox();
+    let stores = stores(relay, &counters, now);
+    let inbox = relay.terminal().inbox();
     let (max_items, max_bytes) = inbox.limits();
     let runtime = Runtime {
         blind_relay: counters,
         replay: ReplayInfo {
-            store: pipeline.replay().kind(),
-            live_routes: pipeline.replay().live(now),
-            capacity: pipeline.replay().capacity(),
+            store: relay.replay().kind(),
+            live_routes: relay.replay().live(now),
+            capacity: relay.replay().capacity(),
             full: stores.replay_full,
         },
         peers: PeersInfo {
@@ -204,12 +204,12 @@ pub fn document(pipeline: &Pipeline) -> Document {
             max_items,
             max_bytes,
             full: stores.inbox_full,
-            sources: pipeline.terminal().sources(),
+            sources: relay.terminal().sources(),
         },
         admission: AdmissionInfo {
-            in_flight: pipeline.gate().in_flight(),
-            connections: pipeline.connections().open(),
-            sources: pipeline.gate().sources(),
+            in_flight: relay.pipeline().gate().in_flight(),
+            connections: relay.connections().held(),
+            sources: relay.pipeline().gate().sources(),
         },
         outbound: OutboundInfo {
             assumed_limit: ctx.pacer.rate().limit,

@@ -1,4 +1,5 @@
-//! The admission pipeline in process, with a hand-driven clock: nodes built by `daemon::build`
+//! The admission pipeline in process, on tokio's paused clock (each test is
+//! `#[tokio::test(start_paused = true)]` and moves time with `tokio::time::advance`): nodes built by `daemon::build`
 //! and served in this process on fresh 127.x.y.z addresses with ports from the OS, v2 frames
 //! built by hand (their fields may be tampered with), and requests submitted straight to the
 //! pipeline. Included by the in-process test files (`#[path = "common/inproc.rs"]`), not by
@@ -9,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use blindrelay::clock::{Clock, ManualClock};
+use blindrelay::clock::Clock;
 use blindrelay::context::Context;
 use blindrelay::counters::Snapshot;
 use blindrelay::daemon::{self, RelayConfig, RunConfig};
@@ -17,8 +18,9 @@ use blindrelay::pipeline::{Pipeline, wire};
 use blindrelay::proto::frame::Frame;
 use blindrelay::proto::sphinx::{self, Delivery, HopSpec, SizeClass};
 use blindrelay::proto::{NodeId, RouteId};
+use blindrelay::relay::Relay;
 use blindrelay::replay::ReplayStore;
-use blindrelay::send::v2::expiry;
+use blindrelay::send::wrap::expiry;
 use ed25519_dalek::SigningKey;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -39,6 +41,7 @@ pub fn fresh_ip() -> Ipv4Addr {
 
 /// One node running in this process.
 pub struct Node {
+    pub relay: Arc<Relay>,
     pub pipeline: Arc<Pipeline>,
     pub ctx: Arc<Context>,
     pub addr: SocketAddr,
@@ -87,7 +90,7 @@ pub async fn start_in(
     clock: &Clock,
     tweak: impl FnOnce(&mut RelayConfig),
     init: bool,
-) -> (Arc<Pipeline>, SocketAddr, SocketAddr, CancellationToken) {
+) -> (Arc<Relay>, SocketAddr, SocketAddr, CancellationToken) {
     let ip = fresh_ip();
     let public = TcpListener::bind((ip, 0)).await.unwrap();
     let operator = TcpListener::bind((ip, 0)).await.unwrap();
@@ -97,7 +100,8 @@ pub async fn start_in(
         blindrelay::node::init(dir, &format!("https://{addr}"), clock.unix()).unwrap();
     }
     let mut cfg = RelayConfig::new(true);
-    // The clock is frozen: a rate would never refill. The gate's own test sets its rate.
+    // The clock is paused: a rate would refill only as a test advances it. The gate's own test
+    // sets its rate.
     cfg.window_limit = 1_000_000;
     cfg.bind = Some(IpAddr::V4(ip));
     tweak(&mut cfg);
@@ -106,26 +110,27 @@ pub async fn start_in(
         peers: vec![],
         replay_store: ReplayStore::Sqlite,
         relay: cfg,
-        clock: clock.clone(),
+        clock: *clock,
         accept_lost_state: false,
     })
     .unwrap();
-    let pipeline = Arc::clone(&built.pipeline);
+    let relay = Arc::clone(&built.relay);
     let stop = CancellationToken::new();
     let s = stop.clone();
     tokio::spawn(daemon::serve(built, public, operator, async move {
         s.cancelled().await
     }));
-    (pipeline, addr, operator_addr, stop)
+    (relay, addr, operator_addr, stop)
 }
 
 pub async fn node(clock: &Clock, tweak: impl FnOnce(&mut RelayConfig)) -> Node {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("node");
-    let (pipeline, addr, operator, stop) = start_in(&dir, clock, tweak, true).await;
+    let (relay, addr, operator, stop) = start_in(&dir, clock, tweak, true).await;
     Node {
-        ctx: Arc::clone(pipeline.ctx()),
-        pipeline,
+        ctx: Arc::clone(relay.ctx()),
+        pipeline: Arc::clone(relay.pipeline()),
+        relay,
         addr,
         operator,
         dir,
@@ -134,9 +139,14 @@ pub async fn node(clock: &Clock, tweak: impl FnOnce(&mut RelayConfig)) -> Node {
     }
 }
 
-pub fn manual() -> (Arc<ManualClock>, Clock) {
-    let m = ManualClock::new(T0);
-    (Arc::clone(&m), Clock::Manual(m))
+/// A clock whose dates start at [`T0`] and move with tokio's (paused) clock.
+pub fn clock() -> Clock {
+    Clock::starting_at(T0)
+}
+
+/// Moves tokio's paused clock, and with it the node's dates, by `d`.
+pub async fn advance(d: std::time::Duration) {
+    tokio::time::advance(d).await;
 }
 
 pub fn key() -> SigningKey {
@@ -353,7 +363,7 @@ pub fn x25519_pub() -> [u8; 32] {
 }
 
 pub fn status_of(n: &Node) -> serde_json::Value {
-    serde_json::to_value(blindrelay::status::document(&n.pipeline)).unwrap()
+    serde_json::to_value(blindrelay::status::document(&n.relay)).unwrap()
 }
 
 pub async fn three(clock: &Clock) -> (Node, Node, Node) {

@@ -123,16 +123,16 @@ pub fn unix_now() -> u64 {
 }
 
 /// A v2 frame for `path` (the last descriptor is the terminal) carrying `payload`, signed by
-/// `key`, every layer expiring at `expires_at` (a sender's own is `send::v2::expiry(now)`).
+/// `key`, every layer expiring at `expires_at` (a sender's own is `send::wrap::expiry(now)`).
 pub fn craft(
     key: &ed25519_dalek::SigningKey,
     path: &[&blindrelay::proto::Descriptor],
     payload: &[u8],
     probe: bool,
     expires_at: u64,
-) -> blindrelay::send::v2::Wrapped {
+) -> blindrelay::send::wrap::Wrapped {
     let hops: Vec<blindrelay::send::Hop> = path.iter().map(|d| blindrelay::send::hop(d)).collect();
-    blindrelay::send::v2::wrap_expiring(&hops, payload, probe, expires_at, key).expect("wraps")
+    blindrelay::send::wrap::wrap_expiring(&hops, payload, probe, expires_at, key).expect("wraps")
 }
 
 /// Random bytes.

@@ -27,7 +27,7 @@ impl Hop {
     }
 
     fn check(&self, frame: Frame, now: u64) -> Result<HopChecked, Reason> {
-        check(
+        check_frame(
             &self.id(),
             &[&self.onion],
             frame,

@@ -1,4 +1,4 @@
-//! The sender's side of v2: wrapping a payload for a path into the first hop's frame.
+//! The sender's side of the onion: wrapping a payload for a path into the first hop's frame.
 //! [`super::deliver_along`] calls [`wrap`] and checks the receipt against
 //! [`Wrapped::terminal_tag`].
 //!
@@ -116,7 +116,7 @@ mod tests {
     use x25519_dalek::{PublicKey, StaticSecret};
 
     use super::*;
-    use crate::pipeline::v2::{HopNext, check};
+    use crate::pipeline::{HopNext, check_frame as check};
     use crate::proto::NodeId;
     use crate::proto::frame::frame_len;
 
