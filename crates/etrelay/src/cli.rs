@@ -10,14 +10,15 @@ use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
-    self, DEFAULT_MASTERS, Game, JoinLimits, QueryLimits, ReflectionLimits, ServerConfig,
-    SessionCaps, SessionLimits,
+    self, BadMaster, DEFAULT_MASTERS, Game, JoinLimits, QueryLimits, ReflectionLimits,
+    ServerConfig, SessionCaps, SessionLimits,
 };
 use crate::control::listen::{self, ListenLimits};
-use crate::daemon::DaemonConfig;
+use crate::daemon::{DaemonConfig, PortsError};
 use crate::proof::MIN_KEY;
 use crate::registry::RegistryConfig;
 use crate::secret::Secret;
+use crate::single::SingleConfig;
 
 /// UDP relay for Wolfenstein: Enemy Territory (Quake 3 engine) servers behind NAT.
 ///
@@ -61,26 +62,54 @@ pub enum Command {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ports(pub Vec<u16>);
 
-fn parse_ports(s: &str) -> Result<Ports, String> {
+fn parse_ports(s: &str) -> Result<Ports, PortsError> {
     crate::daemon::parse_ports(s).map(Ports)
+}
+
+/// Why the command line asks for nothing that can run.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Neither an upstream nor `--ports`.
+    #[error("give the game server to relay, or --ports for several")]
+    NoMode,
+    /// `--ports` without `--control`.
+    #[error("--ports needs --control")]
+    NoControl,
+    /// The token file cannot be read.
+    #[error("cannot read the token file {}: {source}", path.display())]
+    TokenFile {
+        /// `--token-file`.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// No token file and no `ETRELAY_TOKEN`.
+    #[error("--ports needs the relay token: --token-file or ETRELAY_TOKEN")]
+    NoToken,
+    /// A token shorter than [`MIN_KEY`].
+    #[error("the relay token must have at least {MIN_KEY} characters")]
+    ShortToken,
+    /// A malformed master.
+    #[error(transparent)]
+    Master(#[from] BadMaster),
+    /// The upstream cannot be resolved.
+    #[error("upstream {upstream:?}: {source}")]
+    Resolve {
+        /// The upstream as given.
+        upstream: String,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The upstream resolves to no address.
+    #[error("upstream {0:?} has no address")]
+    NoAddress(String),
 }
 
 /// How to run: one server, or the registry of several.
 #[derive(Debug)]
 pub enum Mode {
-    /// `etrelay <UPSTREAM>`: one server on `listen`.
-    Single {
-        /// The server.
-        config: ServerConfig,
-        /// The public socket's address.
-        listen: SocketAddr,
-        /// Sessions open at once.
-        max_sessions: usize,
-        /// Bytes queued towards the game server.
-        max_queued_bytes: usize,
-        /// Where to serve `GET /metrics`, if anywhere.
-        metrics: Option<SocketAddr>,
-    },
+    /// `etrelay <UPSTREAM>`: one server on `--listen`.
+    Single(SingleConfig),
     /// `etrelay --ports …`: servers registered through the control API.
     Multi(DaemonConfig),
 }
@@ -284,19 +313,20 @@ impl RunArgs {
     /// What this command line asks for.
     ///
     /// # Errors
-    /// A message for an upstream that does not resolve, a malformed master, or a missing or
+    /// [`CliError`]: an upstream that does not resolve, a malformed master, or a missing or
     /// short relay token.
-    pub fn mode(&self) -> Result<Mode, String> {
+    pub fn mode(&self) -> Result<Mode, CliError> {
         match (&self.upstream, &self.ports) {
-            (Some(u), _) => Ok(Mode::Single {
-                config: self.server_config(resolve(u)?)?,
+            (Some(u), _) => Ok(Mode::Single(SingleConfig {
+                server: self.server_config(resolve(u)?)?,
                 listen: self.listen,
                 max_sessions: self.max_sessions,
                 max_queued_bytes: self.max_queued_bytes,
                 metrics: self.metrics,
-            }),
+                allow_loopback: self.allow_loopback_upstream,
+            })),
             (None, Some(ports)) => {
-                let control = self.control.ok_or("--ports needs --control")?;
+                let control = self.control.ok_or(CliError::NoControl)?;
                 let token = self.token()?;
                 // Each server's upstream comes with its registration.
                 let template = self.server_config(SocketAddr::from(([127, 0, 0, 1], 27960)))?;
@@ -321,25 +351,26 @@ impl RunArgs {
                     proof_timeout: self.probe_timeout,
                 }))
             }
-            (None, None) => Err("give the game server to relay, or --ports for several".into()),
+            (None, None) => Err(CliError::NoMode),
         }
     }
 
-    fn token(&self) -> Result<Secret, String> {
+    fn token(&self) -> Result<Secret, CliError> {
         let token = match &self.token_file {
             Some(path) => std::fs::read_to_string(path)
-                .map_err(|e| format!("cannot read the token file {}: {e}", path.display()))?
+                .map_err(|source| CliError::TokenFile {
+                    path: path.clone(),
+                    source,
+                })?
                 .trim()
                 .to_string(),
             None => std::env::var("ETRELAY_TOKEN")
-                .map_err(|_| "--ports needs the relay token: --token-file or ETRELAY_TOKEN")?
+                .map_err(|_| CliError::NoToken)?
                 .trim()
                 .to_string(),
         };
         if token.chars().count() < MIN_KEY {
-            return Err(format!(
-                "the relay token must have at least {MIN_KEY} characters"
-            ));
+            return Err(CliError::ShortToken);
         }
         Ok(Secret::new(token))
     }
@@ -347,8 +378,8 @@ impl RunArgs {
     /// The settings of a server relaying `upstream`.
     ///
     /// # Errors
-    /// A message for a malformed master.
-    pub fn server_config(&self, upstream: SocketAddr) -> Result<ServerConfig, String> {
+    /// [`BadMaster`] for a malformed master.
+    pub fn server_config(&self, upstream: SocketAddr) -> Result<ServerConfig, BadMaster> {
         let masters = config::parse_masters(&self.masters);
         for m in &masters {
             config::check_master(m)?;
@@ -402,11 +433,14 @@ impl RunArgs {
     }
 }
 
-fn resolve(s: &str) -> Result<SocketAddr, String> {
+fn resolve(s: &str) -> Result<SocketAddr, CliError> {
     s.to_socket_addrs()
-        .map_err(|e| format!("upstream {s:?}: {e}"))?
+        .map_err(|source| CliError::Resolve {
+            upstream: s.to_string(),
+            source,
+        })?
         .next()
-        .ok_or_else(|| format!("upstream {s:?} has no address"))
+        .ok_or_else(|| CliError::NoAddress(s.to_string()))
 }
 
 #[cfg(test)]
@@ -425,7 +459,7 @@ mod tests {
         let cli = Cli::try_parse_from(["etrelay", "127.0.0.1:27960"])
             .unwrap()
             .run;
-        let Mode::Single { config: c, .. } = cli.mode().unwrap() else {
+        let Mode::Single(SingleConfig { server: c, .. }) = cli.mode().unwrap() else {
             panic!("single")
         };
         assert_eq!(cli.listen, "0.0.0.0:27960".parse().unwrap());
@@ -469,7 +503,7 @@ mod tests {
         ])
         .unwrap()
         .run;
-        let Mode::Single { config: c, .. } = cli.mode().unwrap() else {
+        let Mode::Single(SingleConfig { server: c, .. }) = cli.mode().unwrap() else {
             panic!("single")
         };
         assert!(c.masters.is_empty());

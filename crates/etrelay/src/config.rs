@@ -360,15 +360,20 @@ pub fn parse_masters(s: &str) -> Vec<String> {
 /// Checks one master is `host:port` with a numeric port.
 ///
 /// # Errors
-/// A message naming the bad entry.
-pub fn check_master(m: &str) -> Result<(), String> {
+/// [`BadMaster`] naming the bad entry.
+pub fn check_master(m: &str) -> Result<(), BadMaster> {
     match m.rsplit_once(':') {
         Some((host, port)) if !host.is_empty() && port.parse::<u16>().is_ok_and(|p| p != 0) => {
             Ok(())
         }
-        _ => Err(format!("master {m:?} is not host:port")),
+        _ => Err(BadMaster(m.to_string())),
     }
 }
+
+/// A `--masters` entry that is not `host:port`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("master {0:?} is not host:port")]
+pub struct BadMaster(pub String);
 
 #[cfg(test)]
 mod tests {

@@ -12,8 +12,8 @@ use tracing::{info, warn};
 
 use crate::clock::Instant;
 use crate::control::{self, ControlState, ListenLimits};
-use crate::fdbudget;
-use crate::registry::{Registry, RegistryConfig};
+use crate::fdbudget::{self, NoRoomForSessions};
+use crate::registry::{Registry, RegistryConfig, RegistryError};
 use crate::secret::Secret;
 use crate::server::Budget;
 
@@ -45,11 +45,45 @@ pub struct DaemonConfig {
     pub proof_timeout: Duration,
 }
 
+/// Why the daemon could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The descriptor limit leaves no room for sessions.
+    #[error(transparent)]
+    Descriptors(#[from] NoRoomForSessions),
+    /// The state dir or a state file cannot be read.
+    #[error("cannot open the state: {0}")]
+    State(#[source] RegistryError),
+}
+
+/// A bad `--ports` list.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PortsError {
+    /// A part is neither a port nor a range of ports.
+    #[error("{0:?} is not a port or a range")]
+    NotPort(String),
+    /// A range that is empty or starts at port 0.
+    #[error("{0:?} is not a valid range")]
+    BadRange(String),
+    /// A range of more than [`MAX_RANGE`] ports.
+    #[error("{0:?}: at most {MAX_RANGE} ports")]
+    TooLong(String),
+    /// A port given twice.
+    #[error("port {0} is given twice")]
+    Twice(u16),
+    /// No port at all.
+    #[error("no port given")]
+    Empty,
+}
+
 /// Runs until `shutdown` completes, then stops every server (flatlines first).
 ///
 /// # Errors
-/// The state dir or a state file cannot be read.
-pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> Result<(), String> {
+/// No room for sessions in the descriptor limit; the state dir or a state file cannot be read.
+pub async fn run(
+    config: DaemonConfig,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), DaemonError> {
     let root = CancellationToken::new();
     let max_sessions = fdbudget::fit_sessions(
         config.max_sessions,
@@ -62,7 +96,7 @@ pub async fn run(config: DaemonConfig, shutdown: impl Future<Output = ()>) -> Re
         &root,
     )
     .await
-    .map_err(|e| format!("cannot open the state: {e}"))?;
+    .map_err(DaemonError::State)?;
     info!(
         "ports {} on {}, state in {}",
         ports_text(registry.ports()),
@@ -123,34 +157,34 @@ pub fn ports_text(ports: &[u16]) -> String {
 /// Parses `27960-27969,27975`: ranges and single ports, in order, no repeats, no port 0.
 ///
 /// # Errors
-/// A message naming the bad part.
-pub fn parse_ports(s: &str) -> Result<Vec<u16>, String> {
+/// [`PortsError`] naming the bad part.
+pub fn parse_ports(s: &str) -> Result<Vec<u16>, PortsError> {
     let mut out: Vec<u16> = Vec::new();
     for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (a, b) = part.split_once('-').unwrap_or((part, part));
         let a: u16 = a
             .trim()
             .parse()
-            .map_err(|_| format!("{part:?} is not a port or a range"))?;
+            .map_err(|_| PortsError::NotPort(part.to_string()))?;
         let b: u16 = b
             .trim()
             .parse()
-            .map_err(|_| format!("{part:?} is not a port or a range"))?;
+            .map_err(|_| PortsError::NotPort(part.to_string()))?;
         if a == 0 || b < a {
-            return Err(format!("{part:?} is not a valid range"));
+            return Err(PortsError::BadRange(part.to_string()));
         }
         if usize::from(b - a) >= MAX_RANGE {
-            return Err(format!("{part:?}: at most {MAX_RANGE} ports"));
+            return Err(PortsError::TooLong(part.to_string()));
         }
         for p in a..=b {
             if out.contains(&p) {
-                return Err(format!("port {p} is given twice"));
+                return Err(PortsError::Twice(p));
             }
             out.push(p);
         }
     }
     if out.is_empty() {
-        return Err("no port given".into());
+        return Err(PortsError::Empty);
     }
     Ok(out)
 }

@@ -52,15 +52,30 @@ pub fn sessions_room(limit: u64, servers: usize, control_conns: usize) -> usize 
         .saturating_sub(fixed)
 }
 
+/// The descriptor limit leaves no room for a single session.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the descriptor limit (RLIMIT_NOFILE {limit}) leaves no room for sessions beside {servers} \
+     server(s) and {control_conns} control connection(s): raise LimitNOFILE"
+)]
+pub struct NoRoomForSessions {
+    /// The soft `RLIMIT_NOFILE`.
+    pub limit: u64,
+    /// Servers the limit must hold.
+    pub servers: usize,
+    /// Control connections the limit must hold.
+    pub control_conns: usize,
+}
+
 /// `max_sessions`, lowered to what fits in this process's descriptor limit.
 ///
 /// # Errors
-/// No room for a single session: a message naming the limit and what it must hold.
+/// No room for a single session: [`NoRoomForSessions`] names the limit and what it must hold.
 pub fn fit_sessions(
     max_sessions: usize,
     servers: usize,
     control_conns: usize,
-) -> Result<usize, String> {
+) -> Result<usize, NoRoomForSessions> {
     let limit = match open_files_limit() {
         Ok(Some(l)) => l,
         Ok(None) => return Ok(max_sessions),
@@ -71,10 +86,11 @@ pub fn fit_sessions(
     };
     let room = sessions_room(limit, servers, control_conns);
     if room == 0 {
-        return Err(format!(
-            "the descriptor limit (RLIMIT_NOFILE {limit}) leaves no room for sessions beside \
-             {servers} server(s) and {control_conns} control connection(s): raise LimitNOFILE"
-        ));
+        return Err(NoRoomForSessions {
+            limit,
+            servers,
+            control_conns,
+        });
     }
     if room < max_sessions {
         tracing::warn!(

@@ -19,6 +19,8 @@
 //!   API.
 //! - [`metrics_http`]: `--metrics` in single-server mode: `GET /metrics` (axum) on the shared
 //!   [`listener`] accept loop, with its caps and timeouts.
+//! - [`single`]: the one-server mode: its upstream checked as a registration's, its sockets
+//!   bound, shutdown.
 //! - [`daemon`]: the several-servers mode: registry, control API, shutdown.
 //! - [`secret`]: values whose `Debug` never shows them (tokens, keys, passwords).
 //! - [`admin`]: `etrelay admin`, the game server admin's tool (HTTP client and rcon).
@@ -48,3 +50,4 @@ pub mod proof;
 pub mod registry;
 pub mod secret;
 pub mod server;
+pub mod single;

@@ -1,15 +1,13 @@
-//! `etrelay`: parse the command line, then run one server, the registry of several, or an
-//! admin command.
+//! `etrelay`: parse the command line, then run one server ([`etrelay::single`]), the registry
+//! of several ([`etrelay::daemon`]), or an admin command ([`etrelay::admin`]).
 
 #![deny(clippy::unwrap_used)]
 
+use std::fmt::Display;
 use std::process::ExitCode;
 
 use clap::Parser;
 use etrelay::cli::{Cli, Command, Mode};
-use etrelay::server::{Budget, ServerHandle};
-use tokio::net::UdpSocket;
-use tokio_util::sync::CancellationToken;
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
@@ -34,11 +32,19 @@ fn main() -> ExitCode {
             }
         };
     }
-    let default = if cli.run.debug {
-        "info,etrelay=debug"
-    } else {
-        "info"
-    };
+    init_logs(cli.run.debug);
+    match cli.run.mode() {
+        Ok(Mode::Single(config)) => {
+            exit(runtime.block_on(etrelay::single::run(config, stopping())))
+        }
+        Ok(Mode::Multi(config)) => exit(runtime.block_on(etrelay::daemon::run(config, stopping()))),
+        Err(e) => exit(Err(e)),
+    }
+}
+
+/// Logs to stderr: `info`, `info,etrelay=debug` with `--debug`, or `RUST_LOG`.
+fn init_logs(debug: bool) {
+    let default = if debug { "info,etrelay=debug" } else { "info" };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -46,14 +52,11 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    let mode = match cli.run.mode() {
-        Ok(m) => m,
-        Err(e) => {
-            error!("{e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(mode)) {
+}
+
+/// The exit code of a run; an error is logged.
+fn exit(result: Result<(), impl Display>) -> ExitCode {
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             error!("{e}");
@@ -62,59 +65,10 @@ fn main() -> ExitCode {
     }
 }
 
-async fn run(mode: Mode) -> Result<(), String> {
-    match mode {
-        Mode::Single {
-            config,
-            listen,
-            max_sessions,
-            max_queued_bytes,
-            metrics,
-        } => {
-            let max_sessions = etrelay::fdbudget::fit_sessions(max_sessions, 1, 0)?;
-            let public = UdpSocket::bind(listen)
-                .await
-                .map_err(|e| format!("cannot bind {listen}: {e}"))?;
-            let metrics = match metrics {
-                Some(addr) => Some(
-                    tokio::net::TcpListener::bind(addr)
-                        .await
-                        .map_err(|e| format!("cannot bind --metrics {addr}: {e}"))?,
-                ),
-                None => None,
-            };
-            let root = CancellationToken::new();
-            let metrics_stop = CancellationToken::new();
-            let budget = Budget::new(max_sessions, max_queued_bytes);
-            let server = std::sync::Arc::new(
-                ServerHandle::start(config, public, budget.clone(), &root)
-                    .map_err(|e| format!("cannot start: {e}"))?,
-            );
-            let served = metrics.map(|l| {
-                tokio::spawn(etrelay::metrics_http::serve(
-                    l,
-                    std::sync::Arc::clone(&server),
-                    budget,
-                    metrics_stop.clone(),
-                ))
-            });
-            let signal = shutdown_signal().await;
-            info!("{signal}: stopping");
-            metrics_stop.cancel();
-            if let Some(task) = served {
-                let _ = task.await;
-            }
-            server.stop().await;
-            Ok(())
-        }
-        Mode::Multi(config) => {
-            etrelay::daemon::run(config, async {
-                let signal = shutdown_signal().await;
-                info!("{signal}: stopping");
-            })
-            .await
-        }
-    }
+/// Completes on SIGTERM or SIGINT, once it is logged.
+async fn stopping() {
+    let signal = shutdown_signal().await;
+    info!("{signal}: stopping");
 }
 
 /// Waits for SIGTERM or SIGINT and names it.

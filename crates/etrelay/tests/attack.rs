@@ -55,6 +55,7 @@ impl Relay {
         let ip = unique_ip();
         let mut args: Vec<String> = vec![
             upstream.to_string(),
+            "--allow-loopback-upstream".into(),
             "--listen".into(),
             format!("{ip}:0"),
             "--metrics".into(),

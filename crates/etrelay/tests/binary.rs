@@ -1,5 +1,5 @@
 //! The real `etrelay` binary: start, logs, flatline on SIGTERM/SIGINT and on server loss,
-//! `--help`, bad arguments. Each process is stopped by PID when the test ends, pass or fail.
+//! `--help`, bad arguments, upstreams refused at start-up. Each process is stopped by PID when the test ends, pass or fail.
 
 mod common;
 
@@ -30,8 +30,12 @@ fn relaying_address(line: &str) -> Option<SocketAddr> {
 
 impl Proc {
     /// Starts the binary with `args` and waits for the line that names the public address.
+    /// Every test's game server is on loopback: `--allow-loopback-upstream` is added.
     async fn start(args: &[&str]) -> Proc {
-        let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+        let args: Vec<String> = std::iter::once("--allow-loopback-upstream")
+            .chain(args.iter().copied())
+            .map(String::from)
+            .collect();
         let (child, log, addr) = spawn_etrelay(&args, relaying_address, 10 * S).await;
         Proc { child, addr, log }
     }
@@ -250,4 +254,72 @@ fn bad_arguments_are_refused_with_a_message() {
         assert!(!err.trim().is_empty(), "{args:?}: no message");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+}
+
+/// Runs the binary with `args` until it exits (within 10 s): its status and what it wrote to
+/// stderr.
+async fn run_to_exit(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let out = tokio::process::Command::new(BIN)
+        .args(args)
+        .env_remove("RUST_LOG")
+        .env_remove("ETRELAY_TOKEN")
+        .kill_on_drop(true)
+        .output();
+    let out = within(10 * S, "etrelay exit", out).await.unwrap();
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn a_loopback_upstream_needs_the_flag() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let (l, u) = (listen(), et.addr().to_string());
+    let (status, err) = run_to_exit(&["--listen", &l, "--masters", "", &u]).await;
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains(&format!("upstream {u} is a loopback address"))
+            && err.contains("--allow-loopback-upstream allows it"),
+        "{err}"
+    );
+    assert!(!err.contains("relaying"), "{err}");
+    // With the flag (Proc::start gives it) the same command line relays.
+    let mut p = Proc::start(&["--listen", &l, "--masters", "", &u]).await;
+    assert!(p.logged(&format!("relaying {u} on {}", p.addr)));
+    p.signal("-TERM");
+    assert!(p.wait_exit().await.success());
+}
+
+#[tokio::test]
+async fn its_own_address_is_refused_as_upstream() {
+    let own = format!("{}:27960", unique_ip());
+    let (status, err) = run_to_exit(&[
+        "--allow-loopback-upstream",
+        "--listen",
+        &own,
+        "--masters",
+        "",
+        &own,
+    ])
+    .await;
+    assert!(!status.success(), "{err}");
+    assert!(
+        err.contains(&format!(
+            "upstream {own} is one of the relay's own public ports: a loop"
+        )),
+        "{err}"
+    );
+    // Bound on every address, any address of the host on its port is itself.
+    let (status, err) = run_to_exit(&[
+        "--allow-loopback-upstream",
+        "--listen",
+        "0.0.0.0:27960",
+        "--masters",
+        "",
+        &own,
+    ])
+    .await;
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("a loop"), "{err}");
 }

@@ -25,6 +25,7 @@ fn relaying_address(line: &str) -> Option<SocketAddr> {
 /// Starts the binary relaying `upstream` with `masters`, heartbeats every 300 ms.
 async fn relay(upstream: SocketAddr, masters: &str) -> (tokio::process::Child, Log, SocketAddr) {
     let args: Vec<String> = [
+        "--allow-loopback-upstream",
         "--listen",
         &format!("{}:0", unique_ip()),
         "--masters",

@@ -116,6 +116,7 @@ fn start_etrelay(listen: SocketAddr, upstream: SocketAddr, extra: &[&str]) -> Gu
         .expect("etrelay next to the example");
     let mut child = Command::new(bin)
         .args([
+            "--allow-loopback-upstream",
             "--listen",
             &listen.to_string(),
             "--masters",

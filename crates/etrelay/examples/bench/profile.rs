@@ -55,7 +55,12 @@ fn one(bin: &Path, dir: &Path, work: Work, name: &str) -> (u64, u64, f64) {
         .args(["--tool=callgrind", "-q"])
         .arg(format!("--callgrind-out-file={}", out.display()))
         .arg(bin)
-        .args(["--listen", &relay_addr.to_string(), "--masters", ""])
+        .args([
+            "--allow-loopback-upstream",
+            "--listen",
+            &relay_addr.to_string(),
+        ])
+        .args(["--masters", ""])
         .args(["--heartbeat-interval", "1h", &sink_addr.to_string()])
         .env("RUST_LOG", "warn,etrelay=info")
         .stdout(Stdio::null())

@@ -46,6 +46,7 @@ use crate::proof::{KeyHash, key_hash};
 use crate::server::{Budget, ServerHandle};
 
 pub use self::rebind::BindRetry;
+pub use self::upstream::{OwnSockets, upstream_refusal};
 
 /// What every registered server shares.
 #[derive(Debug, Clone)]

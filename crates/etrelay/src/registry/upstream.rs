@@ -1,12 +1,13 @@
-//! Which upstreams a registration may name: never the relay itself (a loop), never an address
-//! no game server has.
+//! Which upstreams a relay may relay: never the relay itself (a loop), never an address no
+//! game server has.
 //!
-//! Refused, at registration and when `servers.json` is loaded:
+//! Refused, at registration and when `servers.json` is loaded, and by the one-server mode at
+//! start-up ([`crate::single`]):
 //! - the unspecified address, a multicast address, the IPv4 broadcast address, port 0;
 //! - a loopback address, unless `--allow-loopback-upstream` (tests and demos on one host);
-//! - one of the relay's own ports (`--ports`, the control API's) on one of its own addresses:
-//!   the bind address, or any address of the host when the bind address is unspecified. A
-//!   host's own address is one a socket can be bound to.
+//! - one of the relay's own ports (`--ports` or `--listen`, the control API's) on one of its
+//!   own addresses: the bind address, or any address of the host when the bind address is
+//!   unspecified. A host's own address is one a socket can be bound to.
 //!
 //! Addresses are compared in their canonical form ([`crate::net::canonical`]).
 
@@ -15,8 +16,35 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use super::RegistryConfig;
 use crate::net::canonical_ip;
 
-/// Why `upstream` cannot be relayed; `None` when it can.
+/// The relay's own sockets an upstream is checked against, and whether it may be on loopback.
+#[derive(Debug, Clone, Copy)]
+pub struct OwnSockets<'a> {
+    /// The public UDP ports.
+    pub ports: &'a [u16],
+    /// The address they are bound on.
+    pub bind: IpAddr,
+    /// The control API's address, if there is one.
+    pub control: Option<SocketAddr>,
+    /// Accept a loopback upstream (`--allow-loopback-upstream`).
+    pub allow_loopback: bool,
+}
+
+/// Why `upstream` cannot be relayed by the several-servers relay `config` describes; `None`
+/// when it can.
 pub(super) fn refusal(upstream: SocketAddr, config: &RegistryConfig) -> Option<String> {
+    upstream_refusal(
+        upstream,
+        &OwnSockets {
+            ports: &config.ports,
+            bind: config.bind,
+            control: config.control,
+            allow_loopback: config.allow_loopback,
+        },
+    )
+}
+
+/// Why `upstream` cannot be relayed by a relay with the sockets `own`; `None` when it can.
+pub fn upstream_refusal(upstream: SocketAddr, own: &OwnSockets<'_>) -> Option<String> {
     let ip = canonical_ip(upstream.ip());
     let port = upstream.port();
     let what = if port == 0 {
@@ -27,11 +55,11 @@ pub(super) fn refusal(upstream: SocketAddr, config: &RegistryConfig) -> Option<S
         "a multicast address"
     } else if ip == IpAddr::V4(Ipv4Addr::BROADCAST) {
         "the broadcast address"
-    } else if ip.is_loopback() && !config.allow_loopback {
+    } else if ip.is_loopback() && !own.allow_loopback {
         "a loopback address (the relay's own host; --allow-loopback-upstream allows it for tests)"
-    } else if config.ports.contains(&port) && is_own(ip, config.bind) {
+    } else if own.ports.contains(&port) && is_own(ip, own.bind) {
         "one of the relay's own public ports: a loop"
-    } else if config
+    } else if own
         .control
         .is_some_and(|c| c.port() == port && is_own(ip, c.ip()))
     {
