@@ -135,7 +135,6 @@ pub fn quality(s: &Snapshot, now: u64, stores: Stores) -> Quality {
         s.last_verified_client_onion_delivery_at,
         now,
     );
-    let recent = |t| within(t, now, RECENT);
     let any_fresh = relay_acceptance.fresh
         || synthetic_probes.fresh
         || synthetic_two_hop_probes.fresh
@@ -150,7 +149,33 @@ pub fn quality(s: &Snapshot, now: u64, stores: Stores) -> Quality {
         + s.two_hop_probe_attempted
         + s.verified_client_onion_deliveries
         > 0;
-    let (status, reason, next_action) = if !any_activity {
+    let (status, reason, next_action) =
+        verdict(s, now, stores, any_fresh, any_success, any_activity);
+    Quality {
+        status,
+        proof_scope: proof_scope(s),
+        real_relay_ready: client_delivery_receipts.fresh,
+        reason: reason.to_owned(),
+        next_action: next_action.to_owned(),
+        relay_acceptance,
+        synthetic_probes,
+        synthetic_two_hop_probes,
+        client_delivery_receipts,
+    }
+}
+
+/// The status, why, and what to do, first match wins (the order of [`quality`]'s list).
+// structure: table
+fn verdict(
+    s: &Snapshot,
+    now: u64,
+    stores: Stores,
+    any_fresh: bool,
+    any_success: bool,
+    any_activity: bool,
+) -> (Status, &'static str, &'static str) {
+    let recent = |t| within(t, now, RECENT);
+    if !any_activity {
         (
             Status::Idle,
             "no relay or probe activity yet",
@@ -214,17 +239,6 @@ pub fn quality(s: &Snapshot, now: u64, stores: Stores) -> Quality {
             "activity without success evidence yet",
             "wait for a delivery or a successful probe",
         )
-    };
-    Quality {
-        status,
-        proof_scope: proof_scope(s),
-        real_relay_ready: client_delivery_receipts.fresh,
-        reason: reason.to_owned(),
-        next_action: next_action.to_owned(),
-        relay_acceptance,
-        synthetic_probes,
-        synthetic_two_hop_probes,
-        client_delivery_receipts,
     }
 }
 
