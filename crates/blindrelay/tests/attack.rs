@@ -620,8 +620,8 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
     assert_eq!(s.quality()["status"], "attention", "{s}");
     assert!(counter(&s, "replay_capacity") >= 1, "{s}");
     assert!(counter(&s, "replay_share_exceeded") >= 1, "{s}");
-    // (Routes end 600 s after their reservation: the drain is in tests/replay.rs, on a
-    // hand-driven clock.)
+    // (Routes end 600 s after their reservation: the drain is in tests/pipeline/replay.rs, on the
+    // paused clock.)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

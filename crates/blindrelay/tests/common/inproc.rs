@@ -1,9 +1,9 @@
 //! The admission pipeline in process, on tokio's paused clock (each test is
-//! `#[tokio::test(start_paused = true)]` and moves time with `tokio::time::advance`): nodes built by `daemon::build`
-//! and served in this process on fresh 127.x.y.z addresses with ports from the OS, v2 frames
-//! built by hand (their fields may be tampered with), and requests submitted straight to the
-//! pipeline. Included by the in-process test files (`#[path = "common/inproc.rs"]`), not by
-//! `common/mod.rs` (those tests run real processes).
+//! `#[tokio::test(start_paused = true)]` and moves time with `tokio::time::advance`): nodes built
+//! by `daemon::build` and served in this process on fresh 127.x.y.z addresses with ports from the
+//! OS, v2 frames built by hand (their fields may be tampered with), and requests submitted
+//! straight to the pipeline. The harness of the `pipeline/` test binary, not of `common/mod.rs`
+//! (those tests run real processes).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};

@@ -15,10 +15,7 @@ use blindrelay::send::wrap::expiry;
 use ed25519_dalek::SigningKey;
 use tokio::net::TcpListener;
 
-#[path = "common/inproc.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod inproc;
-use inproc::*;
+use crate::inproc::*;
 
 const ACCEPTED: &str = r#"{"outcome":"forwarded","receipt":"abcd"}"#;
 

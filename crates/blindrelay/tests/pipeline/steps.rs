@@ -1,4 +1,4 @@
-//! The admission pipeline's steps in process, with a hand-driven clock: each step's refusal with
+//! The admission pipeline's steps in process, on the paused clock: each step's refusal with
 //! its reason, status and exactly one counter, the order of the steps, no retry after a
 //! definitive answer, and every error of both listeners as JSON. Nodes listen on fresh
 //! 127.x.y.z addresses with ports from the OS (`common/inproc.rs`).
@@ -13,10 +13,7 @@ use blindrelay::send::wrap::expiry;
 use ed25519_dalek::SigningKey;
 use tokio::net::TcpListener;
 
-#[path = "common/inproc.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod inproc;
-use inproc::*;
+use crate::inproc::*;
 
 #[tokio::test(start_paused = true)]
 async fn each_step_refuses_with_its_reason_status_and_one_counter() {

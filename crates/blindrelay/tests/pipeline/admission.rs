@@ -1,4 +1,4 @@
-//! Admission under load in process, with a hand-driven clock: the request gate's totals per
+//! Admission under load in process, on the paused clock: the request gate's totals per
 //! source, crypto admission (refused at once, slots kept for known peers and for outbound
 //! work), and the previous-hop guard: forged frames, rate limit → quarantine → expiry, fresh
 //! identities, and what a previous hop could not have prevented leaving its health alone.
@@ -10,14 +10,8 @@ use blindrelay::proto::NodeId;
 use blindrelay::send::wrap::expiry;
 use ed25519_dalek::SigningKey;
 
-#[path = "common/doc.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod doc;
-#[path = "common/inproc.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod inproc;
-use doc::Doc;
-use inproc::*;
+use crate::doc::Doc;
+use crate::inproc::*;
 
 #[tokio::test(start_paused = true)]
 async fn the_request_gate_shares_its_totals_per_source() {

@@ -1,4 +1,4 @@
-//! The replay registry as the pipeline uses it, in process with a hand-driven clock: every
+//! The replay registry as the pipeline uses it, in process, on the paused clock: every
 //! replay outcome, a forwarded duplicate, a full registry (shown, refused, drained as layers
 //! expire), a reservation outliving its layer, and a route refused after a restart.
 
@@ -9,14 +9,8 @@ use std::time::Duration;
 use blindrelay::proto::sphinx;
 use blindrelay::send::wrap::expiry;
 
-#[path = "common/doc.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod doc;
-#[path = "common/inproc.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod inproc;
-use doc::Doc;
-use inproc::*;
+use crate::doc::Doc;
+use crate::inproc::*;
 
 #[tokio::test(start_paused = true)]
 async fn every_replay_outcome() {
@@ -149,7 +143,7 @@ async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
 
 /// A layer's tag stays reserved as long as the layer can be accepted
 /// (through its expiry plus the skew, inclusive), also past the registry's 600 s window from the
-/// reservation; one second later the layer itself is refused (hand-driven clock).
+/// reservation; one second later the layer itself is refused (paused clock).
 #[tokio::test(start_paused = true)]
 async fn a_reservation_outlives_its_layer() {
     use blindrelay::proto::sphinx::{EXPIRY_SKEW, MAX_LIFETIME};

@@ -1,4 +1,4 @@
-//! What the node proves and reports, in process with a hand-driven clock: receipts verified by
+//! What the node proves and reports, in process, on the paused clock: receipts verified by
 //! the sender (a lying middle caught), probes kept apart from user traffic, status transitions
 //! that recover by themselves, and status and metrics free of ids, routes, endpoints and
 //! payloads.
@@ -10,14 +10,8 @@ use blindrelay::send::wrap::expiry;
 use ed25519_dalek::SigningKey;
 use tokio::net::TcpListener;
 
-#[path = "common/doc.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod doc;
-#[path = "common/inproc.rs"]
-#[allow(dead_code, unreachable_pub)]
-mod inproc;
-use doc::Doc;
-use inproc::*;
+use crate::doc::Doc;
+use crate::inproc::*;
 
 #[tokio::test(start_paused = true)]
 async fn the_sender_verifies_the_terminal_receipt() {
@@ -65,7 +59,7 @@ async fn the_sender_verifies_the_terminal_receipt() {
         clock.unix(),
         3600,
     );
-    let clock2 = inproc::clock();
+    let clock2 = crate::inproc::clock();
     let solo = node(&clock2, |_| {}).await;
     assert!(solo.ctx.peers.insert(desc));
     let err = blindrelay::send::send(&solo.ctx, id(&liar), 1, b"x".to_vec())
