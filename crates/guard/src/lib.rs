@@ -10,6 +10,8 @@
 //! - [`admission`]: a non-blocking counting gate whose permits release themselves on drop.
 //! - [`statefile`]: JSON state files written atomically (temp file, fsync, rename, fsync dir),
 //!   and private files created once (keys).
+//! - [`sqlite`]: a durable SQLite file (WAL, every commit synced, a busy timeout) as the
+//!   relays' stores open it, and its error naming the file.
 //! - [`throttle`]: at most one log line per period for a repeated warning, with the count
 //!   of those suppressed.
 //! - [`counters`]: atomic counters, counter sets declared once with their Prometheus families,
@@ -21,6 +23,7 @@ pub mod admission;
 pub mod counters;
 mod fixedmap;
 pub mod limiter;
+pub mod sqlite;
 pub mod statefile;
 pub mod throttle;
 pub mod window;

@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::SystemTime;
 
+use guard::sqlite::{Durable, OpenError};
 use rusqlite::{Connection, params};
 
 use super::{Ban, MAX_BANS};
@@ -52,6 +53,20 @@ pub enum StoreError {
         /// The OS error.
         source: std::io::Error,
     },
+}
+
+impl From<OpenError> for StoreError {
+    /// The shared durable open's errors as this store has always reported them.
+    fn from(e: OpenError) -> Self {
+        match e {
+            OpenError::File { path, source } => StoreError::Io { path, source },
+            OpenError::Sqlite { path, source, .. } => StoreError::Db { path, source },
+            OpenError::NotWal { path, mode } => StoreError::Damaged {
+                path,
+                what: format!("journal mode {mode}"),
+            },
+        }
+    }
 }
 
 /// Whether `path` (or, when it does not exist, its directory) cannot be written: a read-only
@@ -218,22 +233,13 @@ impl Store {
             path: path.clone(),
             source,
         };
-        let conn = Connection::open(&path).map_err(db)?;
-        conn.busy_timeout(std::time::Duration::from_secs(5))
-            .map_err(db)?;
-        // The first statement reads the file: a file that is not a database fails here.
-        let mode: String = conn
-            .query_row("PRAGMA journal_mode = WAL", [], |r| r.get(0))
-            .map_err(db)?;
-        if !mode.eq_ignore_ascii_case("wal") {
-            return Err(StoreError::Damaged {
-                path,
-                what: format!("journal mode {mode}"),
-            });
-        }
-        // No checkpoint in the committing request: `Store::checkpoint` does it, off the path.
-        conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA wal_autocheckpoint = 0;")
-            .map_err(db)?;
+        // WAL, `synchronous = FULL`, a busy timeout; no checkpoint in the committing request:
+        // `Store::checkpoint` does it, off the path, on the checkpointer.
+        let durable = Durable {
+            private: false,
+            manual_checkpoints: true,
+        };
+        let conn = guard::sqlite::open_durable(&path, durable)?;
         let check: String = conn
             .query_row("PRAGMA quick_check", [], |r| r.get(0))
             .map_err(db)?;
@@ -265,10 +271,7 @@ impl Store {
                 });
             }
         }
-        let checkpointer = Connection::open(&path).map_err(db)?;
-        checkpointer
-            .execute_batch("PRAGMA wal_autocheckpoint = 0;")
-            .map_err(db)?;
+        let checkpointer = guard::sqlite::open_checkpointer(&path)?;
         Ok(Store {
             path,
             conn: Mutex::new(conn),

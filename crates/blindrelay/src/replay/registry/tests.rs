@@ -491,7 +491,9 @@ fn a_file_that_is_not_a_registry_is_refused() {
     std::fs::write(&path, b"this is not a database, not even close to one.").unwrap();
     assert!(matches!(
         ReplayRegistry::open_sqlite(&path, 8, WINDOW_SECS, T0),
-        Err(ReplayError::Store(StoreError::Sqlite { .. }))
+        Err(ReplayError::Store(StoreError::Open(
+            guard::sqlite::OpenError::Sqlite { .. }
+        )))
     ));
 }
 
