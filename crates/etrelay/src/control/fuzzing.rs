@@ -4,9 +4,7 @@
 use std::net::SocketAddr;
 use std::time::SystemTime;
 
-use serde_json::json;
-
-use super::{ApiError, Body, ban_json, read_put_ban, read_put_server};
+use super::{Body, ControlError, ban_json, read_put_ban, read_put_server};
 
 /// An error answer as the API writes it.
 #[derive(Debug)]
@@ -17,11 +15,11 @@ pub struct Answer {
     pub body: serde_json::Value,
 }
 
-impl From<ApiError> for Answer {
-    fn from(e: ApiError) -> Self {
+impl From<ControlError> for Answer {
+    fn from(e: ControlError) -> Self {
         Answer {
-            status: e.status.as_u16(),
-            body: json!({"error": e.code, "message": e.message}),
+            status: e.status().as_u16(),
+            body: e.body(),
         }
     }
 }

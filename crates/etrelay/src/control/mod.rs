@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+mod error;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod listen;
@@ -33,11 +34,12 @@ mod state_error;
 use guard::throttle::Throttle;
 pub use listen::ListenLimits;
 
-use crate::bans::{self, Ban, BanError, BanRecord};
+pub use self::error::ControlError;
+use crate::bans::{self, Ban, BanRecord};
 use crate::clock::{unix, wall_now};
 pub use crate::config::BIND_RETRY;
 use crate::config::BIND_WARN_PERIOD;
-use crate::proof::{self, MIN_KEY, ProofError};
+use crate::proof::{self, MIN_KEY};
 use crate::registry::{Registered, Registry, RegistryError};
 use crate::secret::Secret;
 use crate::server::ServerMetrics;
@@ -67,76 +69,8 @@ impl ControlState {
     }
 }
 
-/// An API error: status, stable code, message.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-}
-
-impl ApiError {
-    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        (
-            self.status,
-            Json(json!({"error": self.code, "message": self.message})),
-        )
-            .into_response()
-    }
-}
-
-impl From<RegistryError> for ApiError {
-    fn from(e: RegistryError) -> Self {
-        use StatusCode as S;
-        let msg = e.to_string();
-        match e {
-            RegistryError::PortTaken(_) => ApiError::new(S::CONFLICT, "port_taken", msg),
-            RegistryError::KeyInUse(_) => ApiError::new(S::CONFLICT, "key_in_use", msg),
-            RegistryError::NoFreePort => ApiError::new(S::SERVICE_UNAVAILABLE, "no_free_port", msg),
-            RegistryError::PortNotAllowed(_) => {
-                ApiError::new(S::UNPROCESSABLE_ENTITY, "port_not_allowed", msg)
-            }
-            RegistryError::Bind { .. } => ApiError::new(S::SERVICE_UNAVAILABLE, "bind_failed", msg),
-            RegistryError::BadUpstream(_) => {
-                ApiError::new(S::UNPROCESSABLE_ENTITY, "bad_upstream", msg)
-            }
-            RegistryError::State(_) | RegistryError::Store(_) => {
-                warn!("control: {msg}");
-                state_error::api_error(&e)
-            }
-            RegistryError::NoServer => unauthorized(),
-            RegistryError::NotRelaying(_) => {
-                ApiError::new(S::SERVICE_UNAVAILABLE, "not_relaying", msg)
-            }
-            RegistryError::NotBanned => {
-                ApiError::new(S::NOT_FOUND, "not_found", "that address is not banned")
-            }
-            RegistryError::BansFull => ApiError::new(S::SERVICE_UNAVAILABLE, "too_many_bans", msg),
-            RegistryError::Closed => ApiError::new(S::SERVICE_UNAVAILABLE, "stopping", msg),
-        }
-    }
-}
-
-fn unauthorized() -> ApiError {
-    ApiError::new(
-        StatusCode::UNAUTHORIZED,
-        "unauthorized",
-        "missing or unknown bearer token",
-    )
-}
-
 /// A request body of at most [`MAX_BODY`] bytes, read but not yet parsed: handlers check the
-/// bearer token first, then [`Body::json`] parses it. Every rejection is an [`ApiError`].
+/// bearer token first, then [`Body::json`] parses it. Every rejection is an [`ControlError`].
 #[derive(Debug)]
 struct Body {
     /// `Some(false)` when a Content-Type other than JSON was given.
@@ -145,9 +79,9 @@ struct Body {
 }
 
 impl<S: Send + Sync> FromRequest<S> for Body {
-    type Rejection = ApiError;
+    type Rejection = ControlError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, state: &S) -> Result<Self, ControlError> {
         let is_json = req
             .headers()
             .get(header::CONTENT_TYPE)
@@ -163,13 +97,9 @@ impl<S: Send + Sync> FromRequest<S> for Body {
             .await
             .map_err(|r| {
                 if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    ApiError::new(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "body_too_large",
-                        format!("the body is over {MAX_BODY} bytes"),
-                    )
+                    ControlError::BodyTooLarge
                 } else {
-                    ApiError::new(StatusCode::BAD_REQUEST, "bad_body", r.body_text())
+                    ControlError::BadBody(r.body_text())
                 }
             })?;
         Ok(Body { is_json, bytes })
@@ -178,26 +108,18 @@ impl<S: Send + Sync> FromRequest<S> for Body {
 
 impl Body {
     /// The body as `T`; `None` for an empty body.
-    fn json<T: DeserializeOwned>(&self) -> Result<Option<T>, ApiError> {
+    fn json<T: DeserializeOwned>(&self) -> Result<Option<T>, ControlError> {
         if self.bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(None);
         }
         if self.is_json == Some(false) {
-            return Err(ApiError::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
-                "the body must be application/json",
-            ));
+            return Err(ControlError::UnsupportedMediaType);
         }
         serde_json::from_slice(&self.bytes).map(Some).map_err(|e| {
             if e.is_data() {
-                ApiError::new(
-                    StatusCode::UNPROCESSABLE_ENTITY,
-                    "invalid_body",
-                    e.to_string(),
-                )
+                ControlError::InvalidBody(e.to_string())
             } else {
-                ApiError::new(StatusCode::BAD_REQUEST, "bad_json", e.to_string())
+                ControlError::BadJson(e.to_string())
             }
         })
     }
@@ -209,19 +131,19 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }
 
-fn require_relay_token(st: &ControlState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let given = bearer(headers).ok_or_else(unauthorized)?;
+fn require_relay_token(st: &ControlState, headers: &HeaderMap) -> Result<(), ControlError> {
+    let given = bearer(headers).ok_or(ControlError::Unauthorized)?;
     let h: [u8; 32] = Sha256::digest(given.as_bytes()).into();
     if bool::from(h.ct_eq(st.token_hash.expose())) {
         Ok(())
     } else {
-        Err(unauthorized())
+        Err(ControlError::Unauthorized)
     }
 }
 
-fn require_key(st: &ControlState, headers: &HeaderMap) -> Result<Registered, ApiError> {
-    let given = bearer(headers).ok_or_else(unauthorized)?;
-    st.registry.by_key(given).ok_or_else(unauthorized)
+fn require_key(st: &ControlState, headers: &HeaderMap) -> Result<Registered, ControlError> {
+    let given = bearer(headers).ok_or(ControlError::Unauthorized)?;
+    st.registry.by_key(given).ok_or(ControlError::Unauthorized)
 }
 
 /// The router.
@@ -235,14 +157,8 @@ pub fn router(state: ControlState) -> Router {
         .route("/bans", get(get_bans))
         .route("/bans/{ip}", put(put_ban).delete(delete_ban))
         .route("/metrics", get(get_metrics))
-        .fallback(|| async { ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such route") })
-        .method_not_allowed_fallback(|| async {
-            ApiError::new(
-                StatusCode::METHOD_NOT_ALLOWED,
-                "method_not_allowed",
-                "method not allowed on this route",
-            )
-        })
+        .fallback(|| async { ControlError::NotFound("no such route") })
+        .method_not_allowed_fallback(|| async { ControlError::MethodNotAllowed })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }
@@ -309,33 +225,19 @@ struct PutServer {
 
 /// A `PUT /server` body, checked as far as it can be without I/O: the key's length and the
 /// upstream address (canonical).
-fn read_put_server(body: &Body) -> Result<(PutServer, SocketAddr), ApiError> {
-    let body = body.json::<PutServer>()?.ok_or_else(|| {
-        ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "invalid_body",
-            "a body is required",
-        )
-    })?;
+fn read_put_server(body: &Body) -> Result<(PutServer, SocketAddr), ControlError> {
+    let body = body
+        .json::<PutServer>()?
+        .ok_or_else(|| ControlError::InvalidBody("a body is required".into()))?;
     if body.key.expose().chars().count() < MIN_KEY {
-        return Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "key_too_short",
-            format!("the key must have at least {MIN_KEY} characters"),
-        ));
+        return Err(ControlError::KeyTooShort);
     }
     let upstream: SocketAddr = body
         .upstream
         .parse()
         .ok()
         .map(crate::net::canonical)
-        .ok_or_else(|| {
-            ApiError::new(
-                StatusCode::UNPROCESSABLE_ENTITY,
-                "bad_upstream",
-                "upstream must be a literal ip:port",
-            )
-        })?;
+        .ok_or_else(|| ControlError::BadUpstream("upstream must be a literal ip:port".into()))?;
     Ok((body, upstream))
 }
 
@@ -343,7 +245,7 @@ async fn put_server(
     State(st): State<ControlState>,
     headers: HeaderMap,
     body: Body,
-) -> Result<(StatusCode, Json<ServerJson>), ApiError> {
+) -> Result<(StatusCode, Json<ServerJson>), ControlError> {
     require_relay_token(&st, &headers)?;
     let (body, upstream) = read_put_server(&body)?;
     let key = body.key.expose();
@@ -356,16 +258,7 @@ async fn put_server(
     }
     proof::check(upstream, key, st.proof_timeout)
         .await
-        .map_err(|e| {
-            let why = match e {
-                ProofError::NoAnswer => "the game server did not answer getstatus",
-                ProofError::Missing => "the game server does not show etrelay_proof",
-                ProofError::Wrong => {
-                    "etrelay_proof on the game server is not this key's fingerprint"
-                }
-            };
-            ApiError::new(StatusCode::FORBIDDEN, "proof_failed", why)
-        })?;
+        .map_err(ControlError::ProofFailed)?;
     let (entry, created) = st
         .registry
         .register(proof::key_hash(key), upstream, body.port)
@@ -381,7 +274,7 @@ async fn put_server(
 async fn get_server(
     State(st): State<ControlState>,
     headers: HeaderMap,
-) -> Result<Json<ServerJson>, ApiError> {
+) -> Result<Json<ServerJson>, ControlError> {
     let r = require_key(&st, &headers)?;
     Ok(Json(server_json(&r)))
 }
@@ -389,13 +282,13 @@ async fn get_server(
 async fn delete_server(
     State(st): State<ControlState>,
     headers: HeaderMap,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, ControlError> {
     let r = require_key(&st, &headers)?;
     st.registry.leave(r.port).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
-fn running(r: &Registered) -> Result<&Arc<crate::server::ServerHandle>, ApiError> {
+fn running(r: &Registered) -> Result<&Arc<crate::server::ServerHandle>, ControlError> {
     r.handle.as_ref().ok_or_else(|| {
         RegistryError::NotRelaying(r.error.clone().unwrap_or_else(|| "not started".into())).into()
     })
@@ -404,7 +297,7 @@ fn running(r: &Registered) -> Result<&Arc<crate::server::ServerHandle>, ApiError
 async fn get_sessions(
     State(st): State<ControlState>,
     headers: HeaderMap,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, ControlError> {
     let r = require_key(&st, &headers)?;
     let mut sessions = running(&r)?.sessions();
     sessions.sort_by_key(|s| s.opened);
@@ -430,20 +323,10 @@ fn ban_json(b: &Ban) -> serde_json::Value {
     serde_json::to_value(BanRecord::from(b)).expect("invariant: a ban record always serializes")
 }
 
-impl From<BanError> for ApiError {
-    fn from(e: BanError) -> Self {
-        let code = match e {
-            BanError::ReasonTooLong => "invalid_body",
-            BanError::NoDuration | BanError::TooLong => "bad_duration",
-        };
-        ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, code, e.to_string())
-    }
-}
-
 async fn get_bans(
     State(st): State<ControlState>,
     headers: HeaderMap,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, ControlError> {
     let r = require_key(&st, &headers)?;
     let bans: Vec<_> = running(&r)?.bans().iter().map(ban_json).collect();
     Ok(Json(json!({ "bans": bans })))
@@ -458,18 +341,12 @@ struct PutBan {
     duration_secs: Option<u64>,
 }
 
-fn parse_ip(s: &str) -> Result<IpAddr, ApiError> {
-    s.parse().map_err(|_| {
-        ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad_ip",
-            format!("{s:?} is not an IPv4 or IPv6 address"),
-        )
-    })
+fn parse_ip(s: &str) -> Result<IpAddr, ControlError> {
+    s.parse().map_err(|_| ControlError::BadIp(s.to_string()))
 }
 
 /// A `PUT /bans/{ip}` request as the ban it asks for, at `now`.
-fn read_put_ban(ip: &str, body: &Body, now: SystemTime) -> Result<Ban, ApiError> {
+fn read_put_ban(ip: &str, body: &Body, now: SystemTime) -> Result<Ban, ControlError> {
     let ip = parse_ip(ip)?;
     let body = body.json::<PutBan>()?.unwrap_or_default();
     Ok(Ban::new(ip, body.reason, body.duration_secs, now)?)
@@ -480,7 +357,7 @@ async fn put_ban(
     headers: HeaderMap,
     Path(ip): Path<String>,
     body: Body,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<serde_json::Value>, ControlError> {
     let r = require_key(&st, &headers)?;
     let ban = read_put_ban(&ip, &body, wall_now())?;
     st.registry.ban(r.port, ban.clone()).await?;
@@ -492,7 +369,7 @@ async fn delete_ban(
     State(st): State<ControlState>,
     headers: HeaderMap,
     Path(ip): Path<String>,
-) -> Result<StatusCode, ApiError> {
+) -> Result<StatusCode, ControlError> {
     let r = require_key(&st, &headers)?;
     let ip = bans::normalize(parse_ip(&ip)?);
     st.registry.unban(r.port, ip).await?;
@@ -503,7 +380,7 @@ async fn delete_ban(
 async fn get_metrics(
     State(st): State<ControlState>,
     headers: HeaderMap,
-) -> Result<Response, ApiError> {
+) -> Result<Response, ControlError> {
     require_relay_token(&st, &headers)?;
     let servers = st.registry.all();
     let mut out = PromText::new();

@@ -2,10 +2,9 @@
 //! system is full (or over quota), else 500 `state_write_failed`, with the OS's reason (never
 //! a path). Nothing changed in either case (the registry writes before it changes memory).
 
-use axum::http::StatusCode;
 use guard::statefile::StateFileError;
 
-use super::ApiError;
+use super::ControlError;
 use crate::bans::store::StoreError;
 use crate::registry::RegistryError;
 
@@ -36,22 +35,10 @@ fn reason(e: &RegistryError) -> Option<(bool, String)> {
 }
 
 /// The API error for a failed write of the state dir.
-pub(super) fn api_error(e: &RegistryError) -> ApiError {
+pub(super) fn control_error(e: &RegistryError) -> ControlError {
     match reason(e) {
-        Some((true, why)) => ApiError::new(
-            StatusCode::INSUFFICIENT_STORAGE,
-            "state_disk_full",
-            format!("the relay's state disk is full ({why}); nothing changed"),
-        ),
-        Some((false, why)) => ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "state_write_failed",
-            format!("the state could not be written ({why}); nothing changed"),
-        ),
-        None => ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "state_write_failed",
-            "the state could not be written; nothing changed",
-        ),
+        Some((true, why)) => ControlError::StateDiskFull(why),
+        Some((false, why)) => ControlError::StateWriteFailed(Some(why)),
+        None => ControlError::StateWriteFailed(None),
     }
 }
