@@ -2,11 +2,11 @@
 //! few knobs): an axum [`Router`] served with hyper's connection builder, within bounds no
 //! client can stretch.
 //!
-//! - **Connection caps** ([`Table`]): at most [`Limits::total`] connections open, at most
-//!   [`Limits::per_source`] per source, and [`Limits::reserved`] of them only for sources the
-//!   caller trusts. The source is what the caller's `source` function makes of the peer's
-//!   address: etrelay counts per address, blindrelay per address block or known peer. A
-//!   connection over a cap is accepted and closed at once, before anything is read (accepting
+//! - **Connection caps** ([`Admit`], [`Table`]): at most [`Limits::total`] connections open,
+//!   at most [`Limits::per_source`] per source, and [`Limits::reserved`] of them only for
+//!   sources the caller trusts. The source is what the caller makes of the peer's address
+//!   ([`BySource`]): etrelay counts per address ([`Listener::per_ip`]), blindrelay per address
+//!   block or known peer (its own table behind [`Admit`]). A connection over a cap is accepted and closed at once, before anything is read (accepting
 //!   takes it out of the kernel's queue, where it would delay everyone behind it), and reported
 //!   to [`Hooks::refused`].
 //! - **Header deadline** ([`Config::header_timeout`]): a connection that has not sent a
@@ -172,44 +172,96 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     }
 }
 
-type SourceFn<K> = dyn Fn(SocketAddr) -> K + Send + Sync;
-
-/// A configured listener: its [`Config`], its connection [`Table`], how a peer's address
-/// becomes a source, and its [`Hooks`]. [`Listener::serve`] runs it.
-pub struct Listener<K> {
-    config: Config,
-    table: Table<K>,
-    source: Arc<SourceFn<K>>,
-    hooks: Arc<dyn Hooks>,
+/// Who may open a connection: takes a place for a peer, or says which cap refuses it.
+pub trait Admit: Send + Sync + 'static {
+    /// A connection's place, given back when dropped.
+    type Slot: Send + 'static;
+    /// A place for a connection from `peer`; never waits.
+    ///
+    /// # Errors
+    /// [`Refusal`]: which cap refuses it.
+    fn admit(&self, peer: SocketAddr) -> Result<Self::Slot, Refusal>;
+    /// Connections open now.
+    fn held(&self) -> usize;
+    /// The caps.
+    fn limits(&self) -> Limits;
 }
 
-impl<K> fmt::Debug for Listener<K> {
+/// A [`Table`] counting each connection under `source(peer)`.
+pub struct BySource<K, F> {
+    table: Table<K>,
+    source: F,
+}
+
+impl<K, F> fmt::Debug for BySource<K, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Listener")
-            .field("config", &self.config)
+        f.debug_struct("BySource")
             .field("table", &self.table)
             .finish_non_exhaustive()
     }
 }
 
-impl Listener<IpAddr> {
-    /// Connections counted per address ([`canonical_ip`]), in a new table within `limits`.
-    pub fn per_ip(config: Config, limits: Limits) -> Self {
-        Listener::new(config, Table::new(limits), |peer| canonical_ip(peer.ip()))
+impl<K: Key, F: Fn(SocketAddr) -> K + Send + Sync + 'static> BySource<K, F> {
+    /// Connections counted in `table` under `source(peer)`.
+    pub fn new(table: Table<K>, source: F) -> Self {
+        BySource { table, source }
     }
 }
 
-impl<K: Key> Listener<K> {
+impl<K: Key, F: Fn(SocketAddr) -> K + Send + Sync + 'static> Admit for BySource<K, F> {
+    type Slot = Slot<K>;
+    fn admit(&self, peer: SocketAddr) -> Result<Slot<K>, Refusal> {
+        self.table.acquire((self.source)(peer))
+    }
+    fn held(&self) -> usize {
+        self.table.held()
+    }
+    fn limits(&self) -> Limits {
+        self.table.limits()
+    }
+}
+
+/// Per address ([`canonical_ip`]).
+pub type PerIp = BySource<IpAddr, fn(SocketAddr) -> IpAddr>;
+
+/// A configured listener: its [`Config`], who it admits ([`Admit`]: a connection table and
+/// how a peer's address becomes a source), and its [`Hooks`]. [`Listener::serve`] runs it.
+pub struct Listener<A> {
+    config: Config,
+    admit: A,
+    hooks: Arc<dyn Hooks>,
+}
+
+impl<A: fmt::Debug> fmt::Debug for Listener<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Listener")
+            .field("config", &self.config)
+            .field("admit", &self.admit)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Listener<PerIp> {
+    /// Connections counted per address ([`canonical_ip`]), in a new table within `limits`.
+    pub fn per_ip(config: Config, limits: Limits) -> Self {
+        let source: fn(SocketAddr) -> IpAddr = |peer| canonical_ip(peer.ip());
+        Listener::new(config, BySource::new(Table::new(limits), source))
+    }
+}
+
+impl<K: Key, F: Fn(SocketAddr) -> K + Send + Sync + 'static> Listener<BySource<K, F>> {
     /// Connections counted in `table` under `source(peer)`.
-    pub fn new(
-        config: Config,
-        table: Table<K>,
-        source: impl Fn(SocketAddr) -> K + Send + Sync + 'static,
-    ) -> Self {
+    pub fn by_source(config: Config, table: Table<K>, source: F) -> Self {
+        Listener::new(config, BySource::new(table, source))
+    }
+}
+
+impl<A: Admit> Listener<A> {
+    /// Connections admitted by `admit`.
+    pub fn new(config: Config, admit: A) -> Self {
         Listener {
             config,
-            table,
-            source: Arc::new(source),
+            admit,
             hooks: Arc::new(()),
         }
     }
@@ -219,11 +271,6 @@ impl<K: Key> Listener<K> {
     pub fn with_hooks(mut self, hooks: impl Hooks) -> Self {
         self.hooks = Arc::new(hooks);
         self
-    }
-
-    /// Its connection table (a handle to the same counts).
-    pub fn table(&self) -> &Table<K> {
-        &self.table
     }
 
     /// Serves `router` over plain TCP on `listener` until `cancel`, then stops within
@@ -242,8 +289,7 @@ impl<K: Key> Listener<K> {
     ) {
         let Listener {
             config,
-            table,
-            source,
+            admit,
             hooks,
         } = self;
         let wrap = Arc::new(wrap);
@@ -264,15 +310,15 @@ impl<K: Key> Listener<K> {
                     }
                 }
             };
-            let slot = match table.acquire(source(peer)) {
+            let slot = match admit.admit(peer) {
                 Ok(slot) => slot,
                 Err(why) => {
                     drop(stream);
                     hooks.refused(&Refused {
                         peer,
                         why,
-                        open: table.open(),
-                        limits: table.limits(),
+                        open: admit.held(),
+                        limits: admit.limits(),
                     });
                     continue;
                 }

@@ -63,7 +63,7 @@ impl<K> fmt::Debug for Table<K> {
         let s = lock(&self.inner.state);
         f.debug_struct("Table")
             .field("limits", &self.inner.limits)
-            .field("open", &s.total)
+            .field("held", &s.total)
             .field("sources", &s.per.len())
             .finish()
     }
@@ -124,8 +124,8 @@ impl<K: Key> Table<K> {
 }
 
 impl<K> Table<K> {
-    /// Connections open now.
-    pub fn open(&self) -> usize {
+    /// Places held now (connections open).
+    pub fn held(&self) -> usize {
         lock(&self.inner.state).total
     }
 
@@ -192,10 +192,10 @@ mod tests {
         let _k1 = t.acquire(K::Known(2)).unwrap();
         assert_eq!(t.acquire(K::Known(2)).unwrap_err(), Refusal::Total);
         drop(a1);
-        assert_eq!((t.open(), t.sources()), (3, 3));
+        assert_eq!((t.held(), t.sources()), (3, 3));
         assert!(t.acquire(K::Known(2)).is_ok());
         assert_eq!(
-            (t.open(), t.sources()),
+            (t.held(), t.sources()),
             (3, 3),
             "the slot was dropped at once"
         );
@@ -211,9 +211,9 @@ mod tests {
         let ip: IpAddr = [127, 0, 0, 1].into();
         let slots: Vec<_> = (0..8).map(|_| t.acquire(ip).unwrap()).collect();
         assert_eq!(t.acquire(ip).unwrap_err(), Refusal::Total);
-        assert_eq!((t.open(), t.sources()), (8, 1));
+        assert_eq!((t.held(), t.sources()), (8, 1));
         drop(slots);
-        assert_eq!((t.open(), t.sources()), (0, 0));
-        assert!(format!("{t:?}").contains("open: 0"));
+        assert_eq!((t.held(), t.sources()), (0, 0));
+        assert!(format!("{t:?}").contains("held: 0"));
     }
 }

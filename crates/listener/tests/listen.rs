@@ -12,7 +12,9 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
-use listener::{Closed, Config, Hooks, Key, Limits, Listener, Refusal, Refused, Table, Wrap};
+use listener::{
+    Admit, Closed, Config, Hooks, Key, Limits, Listener, Refusal, Refused, Table, Wrap,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Notify, mpsc};
@@ -90,11 +92,11 @@ struct Running {
     started: Arc<Notify>,
 }
 
-async fn start<K: Key>(listener: Listener<K>) -> Running {
+async fn start<A: Admit>(listener: Listener<A>) -> Running {
     start_wrapped(listener, listener::Plain).await
 }
 
-async fn start_wrapped<K: Key, W: Wrap>(listener: Listener<K>, wrap: W) -> Running {
+async fn start_wrapped<A: Admit, W: Wrap>(listener: Listener<A>, wrap: W) -> Running {
     let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = tcp.local_addr().unwrap();
     let (tx, events) = mpsc::unbounded_channel();
@@ -199,14 +201,14 @@ async fn per_source_cap_counts_under_the_callers_key() {
         reserved: 0,
     };
     let table = Table::new(limits);
-    let mut r = start(Listener::new(config(), table.clone(), |_| Block)).await;
+    let mut r = start(Listener::by_source(config(), table.clone(), |_| Block)).await;
     let _a = admitted(r.addr).await;
     let _b = admitted(r.addr).await;
-    assert_eq!((table.open(), table.sources()), (2, 1));
+    assert_eq!((table.held(), table.sources()), (2, 1));
     let mut c = TcpStream::connect(r.addr).await.unwrap();
     assert!(closed(&mut c).await);
     assert_eq!(r.next().await, Event::Refused(Refusal::Source));
-    assert_eq!(table.open(), 2);
+    assert_eq!(table.held(), 2);
 }
 
 #[tokio::test]
@@ -225,7 +227,7 @@ async fn reserved_share_is_for_trusted_sources_only() {
         reserved: 1,
     };
     let seen = std::sync::atomic::AtomicUsize::new(0);
-    let listener = Listener::new(config(), Table::new(limits), move |_| {
+    let listener = Listener::by_source(config(), Table::new(limits), move |_| {
         Who(seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) == 2)
     });
     let mut r = start(listener).await;
@@ -311,7 +313,7 @@ async fn the_wrap_step_is_bounded_by_the_header_deadline() {
         ..config()
     };
     let table = Table::new(limits());
-    let listener = Listener::new(config, table.clone(), |p| p.ip());
+    let listener = Listener::by_source(config, table.clone(), |p| p.ip());
     let mut r = start_wrapped(listener, Hello).await;
 
     let mut ok = TcpStream::connect(r.addr).await.unwrap();
@@ -330,13 +332,13 @@ async fn the_wrap_step_is_bounded_by_the_header_deadline() {
     assert!(closed(&mut silent).await);
     assert_about(t0.elapsed(), 5 * S, 5 * S);
     assert_eq!(r.next().await, Event::Closed("wrap timeout"));
-    assert_eq!(table.open(), 0);
+    assert_eq!(table.held(), 0);
 }
 
 #[tokio::test]
 async fn stop_closes_idle_connections_and_drops_the_rest_after_the_grace() {
     let table = Table::new(limits());
-    let listener = Listener::new(config(), table.clone(), |p| p.ip());
+    let listener = Listener::by_source(config(), table.clone(), |p| p.ip());
     let mut r = start(listener).await;
     let mut idle = admitted(r.addr).await;
     let mut busy = TcpStream::connect(r.addr).await.unwrap();
@@ -344,7 +346,7 @@ async fn stop_closes_idle_connections_and_drops_the_rest_after_the_grace() {
         .await
         .unwrap();
     r.started.notified().await;
-    assert_eq!(table.open(), 2);
+    assert_eq!(table.held(), 2);
 
     tokio::time::pause();
     let t0 = Instant::now();
@@ -352,7 +354,7 @@ async fn stop_closes_idle_connections_and_drops_the_rest_after_the_grace() {
     r.task.await.unwrap();
     // The grace, then every connection dropped.
     assert_about(t0.elapsed(), S, S);
-    assert_eq!(table.open(), 0);
+    assert_eq!(table.held(), 0);
     assert!(closed(&mut idle).await);
     assert!(closed(&mut busy).await);
     let mut ends = vec![];
