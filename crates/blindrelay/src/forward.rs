@@ -154,8 +154,9 @@ pub enum Forwarded {
     Exhausted,
 }
 
-/// One attempt's failure kind (for logs: never the error text, which holds the URL).
-fn kind(e: &reqwest::Error) -> &'static str {
+/// One HTTP request's failure kind, for logs (never the error text, which holds the URL): a
+/// forward attempt's here, a status report push's in `crate::report`.
+pub(crate) fn kind(e: &reqwest::Error) -> &'static str {
     if e.is_timeout() {
         "timeout"
     } else if e.is_connect() {

@@ -26,7 +26,8 @@ pub const MAX_TRACKED: usize = 4096;
 pub const MAX_ROWS: usize = 64;
 /// Consecutive route failures that make a peer `failing`.
 pub const FAILING_AFTER: u32 = 3;
-/// How far back a failure or refusal makes a peer `degraded`.
+/// How far back a failure or refusal makes a peer `degraded`; also how far back problems set
+/// the node's `protecting`, `degraded` or `attention` (`crate::status::quality`).
 pub const RECENT_SECS: u64 = 1800;
 /// A descriptor expiring within this is `expiring`.
 pub const EXPIRING_SECS: u64 = 300;

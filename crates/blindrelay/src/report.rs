@@ -18,6 +18,7 @@ use tokio::time::MissedTickBehavior;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
+use crate::forward::kind;
 use crate::relay::Relay;
 use crate::status;
 
@@ -57,17 +58,6 @@ pub fn parse_url(s: &str) -> Result<String, BadUrl> {
     }
     reqwest::Url::parse(s).map_err(|_| BadUrl)?;
     Ok(s.to_string())
-}
-
-/// Why one push failed, as a word (never the URL).
-fn kind(e: &reqwest::Error) -> &'static str {
-    if e.is_timeout() {
-        "timeout"
-    } else if e.is_connect() {
-        "connect"
-    } else {
-        "request"
-    }
 }
 
 /// One push of the document now: `Ok` on a 2xx answer, else why, as a word.

@@ -3,17 +3,17 @@
 //!
 //! The four kinds of evidence are kept apart: accepted opaque relay work, synthetic single-hop
 //! probes, synthetic two-hop probes, and terminal-signed receipts of client deliveries this node
-//! verified. `status` looks at **recent** events only (a window of [`RECENT`] seconds), so a
-//! node that was attacked or overloaded returns to `ready` by itself once the trouble stops.
+//! verified. `status` looks at **recent** events only (a window of [`RECENT_SECS`] seconds, the
+//! one peer health uses), so a node that was attacked or overloaded returns to `ready` by itself
+//! once the trouble stops.
 
 use serde::{Deserialize, Serialize};
 
 use crate::counters::Snapshot;
+use crate::health::RECENT_SECS;
 
 /// Evidence younger than this is fresh.
 pub const FRESH: u64 = 1800;
-/// Problems younger than this set `protecting`, `degraded` or `attention`.
-pub const RECENT: u64 = 1800;
 
 named_enum! {
     /// A node's status, first match wins (see [`quality`]).
@@ -114,11 +114,11 @@ fn evidence(total: u64, last_at: Option<u64>, now: u64) -> Evidence {
 ///
 /// 1. `idle`: no request received, no probe sent, no client delivery.
 /// 2. `attention`: the inbox or the replay registry is full now (deliveries are refused), or a
-///    backpressure refusal or an exhausted retry within [`RECENT`].
+///    backpressure refusal or an exhausted retry within [`RECENT_SECS`].
 /// 3. `degraded`: a forward failure, a next hop with its most requests in flight, or a failed
-///    probe within [`RECENT`].
+///    probe within [`RECENT_SECS`].
 /// 4. `protecting`: an abuse-guard refusal (rate, quarantine, a source over its share, a slow
-///    body, authentication, loop, TTL, timestamp) within [`RECENT`].
+///    body, authentication, loop, TTL, timestamp) within [`RECENT_SECS`].
 /// 5. `ready`: fresh evidence of any kind.
 /// 6. `stale`: success evidence, none fresh.
 /// 7. `observing`: activity without success evidence.
@@ -174,7 +174,7 @@ fn verdict(
     any_success: bool,
     any_activity: bool,
 ) -> (Status, &'static str, &'static str) {
-    let recent = |t| within(t, now, RECENT);
+    let recent = |t| within(t, now, RECENT_SECS);
     if !any_activity {
         (
             Status::Idle,
@@ -300,7 +300,8 @@ mod tests {
             quality(&s, T + FRESH, Stores::default()).status.as_str(),
             "stale"
         );
-        // A rate limit: protecting, back to ready once RECENT has passed and evidence is fresh.
+        // A rate limit: protecting, back to ready once RECENT_SECS has passed and evidence is
+        // fresh.
         s.rate_limited = 1;
         s.last_protection_at = Some(T + 10);
         s.last_accepted_at = Some(T + 20);
@@ -308,9 +309,9 @@ mod tests {
             quality(&s, T + 30, Stores::default()).status.as_str(),
             "protecting"
         );
-        s.last_accepted_at = Some(T + 10 + RECENT);
+        s.last_accepted_at = Some(T + 10 + RECENT_SECS);
         assert_eq!(
-            quality(&s, T + 10 + RECENT, Stores::default())
+            quality(&s, T + 10 + RECENT_SECS, Stores::default())
                 .status
                 .as_str(),
             "ready"
@@ -335,12 +336,12 @@ mod tests {
             inbox_full: false,
             replay_full: true,
         };
-        let q = quality(&s, T + 5000 + RECENT, full);
+        let q = quality(&s, T + 5000 + RECENT_SECS, full);
         assert_eq!(q.status.as_str(), "attention");
         assert!(q.reason.contains("replay registry is full"));
         // Both problems age out.
         assert_eq!(
-            quality(&s, T + 5000 + RECENT, Stores::default())
+            quality(&s, T + 5000 + RECENT_SECS, Stores::default())
                 .status
                 .as_str(),
             "stale"
