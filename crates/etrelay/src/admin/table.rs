@@ -55,40 +55,24 @@ pub(crate) fn fields(pairs: &[(&str, String)]) -> String {
     out
 }
 
-/// Unix seconds as UTC `YYYY-MM-DD HH:MM:SS`.
-pub(crate) fn utc(secs: i64) -> String {
-    let days = secs.div_euclid(86_400);
-    let rem = secs.rem_euclid(86_400);
-    let (y, m, d) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02}",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
-}
+/// The last second RFC 3339 (and `humantime`) can write: 9999-12-31 23:59:59 UTC.
+const LAST_RFC3339_SECOND: u64 = 253_402_300_799;
 
-/// Year, month (1–12) and day (1–31) of the proleptic Gregorian calendar, `days` after
-/// 1970-01-01.
-fn civil_from_days(days: i64) -> (i64, i64, i64) {
-    // Count from 0000-03-01, so that the leap day is the last day of a year, in 400-year
-    // cycles (146 097 days each).
-    let z = days + 719_468;
-    let cycle = z.div_euclid(146_097);
-    let day_of_cycle = z.rem_euclid(146_097); // 0..=146_096
-    let year_of_cycle =
-        (day_of_cycle - day_of_cycle / 1460 + day_of_cycle / 36_524 - day_of_cycle / 146_096) / 365; // 0..=399
-    let day_of_year =
-        day_of_cycle - (365 * year_of_cycle + year_of_cycle / 4 - year_of_cycle / 100); // 0..=365
-    let month_from_march = (5 * day_of_year + 2) / 153; // 0..=11
-    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
-    let month = if month_from_march < 10 {
-        month_from_march + 3
-    } else {
-        month_from_march - 9
-    };
-    let year = year_of_cycle + cycle * 400 + i64::from(month <= 2);
-    (year, month, day)
+/// Unix seconds as UTC `YYYY-MM-DD HH:MM:SS`; a time before 1970 or after 9999, which no relay
+/// sends, as the seconds themselves (`-1 (Unix seconds)`).
+pub(crate) fn utc(secs: i64) -> String {
+    match u64::try_from(secs) {
+        Ok(s) if s <= LAST_RFC3339_SECOND => {
+            let t = crate::clock::from_unix(s);
+            // `2025-11-29T21:00:00Z` → `2025-11-29 21:00:00`.
+            humantime::format_rfc3339_seconds(t)
+                .to_string()
+                .replacen('T', " ", 1)
+                .trim_end_matches('Z')
+                .to_string()
+        }
+        _ => format!("{secs} (Unix seconds)"),
+    }
 }
 
 /// A byte count with a binary unit: `512 B`, `93.8 KiB`, `1.2 GiB`.
@@ -126,7 +110,10 @@ mod tests {
         // date -u -d @951782400: a leap day of a year divisible by 400
         assert_eq!(utc(951_782_400), "2000-02-29 00:00:00");
         assert_eq!(utc(4_102_444_799), "2099-12-31 23:59:59");
-        assert_eq!(utc(-1), "1969-12-31 23:59:59");
+        // Before 1970 and after 9999 (no relay sends them): the seconds as they came.
+        assert_eq!(utc(-1), "-1 (Unix seconds)");
+        assert_eq!(utc(253_402_300_799), "9999-12-31 23:59:59");
+        assert_eq!(utc(253_402_300_800), "253402300800 (Unix seconds)");
         assert_eq!(utc(86_399), "1970-01-01 23:59:59");
         // 2024-03-01 follows 2024-02-29.
         assert_eq!(utc(1_709_164_800), "2024-02-29 00:00:00");
@@ -135,12 +122,26 @@ mod tests {
         assert_eq!(utc(4_107_542_400), "2100-03-01 00:00:00");
     }
 
+    /// Year, month and day of the date `utc` writes for midnight `days` after 1970-01-01.
+    fn date(days: i64) -> (i64, i64, i64) {
+        let text = utc(days * 86_400);
+        let mut parts = text[..10].split('-').map(|p| p.parse::<i64>().unwrap());
+        let ymd = (
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+            parts.next().unwrap(),
+        );
+        assert_eq!(&text[10..], " 00:00:00", "{text}");
+        ymd
+    }
+
     #[test]
     fn every_day_follows_the_previous_one() {
         // From 1970 to 2100, each day is the next of the one before.
-        let mut prev = civil_from_days(-1);
-        for days in 0..47_500 {
-            let (y, m, d) = civil_from_days(days);
+        let mut prev = date(0);
+        assert_eq!(prev, (1970, 1, 1));
+        for days in 1..47_500 {
+            let (y, m, d) = date(days);
             let (py, pm, pd) = prev;
             let next_day = y == py && m == pm && d == pd + 1;
             let next_month = y == py && m == pm + 1 && d == 1;
