@@ -17,6 +17,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::{Net, hex, random_bytes, run_cli};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
 /// Rounds with sends in flight at the kill.
@@ -32,21 +34,9 @@ const MAX_START_KILL_MS: u64 = 60;
 /// Sends tried after a restart before the nodes must have delivered again.
 const DELIVERY_ATTEMPTS: usize = 5;
 
-/// SplitMix64: the same seed gives the same run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
+/// `0..n` (`0` when `n` is 0), from the seeded generator.
+fn below(rng: &mut StdRng, n: u64) -> u64 {
+    rng.random_range(0..n.max(1))
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -150,7 +140,8 @@ async fn fifty_kill_9_during_sends_deliveries_and_key_rotation() {
     });
     let rounds = env_u64("BLINDRELAY_CRASH_ROUNDS").unwrap_or(SEND_ROUNDS);
     println!("crash seed: {seed} (BLINDRELAY_CRASH_SEED={seed} replays this run)");
-    let mut rng = Rng(seed);
+    // The same seed gives the same run.
+    let mut rng = StdRng::seed_from_u64(seed);
     let started = Instant::now();
     let mut net = Net::start(3, &[]).await;
     let files = tempfile::tempdir().unwrap();
@@ -160,8 +151,8 @@ async fn fifty_kill_9_during_sends_deliveries_and_key_rotation() {
 
     // Sends in flight; one node killed.
     for round in 0..rounds {
-        let victim = rng.below(3) as usize;
-        let delay = Duration::from_millis(rng.below(MAX_KILL_DELAY_MS + 1));
+        let victim = below(&mut rng, 3) as usize;
+        let delay = Duration::from_millis(below(&mut rng, MAX_KILL_DELAY_MS + 1));
         let mut sends = Vec::with_capacity(SENDS);
         for k in 0..SENDS {
             let payload = format!("round {round} send {k} {}", hex(&random_bytes(8))).into_bytes();
@@ -199,7 +190,11 @@ async fn fifty_kill_9_during_sends_deliveries_and_key_rotation() {
         std::fs::write(dir.join("onion-keys.json"), keys.to_string()).unwrap();
         for _ in 0..ROTATION_KILLS {
             net.start_detached(node, &[]);
-            tokio::time::sleep(Duration::from_millis(rng.below(MAX_START_KILL_MS + 1))).await;
+            tokio::time::sleep(Duration::from_millis(below(
+                &mut rng,
+                MAX_START_KILL_MS + 1,
+            )))
+            .await;
             net.kill9(node).await;
             kills += 1;
             let now = onion_keys(&dir);

@@ -13,6 +13,9 @@ use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
 /// Second octet: 1..=255 (255 values).
 const SECOND: u32 = 255;
 /// Third octet: 0..=255.
@@ -34,13 +37,8 @@ fn base() -> u32 {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_nanos() as u64)
             .unwrap_or(0);
-        let mut x = u64::from(std::process::id()) ^ nanos.rotate_left(29);
-        // splitmix64 finaliser
-        x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        x ^= x >> 31;
-        (x % u64::from(SPACE)) as u32
+        let seed = u64::from(std::process::id()) ^ nanos.rotate_left(29);
+        SmallRng::seed_from_u64(seed).random_range(0..SPACE)
     })
 }
 

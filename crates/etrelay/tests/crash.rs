@@ -24,6 +24,8 @@ use common::daemon::{Daemon, TOKEN, new_key, ports};
 use common::{ask, client};
 use etrelay::proof::fingerprint;
 use etrelay_testkit::{FakeEtConfig, FakeEtServer, udp, unique_ip};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use reqwest::Method;
 use serde_json::json;
 
@@ -38,21 +40,9 @@ const OPS_PER_ROUND: usize = 12;
 /// The kill comes this long (at most) after the round's first request.
 const MAX_KILL_DELAY_MS: u64 = 120;
 
-/// A small seeded generator (SplitMix64): the same seed gives the same run.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
-    }
+/// `0..n` (`0` when `n` is 0), from the seeded generator.
+fn below(rng: &mut StdRng, n: u64) -> u64 {
+    rng.random_range(0..n.max(1))
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -120,22 +110,22 @@ fn apply(model: &mut Model, op: &Op, port: Option<u16>) {
 }
 
 /// A random request that makes sense on `model`.
-fn pick(rng: &mut Rng, model: &Model, n: &mut u32) -> Op {
-    let server = rng.below(SERVERS as u64) as usize;
+fn pick(rng: &mut StdRng, model: &Model, n: &mut u32) -> Op {
+    let server = below(rng, SERVERS as u64) as usize;
     let Some(e) = model.get(&server) else {
         return Op::Register {
             server,
             key: new_key(),
         };
     };
-    match rng.below(10) {
+    match below(rng, 10) {
         0 => Op::Takeover {
             server,
             key: new_key(),
         },
         1 => Op::Leave { server },
         2..=4 if !e.bans.is_empty() => {
-            let i = rng.below(e.bans.len() as u64) as usize;
+            let i = below(rng, e.bans.len() as u64) as usize;
             let ip = e.bans.iter().nth(i).expect("in range").clone();
             Op::Unban { server, ip }
         }
@@ -275,7 +265,8 @@ async fn fifty_kill_9_during_registrations_takeovers_bans_and_unbans() {
     });
     let rounds = env_u64("ETRELAY_CRASH_ROUNDS").unwrap_or(ROUNDS);
     println!("crash seed: {seed} (ETRELAY_CRASH_SEED={seed} replays this run)");
-    let mut rng = Rng(seed);
+    // The same seed gives the same run.
+    let mut rng = StdRng::seed_from_u64(seed);
     let dir = tempfile::tempdir().unwrap();
     let state = dir.path().join("state");
     let ip = unique_ip();
@@ -304,7 +295,7 @@ async fn fifty_kill_9_during_registrations_takeovers_bans_and_unbans() {
             apply(&mut plan_model, &op, port);
             plan.push(op);
         }
-        let delay = Duration::from_millis(rng.below(MAX_KILL_DELAY_MS + 1));
+        let delay = Duration::from_millis(below(&mut rng, MAX_KILL_DELAY_MS + 1));
         let done = Arc::new(Mutex::new(Done::default()));
         let writer = {
             let (http, url) = (d.http.clone(), d.url(""));
