@@ -4,7 +4,7 @@
 //!
 //! Run with `cargo run -p etrelay --example demo`.
 
-use std::net::Ipv4Addr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::time::Duration;
 
 use etrelay::config::{MAX_QUEUED_BYTES, MAX_SESSIONS, ServerConfig};
@@ -13,14 +13,42 @@ use etrelay_testkit::{FakeEtConfig, FakeEtServer, FakeMaster, MasterStyle, udp, 
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 
+type Result<T> = std::result::Result<T, Box<dyn std::error::Error>>;
+
 #[tokio::main(flavor = "current_thread")]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter("info,etrelay=debug,etrelay_testkit=warn")
         .with_target(false)
         .without_time()
         .init();
 
+    let (et, master) = peers()?;
+    let relay = start_relay(&et, &master).await?;
+    let addr = relay.public_addr();
+
+    println!("\n# the relay heartbeats the master, which checks the relay's address\n");
+    let listed = master.wait_listed(addr, Duration::from_secs(5)).await;
+    println!(
+        "\n# master lists {:?} (the relay: {listed}; the game server itself: {})\n",
+        master.listed(),
+        master.listed().contains(&et.addr())
+    );
+
+    let browser = udp::bind(Ipv4Addr::new(127, 0, 0, 1)).await?;
+    browse(&browser, addr).await;
+    try_rcon(&browser, &relay, &et).await?;
+
+    relay.stop().await;
+    let flat = master
+        .wait_heartbeats("ETFlatline-1", 1, Duration::from_secs(2))
+        .await;
+    println!("\n# relay stopped; the master got a flatline from {flat:?}");
+    Ok(())
+}
+
+/// The scripted game server, with two players, and the master.
+fn peers() -> Result<(FakeEtServer, FakeMaster)> {
     let players = vec![
         (12, 48, "^1Sgt.^7Fury".to_string()),
         (7, 63, "medic".to_string()),
@@ -39,32 +67,29 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         et.addr(),
         master.addr()
     );
+    Ok((et, master))
+}
 
+/// The relay in front of `et`, heartbeating `master`.
+async fn start_relay(et: &FakeEtServer, master: &FakeMaster) -> Result<ServerHandle> {
     let mut config = ServerConfig::new(et.addr());
     config.masters = vec![master.addr().to_string()];
     let public = UdpSocket::bind((unique_ip(), 0)).await?;
     let root = CancellationToken::new();
-    let relay = ServerHandle::start(
+    Ok(ServerHandle::start(
         config,
         public,
         Budget::new(MAX_SESSIONS, MAX_QUEUED_BYTES),
         &root,
-    )?;
-    let addr = relay.public_addr();
+    )?)
+}
 
-    println!("\n# the relay heartbeats the master, which checks the relay's address\n");
-    let listed = master.wait_listed(addr, Duration::from_secs(5)).await;
-    println!(
-        "\n# master lists {:?} (the relay: {listed}; the game server itself: {})\n",
-        master.listed(),
-        master.listed().contains(&et.addr())
-    );
-
+/// A server browser's `getinfo` and `getstatus` through the relay at `addr`, and the answers.
+async fn browse(browser: &UdpSocket, addr: SocketAddr) {
     println!("# a server browser asks through the relay\n");
-    let browser = udp::bind(Ipv4Addr::new(127, 0, 0, 1)).await?;
     for query in [&b"getinfo demo123"[..], b"getstatus demo456"] {
         let replies = udp::exchange(
-            &browser,
+            browser,
             addr,
             &udp::oob(query),
             Duration::from_millis(200),
@@ -79,7 +104,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             );
         }
     }
+}
 
+/// rcon in spellings the server would run, then a `getchallenge`: what the relay dropped and
+/// what reached the game server.
+async fn try_rcon(browser: &UdpSocket, relay: &ServerHandle, et: &FakeEtServer) -> Result<()> {
+    let addr = relay.public_addr();
     println!("# an attacker tries rcon, in spellings the server would run\n");
     for rcon in [
         &b"rcon secret sets g_gravity 10"[..],
@@ -89,7 +119,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         browser.send_to(&udp::oob(rcon), addr).await?;
     }
     let replies = udp::exchange(
-        &browser,
+        browser,
         addr,
         &udp::oob(b"getchallenge"),
         Duration::from_millis(200),
@@ -102,11 +132,5 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         et.rcon_executed().len(),
         replies.len()
     );
-
-    relay.stop().await;
-    let flat = master
-        .wait_heartbeats("ETFlatline-1", 1, Duration::from_secs(2))
-        .await;
-    println!("\n# relay stopped; the master got a flatline from {flat:?}");
     Ok(())
 }

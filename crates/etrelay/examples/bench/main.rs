@@ -292,25 +292,72 @@ fn throughput_table(plan: &Plan, dir: &Path) {
     let _ = sink.join();
 }
 
+/// The paths of the latency runs, in the order they run each round.
+const LATENCY_PATHS: [&str; 5] = [
+    "direct",
+    "nginx 1 worker",
+    "etrelay",
+    "etrelay, getstatus flood",
+    "etrelay --no-io-uring",
+];
+
+/// Where the latency runs send: the echo server itself, and the relays in front of it.
+#[derive(Clone, Copy)]
+struct LatencyTargets {
+    echo: SocketAddr,
+    nginx: SocketAddr,
+    relay: SocketAddr,
+    plain: SocketAddr,
+}
+
+impl LatencyTargets {
+    /// The address path `k` of [`LATENCY_PATHS`] sends to.
+    fn of(&self, k: usize) -> SocketAddr {
+        [self.echo, self.nginx, self.relay, self.relay, self.plain][k]
+    }
+}
+
 fn latency_table(plan: &Plan, dir: &Path) {
     let stop = Arc::new(AtomicBool::new(false));
     let echo_sock = UdpSocket::bind((Ipv4Addr::new(127, 78, 0, 2), 0)).expect("bind echo");
     let _ = socket2::SockRef::from(&echo_sock).set_recv_buffer_size(8 << 20);
     let echo_addr = echo_sock.local_addr().expect("echo address");
     let echo = load::echo(echo_sock, Arc::clone(&stop));
-    let nginx_addr: SocketAddr = (Ipv4Addr::new(127, 78, 0, 3), 27961).into();
-    let relay_addr: SocketAddr = (Ipv4Addr::new(127, 78, 0, 4), 27960).into();
-    let plain_addr: SocketAddr = (Ipv4Addr::new(127, 78, 0, 5), 27960).into();
-    ports_free(&[nginx_addr, relay_addr, plain_addr]);
-    let nginx = start_nginx(&dir.join("nginx-l"), nginx_addr, echo_addr);
-    let relay = start_etrelay(relay_addr, echo_addr, &[]);
-    let plain = start_etrelay(plain_addr, echo_addr, &["--no-io-uring"]);
+    let t = LatencyTargets {
+        echo: echo_addr,
+        nginx: (Ipv4Addr::new(127, 78, 0, 3), 27961).into(),
+        relay: (Ipv4Addr::new(127, 78, 0, 4), 27960).into(),
+        plain: (Ipv4Addr::new(127, 78, 0, 5), 27960).into(),
+    };
+    ports_free(&[t.nginx, t.relay, t.plain]);
+    let nginx = start_nginx(&dir.join("nginx-l"), t.nginx, echo_addr);
+    let relay = start_etrelay(t.relay, echo_addr, &[]);
+    let plain = start_etrelay(t.plain, echo_addr, &["--no-io-uring"]);
     let socks = latency::clients();
     // Sessions open and settle before the first counted run.
-    for addr in [nginx_addr, relay_addr, plain_addr] {
+    for addr in [t.nginx, t.relay, t.plain] {
         let _ = latency::run(&socks, addr, 0.3);
     }
+    let pids = [nginx.0.id(), relay.0.id(), plain.0.id()];
+    let (all, flood_sent, cpu) = latency_rounds(plan, &socks, t, pids);
+    print_latency_medians(plan, &all, flood_sent, &cpu);
+    one_client_alone(plan, t);
+    drop(plain);
+    drop(relay);
+    drop(nginx);
+    stop.store(true, Ordering::Relaxed);
+    let _ = echo.join();
+}
 
+/// The rounds of the latency runs over every path, each run's line printed: the round trips of
+/// each path, the `getstatus` sent by the floods, and the CPU time (ns) of the relays'
+/// processes (`pids`: nginx, etrelay, etrelay --no-io-uring) during their unloaded runs.
+fn latency_rounds(
+    plan: &Plan,
+    socks: &[UdpSocket],
+    t: LatencyTargets,
+    pids: [u32; 3],
+) -> ([Vec<Rtt>; 5], u64, [u64; 3]) {
     println!(
         "\n### Round trip at the ET-like load ({} clients, {} datagrams/s in all, 64 B), µs\n",
         latency::CLIENTS,
@@ -318,18 +365,8 @@ fn latency_table(plan: &Plan, dir: &Path) {
     );
     println!("| round | path | p50 | p99 | p99.9 | came back |");
     println!("|---:|---|---:|---:|---:|---:|");
-    let names = [
-        "direct",
-        "nginx 1 worker",
-        "etrelay",
-        "etrelay, getstatus flood",
-        "etrelay --no-io-uring",
-    ];
     let mut all: [Vec<Rtt>; 5] = Default::default();
     let mut flood_sent = 0;
-    // CPU time (ns) of the relay's processes during the unloaded runs: nginx, etrelay,
-    // etrelay --no-io-uring.
-    let pids = [nginx.0.id(), relay.0.id(), plain.0.id()];
     let mut cpu = [0u64; 3];
     // The path's index in `pids` and `cpu`, for the unloaded relays.
     let relay_of = |k: usize| match k {
@@ -338,20 +375,14 @@ fn latency_table(plan: &Plan, dir: &Path) {
         _ => None,
     };
     for round in 1..=plan.lat_rounds {
-        for (k, name) in names.iter().enumerate() {
-            let target = [echo_addr, nginx_addr, relay_addr, relay_addr, plain_addr][k];
+        for (k, name) in LATENCY_PATHS.iter().enumerate() {
             let before = relay_of(k).map(|i| cpu_ns(pids[i]));
             let r = if k == 3 {
-                let fstop = Arc::new(AtomicBool::new(false));
-                let (t, sent) = latency::flood(relay_addr, plan.lat_secs + 1.0, Arc::clone(&fstop));
-                std::thread::sleep(Duration::from_millis(100));
-                let r = latency::run(&socks, target, plan.lat_secs);
-                fstop.store(true, Ordering::Relaxed);
-                let _ = t.join();
-                flood_sent += sent.load(Ordering::Relaxed);
+                let (r, sent) = flooded_run(socks, t.relay, plan.lat_secs);
+                flood_sent += sent;
                 r
             } else {
-                latency::run(&socks, target, plan.lat_secs)
+                latency::run(socks, t.of(k), plan.lat_secs)
             };
             if let (Some(before), Some(i)) = (before, relay_of(k)) {
                 cpu[i] += cpu_ns(pids[i]).saturating_sub(before);
@@ -366,6 +397,24 @@ fn latency_table(plan: &Plan, dir: &Path) {
             all[k].push(r);
         }
     }
+    (all, flood_sent, cpu)
+}
+
+/// A latency run through the relay at `relay` while a `getstatus` flood runs against it; the
+/// round trips and the `getstatus` the flood sent.
+fn flooded_run(socks: &[UdpSocket], relay: SocketAddr, secs: f64) -> (Rtt, u64) {
+    let fstop = Arc::new(AtomicBool::new(false));
+    let (t, sent) = latency::flood(relay, secs + 1.0, Arc::clone(&fstop));
+    std::thread::sleep(Duration::from_millis(100));
+    let r = latency::run(socks, relay, secs);
+    fstop.store(true, Ordering::Relaxed);
+    let _ = t.join();
+    (r, sent.load(Ordering::Relaxed))
+}
+
+/// The medians of the rounds per path, the flood's effect, and the relays' CPU time per round
+/// trip.
+fn print_latency_medians(plan: &Plan, all: &[Vec<Rtt>; 5], flood_sent: u64, cpu: &[u64; 3]) {
     println!(
         "\nFlood: {} `getstatus` sent in all ({} per second while it ran, {} sources).\n",
         flood_sent,
@@ -377,7 +426,7 @@ fn latency_table(plan: &Plan, dir: &Path) {
     println!("|---|---:|---:|---:|---:|");
     let med = |k: usize, f: fn(&Rtt) -> f64| median(all[k].iter().map(f).collect());
     let nginx_p99 = med(1, |r| r.p99);
-    for (k, name) in names.iter().enumerate() {
+    for (k, name) in LATENCY_PATHS.iter().enumerate() {
         println!(
             "| {name} | {:.0} | {:.0} | {:.0} | {:.2} |",
             med(k, |r| r.p50),
@@ -401,12 +450,15 @@ fn latency_table(plan: &Plan, dir: &Path) {
         cpu[1] as f64 / cpu[0].max(1) as f64,
         cpu[2] as f64 / 1000.0 / trips,
     );
-    // One client alone: what a datagram costs on an idle path, no burst to queue behind. Its
-    // own socket (the latency runs' sockets are connected to their last target).
+}
+
+/// One client alone: what a datagram costs on an idle path, no burst to queue behind. Its own
+/// socket (the latency runs' sockets are connected to their last target).
+fn one_client_alone(plan: &Plan, t: LatencyTargets) {
     let alone = &load::clients(76, 1)[0];
     let mut one: [Vec<Rtt>; 3] = Default::default();
     for _ in 0..plan.lat_rounds {
-        for (k, to) in [echo_addr, nginx_addr, relay_addr].into_iter().enumerate() {
+        for (k, to) in [t.echo, t.nginx, t.relay].into_iter().enumerate() {
             one[k].push(latency::ping_pong(alone, to, plan.ping_pongs));
         }
     }
@@ -425,11 +477,6 @@ fn latency_table(plan: &Plan, dir: &Path) {
             med1(k, |r| r.p99) / med1(1, |r| r.p99)
         );
     }
-    drop(plain);
-    drop(relay);
-    drop(nginx);
-    stop.store(true, Ordering::Relaxed);
-    let _ = echo.join();
 }
 
 fn main() {

@@ -16,7 +16,7 @@
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -51,6 +51,46 @@ fn one(bin: &Path, dir: &Path, work: Work, name: &str) -> (u64, u64, f64) {
     let sink = load::sink(sink_sock, Arc::clone(&counts), Arc::clone(&stop));
     let relay_addr: SocketAddr = (Ipv4Addr::new(127, 79, 0, 4), 27960).into();
     let out = dir.join(format!("callgrind.{name}.out"));
+    let mut child = start_under_callgrind(bin, &out, relay_addr, sink_addr);
+    let socks = load::clients(79, 8);
+    load::warm_up(&socks, relay_addr, &counts);
+    std::thread::sleep(Duration::from_millis(300));
+    let before = counts.delivered.load(Ordering::Relaxed);
+    let start = Instant::now();
+    let (sent, returned) = match work {
+        Work::Quiet(secs) => {
+            std::thread::sleep(Duration::from_secs(secs));
+            (0, 0)
+        }
+        Work::Game(burst) => (game(&socks, relay_addr, burst, &counts, before), 0),
+        Work::RoundTrip => round_trips(&socks, relay_addr),
+        Work::GetStatus => (getstatus(relay_addr), 0),
+    };
+    settle(&counts);
+    let delivered = counts.delivered.load(Ordering::Relaxed) - before;
+    let elapsed = start.elapsed().as_secs_f64();
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let _ = child.wait();
+    stop.store(true, Ordering::Relaxed);
+    let _ = sink.join();
+    let counted = match work {
+        Work::Game(_) => delivered,
+        Work::RoundTrip => returned,
+        _ => sent as u64,
+    };
+    (callgrind_total(&out), counted, elapsed)
+}
+
+/// Starts `bin` under callgrind (profile written to `out`) relaying `sink_addr` on
+/// `relay_addr`, and waits (at most 60 s) for it to say it relays.
+fn start_under_callgrind(
+    bin: &Path,
+    out: &Path,
+    relay_addr: SocketAddr,
+    sink_addr: SocketAddr,
+) -> Child {
     let mut child = Command::new("valgrind")
         .args(["--tool=callgrind", "-q"])
         .arg(format!("--callgrind-out-file={}", out.display()))
@@ -77,70 +117,88 @@ fn one(bin: &Path, dir: &Path, work: Work, name: &str) -> (u64, u64, f64) {
         }
     }
     std::thread::spawn(move || for _ in lines {});
-    let socks = load::clients(79, 8);
-    load::warm_up(&socks, relay_addr, &counts);
-    std::thread::sleep(Duration::from_millis(300));
-    let before = counts.delivered.load(Ordering::Relaxed);
+    child
+}
+
+/// [`Work::Game`]: [`DATAGRAMS`] in-game datagrams in bursts of `burst`, each burst once the
+/// sink counted the one before (at most 1 s each); returns how many were sent.
+fn game(
+    socks: &[UdpSocket],
+    relay_addr: SocketAddr,
+    burst: usize,
+    counts: &SinkCounts,
+    before: u64,
+) -> usize {
     let pkts: Vec<Vec<u8>> = (0..socks.len()).map(|i| load::packet(i, 64)).collect();
     let start = Instant::now();
     let mut sent = 0;
-    let mut returned = 0u64;
-    match work {
-        Work::Quiet(secs) => std::thread::sleep(Duration::from_secs(secs)),
-        Work::Game(burst) => {
-            while sent < DATAGRAMS && start.elapsed() < Duration::from_secs(60) {
-                for _ in 0..burst {
-                    let _ = socks[sent % 8].send_to(&pkts[sent % 8], relay_addr);
-                    sent += 1;
-                }
-                let wait = Instant::now() + Duration::from_secs(1);
-                while counts.delivered.load(Ordering::Relaxed) - before < sent as u64
-                    && Instant::now() < wait
-                {
-                    std::thread::sleep(Duration::from_micros(50));
-                }
-            }
+    while sent < DATAGRAMS && start.elapsed() < Duration::from_secs(60) {
+        for _ in 0..burst {
+            let _ = socks[sent % 8].send_to(&pkts[sent % 8], relay_addr);
+            sent += 1;
         }
-        Work::RoundTrip => {
-            let mut buf = [0u8; 2048];
-            for s in &socks {
-                s.set_read_timeout(Some(Duration::from_secs(1)))
-                    .expect("read timeout");
-            }
-            let mut pkts = pkts.clone();
-            for p in &mut pkts {
-                p[2] = load::ECHO;
-            }
-            while sent < DATAGRAMS && start.elapsed() < Duration::from_secs(60) {
-                let s = &socks[sent % 8];
-                let _ = s.send_to(&pkts[sent % 8], relay_addr);
-                sent += 1;
-                if s.recv(&mut buf).is_ok() {
-                    returned += 1;
-                }
-            }
-        }
-        Work::GetStatus => {
-            let flood: Vec<UdpSocket> = (0..1000)
-                .map(|i| {
-                    let ip = Ipv4Addr::new(127, 89, (i % 250) as u8, (1 + i / 250) as u8);
-                    UdpSocket::bind((ip, 0)).expect("bind a source")
-                })
-                .collect();
-            while sent < DATAGRAMS && start.elapsed() < Duration::from_secs(60) {
-                let due = (start.elapsed().as_micros() as u64 * RATE / 1_000_000) as usize;
-                if sent >= due {
-                    std::thread::sleep(Duration::from_micros(500));
-                    continue;
-                }
-                let probe = b"\xff\xff\xff\xffgetstatus\n";
-                if flood[sent % flood.len()].send_to(probe, relay_addr).is_ok() {
-                    sent += 1;
-                }
-            }
+        let wait = Instant::now() + Duration::from_secs(1);
+        while counts.delivered.load(Ordering::Relaxed) - before < sent as u64
+            && Instant::now() < wait
+        {
+            std::thread::sleep(Duration::from_micros(50));
         }
     }
-    // Wait until the sink stops counting (bounded), then end the relay with SIGTERM.
+    sent
+}
+
+/// [`Work::RoundTrip`]: [`DATAGRAMS`] datagrams the sink sends back, one at a time; returns
+/// (sent, came back).
+fn round_trips(socks: &[UdpSocket], relay_addr: SocketAddr) -> (usize, u64) {
+    let mut buf = [0u8; 2048];
+    for s in socks {
+        s.set_read_timeout(Some(Duration::from_secs(1)))
+            .expect("read timeout");
+    }
+    let mut pkts: Vec<Vec<u8>> = (0..socks.len()).map(|i| load::packet(i, 64)).collect();
+    for p in &mut pkts {
+        p[2] = load::ECHO;
+    }
+    let start = Instant::now();
+    let (mut sent, mut returned) = (0, 0u64);
+    while sent < DATAGRAMS && start.elapsed() < Duration::from_secs(60) {
+        let s = &socks[sent % 8];
+        let _ = s.send_to(&pkts[sent % 8], relay_addr);
+        sent += 1;
+        if s.recv(&mut buf).is_ok() {
+            returned += 1;
+        }
+    }
+    (sent, returned)
+}
+
+/// [`Work::GetStatus`]: [`DATAGRAMS`] `getstatus` from 1 000 sources at [`RATE`] per second;
+/// returns how many were sent.
+fn getstatus(relay_addr: SocketAddr) -> usize {
+    let flood: Vec<UdpSocket> = (0..1000)
+        .map(|i| {
+            let ip = Ipv4Addr::new(127, 89, (i % 250) as u8, (1 + i / 250) as u8);
+            UdpSocket::bind((ip, 0)).expect("bind a source")
+        })
+        .collect();
+    let start = Instant::now();
+    let mut sent = 0;
+    while sent < DATAGRAMS && start.elapsed() < Duration::from_secs(60) {
+        let due = (start.elapsed().as_micros() as u64 * RATE / 1_000_000) as usize;
+        if sent >= due {
+            std::thread::sleep(Duration::from_micros(500));
+            continue;
+        }
+        let probe = b"\xff\xff\xff\xffgetstatus\n";
+        if flood[sent % flood.len()].send_to(probe, relay_addr).is_ok() {
+            sent += 1;
+        }
+    }
+    sent
+}
+
+/// Waits until the sink stops counting (at most 10 s).
+fn settle(counts: &SinkCounts) {
     let mut last = u64::MAX;
     let settle = Instant::now() + Duration::from_secs(10);
     while Instant::now() < settle {
@@ -151,29 +209,18 @@ fn one(bin: &Path, dir: &Path, work: Work, name: &str) -> (u64, u64, f64) {
         }
         last = now;
     }
-    let delivered = counts.delivered.load(Ordering::Relaxed) - before;
-    let elapsed = start.elapsed().as_secs_f64();
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let _ = child.wait();
-    stop.store(true, Ordering::Relaxed);
-    let _ = sink.join();
-    let text = std::fs::read_to_string(&out).expect("callgrind output");
-    let total = text
-        .lines()
+}
+
+/// The instructions callgrind counted in all, from its profile `out`.
+fn callgrind_total(out: &Path) -> u64 {
+    let text = std::fs::read_to_string(out).expect("callgrind output");
+    text.lines()
         .find_map(|l| {
             l.strip_prefix("summary:")
                 .or_else(|| l.strip_prefix("totals:"))
         })
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .expect("callgrind totals");
-    let counted = match work {
-        Work::Game(_) => delivered,
-        Work::RoundTrip => returned,
-        _ => sent as u64,
-    };
-    (total, counted, elapsed)
+        .expect("callgrind totals")
 }
 
 pub(crate) fn main(bin: Option<PathBuf>) {
