@@ -32,7 +32,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::pipeline::Pipeline;
-use crate::sources::{CountLimits, CountRefusal, CountTable, Held};
+use crate::sources::{CountLimits, CountTable, Held};
 
 /// A request head must arrive within this (also the idle timeout between requests).
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -125,10 +125,7 @@ impl Admit for Sources {
 
     fn admit(&self, peer: SocketAddr) -> Result<Held, Refusal> {
         let source = self.pipeline.classify(peer.ip());
-        self.table.acquire(source.key()).map_err(|r| match r {
-            CountRefusal::Source => Refusal::Source,
-            CountRefusal::Total => Refusal::Total,
-        })
+        self.table.acquire(source.key())
     }
 
     fn held(&self) -> usize {
@@ -136,12 +133,7 @@ impl Admit for Sources {
     }
 
     fn limits(&self) -> Limits {
-        let l = self.table.limits();
-        Limits {
-            total: l.total,
-            per_source: l.per_source,
-            reserved: l.reserved,
-        }
+        self.table.limits()
     }
 }
 

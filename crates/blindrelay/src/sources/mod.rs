@@ -196,117 +196,18 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Limits of a [`CountTable`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct CountLimits {
-    /// Held at most in all.
-    pub total: usize,
-    /// Held at most by one source.
-    pub per_source: usize,
-    /// Of `total`, held back for known sources: unknown ones may hold `total − reserved`.
-    pub reserved: usize,
-}
-
 /// Things held per source at once (open connections, requests in flight): a total, a cap per
-/// source, and a share reserved for known sources. Entries exist only while something is held,
-/// so the table never holds more than `total` keys. Guards give their slot back on drop.
-#[derive(Debug, Clone)]
-pub struct CountTable {
-    inner: Arc<CountInner>,
-}
-
-#[derive(Debug)]
-struct CountInner {
-    limits: CountLimits,
-    state: Mutex<Counts>,
-}
-
-#[derive(Debug, Default)]
-struct Counts {
-    total: usize,
-    per: HashMap<SourceKey, usize>,
-}
-
-/// Why a [`CountTable`] refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CountRefusal {
-    /// This source holds its cap.
-    Source,
-    /// The table (or, for an unknown source, its unreserved part) is full.
-    Total,
-}
-
+/// source, and a share reserved for known sources ([`SourceKey::is_known`]). The one table both
+/// relays' listeners count with ([`listener::Table`]), keyed here by source.
+pub type CountTable = listener::Table<SourceKey>;
 /// One slot of a [`CountTable`], given back on drop.
-#[derive(Debug)]
-pub struct Held {
-    inner: Arc<CountInner>,
-    key: SourceKey,
-}
+pub type Held = listener::Slot<SourceKey>;
+pub use listener::{Limits as CountLimits, Refusal as CountRefusal};
 
-impl CountTable {
-    /// A table within `limits`.
-    pub fn new(limits: CountLimits) -> Self {
-        CountTable {
-            inner: Arc::new(CountInner {
-                limits,
-                state: Mutex::new(Counts::default()),
-            }),
-        }
-    }
-
-    /// Takes a slot for `key`; never waits.
-    ///
-    /// # Errors
-    /// [`CountRefusal`].
-    pub fn acquire(&self, key: SourceKey) -> Result<Held, CountRefusal> {
-        let l = self.inner.limits;
-        let mut s = lock(&self.inner.state);
-        let cap = if key.is_known() {
-            l.total
-        } else {
-            l.total.saturating_sub(l.reserved)
-        };
-        if s.total >= cap {
-            return Err(CountRefusal::Total);
-        }
-        let held = s.per.get(&key).copied().unwrap_or(0);
-        if held >= l.per_source {
-            return Err(CountRefusal::Source);
-        }
-        s.per.insert(key, held + 1);
-        s.total += 1;
-        Ok(Held {
-            inner: Arc::clone(&self.inner),
-            key,
-        })
-    }
-
-    /// Slots held now.
-    pub fn held(&self) -> usize {
-        lock(&self.inner.state).total
-    }
-
-    /// Sources holding a slot now.
-    pub fn sources(&self) -> usize {
-        lock(&self.inner.state).per.len()
-    }
-
-    /// The limits.
-    pub fn limits(&self) -> CountLimits {
-        self.inner.limits
-    }
-}
-
-impl Drop for Held {
-    fn drop(&mut self) {
-        let mut s = lock(&self.inner.state);
-        s.total = s.total.saturating_sub(1);
-        if let Some(n) = s.per.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                s.per.remove(&self.key);
-            }
-        }
+/// A known source takes the share reserved for known sources.
+impl listener::Key for SourceKey {
+    fn reserved(&self) -> bool {
+        self.is_known()
     }
 }
 
