@@ -206,6 +206,78 @@ pub struct OpenArena {
     log_path: PathBuf,
 }
 
+/// The command that runs `wrapper`: under `setpriv --pdeathsig KILL` where it is installed
+/// (the server dies with the test), inside network namespace `netns` if given.
+fn command_for(wrapper: &Path, netns: Option<&str>) -> Command {
+    let mut prefix: Vec<String> = Vec::new();
+    if let Some(setpriv) = setpriv() {
+        prefix.push(setpriv.display().to_string());
+        prefix.extend(["--pdeathsig", "KILL", "--"].map(String::from));
+    }
+    if let Some(ns) = netns {
+        prefix.extend(["ip", "netns", "exec", ns].map(String::from));
+    }
+    match prefix.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(wrapper);
+            c
+        }
+        None => Command::new(wrapper),
+    }
+}
+
+/// The server's command line: dedicated on `ip:27960`, no masters, the rcon password and
+/// host name, the extra settings, map `oa_dm1`.
+fn server_args(options: &Options) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "+set",
+        "dedicated",
+        "1",
+        "+set",
+        "net_enabled",
+        "1",
+        "+set",
+        "net_ip",
+        &options.ip.to_string(),
+        "+set",
+        "net_port",
+        &PORT.to_string(),
+    ]
+    .map(String::from)
+    .to_vec();
+    // The engine joins its argv with spaces before parsing, so an empty
+    // argument would vanish; a literal `""` is an empty quoted token.
+    for key in [
+        "sv_master1",
+        "sv_master2",
+        "sv_master3",
+        "sv_master4",
+        "sv_master5",
+    ] {
+        args.extend(["+set", key, "\"\""].map(String::from));
+    }
+    args.extend(
+        [
+            "+set",
+            "rconpassword",
+            &options.rcon_password,
+            "+set",
+            "sv_hostname",
+            &options.hostname,
+            "+set",
+            "ttycon",
+            "0",
+        ]
+        .map(String::from),
+    );
+    for (key, value) in &options.sets {
+        args.extend(["+set", key.as_str(), value.as_str()].map(String::from));
+    }
+    args.extend(["+map", "oa_dm1"].map(String::from));
+    args
+}
+
 impl OpenArena {
     /// Whether Debian's `openarena-server` wrapper script is installed
     /// (`dpkg -L openarena-server`, normally `/usr/games/openarena-server`).
@@ -233,65 +305,9 @@ impl OpenArena {
         let log_path = dir.join("server.log");
         let log = File::create(&log_path)?;
 
-        let mut prefix: Vec<String> = Vec::new();
-        if let Some(setpriv) = setpriv() {
-            prefix.push(setpriv.display().to_string());
-            prefix.extend(["--pdeathsig", "KILL", "--"].map(String::from));
-        }
-        if let Some(ns) = &options.netns {
-            prefix.extend(["ip", "netns", "exec", ns.as_str()].map(String::from));
-        }
-        let mut command = match prefix.split_first() {
-            Some((program, rest)) => {
-                let mut c = Command::new(program);
-                c.args(rest).arg(&wrapper);
-                c
-            }
-            None => Command::new(&wrapper),
-        };
+        let mut command = command_for(&wrapper, options.netns.as_deref());
         let ip = options.ip;
-        let ip_text = ip.to_string();
-        let port_text = PORT.to_string();
-        let mut args: Vec<&str> = vec![
-            "+set",
-            "dedicated",
-            "1",
-            "+set",
-            "net_enabled",
-            "1",
-            "+set",
-            "net_ip",
-            &ip_text,
-            "+set",
-            "net_port",
-            &port_text,
-        ];
-        // The engine joins its argv with spaces before parsing, so an empty
-        // argument would vanish; a literal `""` is an empty quoted token.
-        for key in [
-            "sv_master1",
-            "sv_master2",
-            "sv_master3",
-            "sv_master4",
-            "sv_master5",
-        ] {
-            args.extend(["+set", key, "\"\""]);
-        }
-        args.extend([
-            "+set",
-            "rconpassword",
-            &options.rcon_password,
-            "+set",
-            "sv_hostname",
-            &options.hostname,
-            "+set",
-            "ttycon",
-            "0",
-        ]);
-        for (key, value) in &options.sets {
-            args.extend(["+set", key.as_str(), value.as_str()]);
-        }
-        args.extend(["+map", "oa_dm1"]);
+        let args = server_args(&options);
         command
             .args(&args)
             .env("HOME", &home)
