@@ -35,20 +35,23 @@ impl Rtt {
     /// The percentiles of round trips `v` (ns).
     fn of(mut v: Vec<u64>, returned: f64) -> Rtt {
         v.sort_unstable();
-        let pct = |p: f64| {
-            if v.is_empty() {
-                f64::NAN
-            } else {
-                v[((v.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0
-            }
-        };
+        let pct = |p: f64| nearest_rank(&v, p).map_or(f64::NAN, |ns| ns as f64 / 1000.0);
         Rtt {
-            p50: pct(0.50),
-            p99: pct(0.99),
-            p999: pct(0.999),
+            p50: pct(50.0),
+            p99: pct(99.0),
+            p999: pct(99.9),
             returned,
         }
     }
+}
+
+/// The nearest-rank `p`-th percentile (0 < `p` ≤ 100) of `sorted` (ascending): the smallest
+/// value with at least `p` % of the values at or below it; `None` when there is none. (The
+/// same definition as blindrelay's bench, `crates/blindrelay/examples/delivery/load.rs`.)
+fn nearest_rank<T: Copy>(sorted: &[T], p: f64) -> Option<T> {
+    let n = sorted.len();
+    let rank = (p / 100.0 * n as f64).ceil() as usize;
+    (n > 0).then(|| sorted[rank.clamp(1, n) - 1])
 }
 
 /// One run of `secs` seconds through `target`; `socks` are the clients (bound once, so
