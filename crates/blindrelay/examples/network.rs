@@ -22,17 +22,11 @@ const QUIET: &str =
 
 const NODES: u8 = 3;
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(format!("info,{QUIET}"))
-        .with_target(false)
-        .without_time()
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-
-    // Bind first, so each node's endpoint is the address its relay listener really has.
-    let state = tempfile::tempdir()?;
+/// Binds each node's listeners first, so its endpoint is the address its relay listener really
+/// has, then builds the nodes in `state`, each with the others as peers.
+async fn build_nodes(
+    state: &std::path::Path,
+) -> Result<(Vec<Built>, Listeners), Box<dyn std::error::Error>> {
     let mut listeners = Vec::new();
     for n in 0..NODES {
         let ip = Ipv4Addr::new(127, 0, 0, 21 + n);
@@ -49,7 +43,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let now = Clock::System.unix();
     let mut nodes: Vec<Built> = Vec::new();
     for (n, endpoint) in endpoints.iter().enumerate() {
-        let dir = state.path().join(format!("node{n}"));
+        let dir = state.join(format!("node{n}"));
         blindrelay::node::init(&dir, endpoint, now)?;
         let peers = endpoints
             .iter()
@@ -66,6 +60,23 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })?;
         nodes.push(node);
     }
+    Ok((nodes, listeners))
+}
+
+/// Each node's public and operator listeners.
+type Listeners = Vec<(TcpListener, TcpListener)>;
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(format!("info,{QUIET}"))
+        .with_target(false)
+        .without_time()
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+
+    let state = tempfile::tempdir()?;
+    let (nodes, listeners) = build_nodes(state.path()).await?;
     let relays: Vec<Arc<Context>> = nodes.iter().map(|n| Arc::clone(n.relay.ctx())).collect();
     let terminal_inbox = Arc::clone(nodes[2].relay.terminal().inbox());
 

@@ -16,11 +16,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use blindrelay::clock::Clock;
+use blindrelay::context::Context;
 use blindrelay::daemon::{self, RelayConfig, RunConfig};
 use blindrelay::outbound::{HopRate, Pacer, QueueLimits};
 use blindrelay::replay::ReplayStore;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
@@ -62,13 +64,14 @@ async fn overhead() {
     }
 }
 
-/// Two nodes; node 0 sends `n` messages to node 1 over one hop, 16 at a time.
-async fn throughput(
+/// Two nodes in this process (each the other's peer), their previous-hop rule `limit` per
+/// `window`, served until `stop`; node 0 ready to route to node 1 (bounded: 10 s).
+async fn two_nodes(
     limit: u32,
     window: Duration,
-    n: usize,
-) -> Result<(), Box<dyn std::error::Error>> {
-    let state = tempfile::tempdir()?;
+    state: &std::path::Path,
+    stop: &CancellationToken,
+) -> Result<(Arc<Context>, Arc<Context>, Vec<JoinHandle<()>>), Box<dyn std::error::Error>> {
     let mut listeners = Vec::new();
     for i in 0..2u8 {
         let ip = Ipv4Addr::new(127, 0, 0, 41 + i);
@@ -84,7 +87,7 @@ async fn throughput(
     let now = Clock::System.unix();
     let mut built = Vec::new();
     for (i, endpoint) in endpoints.iter().enumerate() {
-        let dir = state.path().join(format!("node{i}"));
+        let dir = state.join(format!("node{i}"));
         blindrelay::node::init(&dir, endpoint, now)?;
         let peers = endpoints
             .iter()
@@ -108,7 +111,6 @@ async fn throughput(
         Arc::clone(built[0].relay.ctx()),
         Arc::clone(built[1].relay.ctx()),
     );
-    let stop = CancellationToken::new();
     let mut servers = Vec::new();
     for (node, (public, operator)) in built.into_iter().zip(listeners) {
         servers.push(tokio::spawn(daemon::serve(
@@ -122,6 +124,18 @@ async fn throughput(
     while a.peers.routable(a.clock.unix()).is_empty() && Instant::now() < ready {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    Ok((a, b, servers))
+}
+
+/// Two nodes; node 0 sends `n` messages to node 1 over one hop, 16 at a time.
+async fn throughput(
+    limit: u32,
+    window: Duration,
+    n: usize,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let state = tempfile::tempdir()?;
+    let stop = CancellationToken::new();
+    let (a, b, servers) = two_nodes(limit, window, state.path(), &stop).await?;
     let to = *b.node.id();
     let slots = Arc::new(Semaphore::new(16));
     let start = Instant::now();

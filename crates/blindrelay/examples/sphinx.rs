@@ -55,6 +55,44 @@ fn row(what: &str, hops: usize, payload: usize, len: usize, timing: (f64, f64, f
     println!("| {what} | {hops} | {payload} | {len} | {min:.1} | {p50:.1} | {p90:.1} | {n} |");
 }
 
+/// What a v2 hop does per frame over `route`, per hop: the previous hop's signature, the layer
+/// peeled in place, its expiry and slot (`pipeline::check_frame`), then the next frame signed.
+fn hop_per_frame(route: &[Node], packet: impl Fn() -> Vec<u8>) -> (f64, f64, f64, usize) {
+    let hops = route.len();
+    let keys: Vec<SigningKey> = (0..=hops)
+        .map(|i| SigningKey::from_bytes(&[i as u8 + 50; 32]))
+        .collect();
+    let now = route[0].spec.expires_at - 300;
+    measure(|| {
+        let mut frame = Frame::sign(packet(), &keys[0], &route[0].spec.node_id).expect("frames");
+        let mut total = Duration::ZERO;
+        for (i, node) in route.iter().enumerate() {
+            let received = frame.clone();
+            let t = Instant::now();
+            let checked = pipeline::check_frame(
+                &node.spec.node_id,
+                &[&node.secret],
+                received,
+                now,
+                &mut None,
+                |_| Ok(()),
+            )
+            .expect("accepted");
+            match checked.next {
+                HopNext::Forward { packet, next_hop } => {
+                    frame = Frame::sign(packet, &keys[i + 1], &next_hop).expect("frames");
+                    total += t.elapsed();
+                }
+                HopNext::Terminal { payload, .. } => {
+                    total += t.elapsed();
+                    black_box(payload);
+                }
+            }
+        }
+        total / hops as u32
+    })
+}
+
 fn main() {
     println!(
         "| operation | hops | payload (B) | bytes on the wire per hop | min µs | median µs | p90 µs | rounds |"
@@ -111,41 +149,7 @@ fn main() {
                 timing,
             );
 
-            // What a v2 hop does per frame: the previous hop's signature, the layer peeled in
-            // place, its expiry and slot (`pipeline::check_frame`), then the next frame signed.
-            let keys: Vec<SigningKey> = (0..=hops)
-                .map(|i| SigningKey::from_bytes(&[i as u8 + 50; 32]))
-                .collect();
-            let now = route[0].spec.expires_at - 300;
-            let timing = measure(|| {
-                let mut frame =
-                    Frame::sign(built().packet, &keys[0], &route[0].spec.node_id).expect("frames");
-                let mut total = Duration::ZERO;
-                for (i, node) in route.iter().enumerate() {
-                    let received = frame.clone();
-                    let t = Instant::now();
-                    let checked = pipeline::check_frame(
-                        &node.spec.node_id,
-                        &[&node.secret],
-                        received,
-                        now,
-                        &mut None,
-                        |_| Ok(()),
-                    )
-                    .expect("accepted");
-                    match checked.next {
-                        HopNext::Forward { packet, next_hop } => {
-                            frame = Frame::sign(packet, &keys[i + 1], &next_hop).expect("frames");
-                            total += t.elapsed();
-                        }
-                        HopNext::Terminal { payload, .. } => {
-                            total += t.elapsed();
-                            black_box(payload);
-                        }
-                    }
-                }
-                total / hops as u32
-            });
+            let timing = hop_per_frame(&route, || built().packet);
             row(
                 "v2 hop: verify + peel in place + sign next frame, per hop",
                 hops,
