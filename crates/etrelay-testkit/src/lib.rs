@@ -9,8 +9,10 @@
 //! * [`addr`]: fresh loopback addresses per test;
 //! * [`udp`]: small UDP helpers (bind, OOB packets, bounded exchanges);
 //! * [`info`]: info strings and the replies that carry them;
-//! * [`fake_server`]: a scripted ET 2.60b-style game server;
-//! * [`master`]: scripted master servers (dpmaster-like and etmaster-like);
+//! * [`fake_server`]: a scripted ET 2.60b-style game server (`answer`: queries, joins and
+//!   in-game packets; `rcon`: its rcon);
+//! * [`master`]: scripted master servers (dpmaster-like and etmaster-like; `exchange`: the
+//!   registration exchange; `list`: `getservers`);
 //! * [`openarena`]: a runner for Debian's real `openarena-server` (ioquake3);
 //! * [`qstat`]: a runner for `quakestat`, a real server browser;
 //! * [`player`]: a client's connect handshake and in-game packets;
