@@ -335,6 +335,11 @@ impl Drop for FakeEtServer {
     }
 }
 
+/// Formats an OOB reply: marker + text, no trailing NUL.
+fn reply(text: &str) -> Option<Vec<u8>> {
+    Some(crate::udp::oob(text.as_bytes()))
+}
+
 /// The receive loop: one datagram at a time, the reply computed under the
 /// lock and sent after it is released.
 async fn serve(socket: Arc<UdpSocket>, state: Arc<Mutex<State>>) {

@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 
 use super::rcon::rcon;
-use super::{MAX_CHALLENGE, MAX_CHALLENGES, Received, State};
+use super::{MAX_CHALLENGE, MAX_CHALLENGES, Received, State, reply};
 use crate::q3model::{self, Dispatch, Engine};
 
 /// `SV_VerifyChallenge` of ET 2.60b: may this challenge be answered?
@@ -13,11 +13,6 @@ fn challenge_ok(challenge: &[u8]) -> bool {
         && challenge
             .iter()
             .all(|&c| (32..=126).contains(&c) && !b"\\/%;\"".contains(&c))
-}
-
-/// Formats an OOB reply: marker + text, no trailing NUL.
-pub(super) fn reply(text: &str) -> Option<Vec<u8>> {
-    Some(crate::udp::oob(text.as_bytes()))
 }
 
 pub(super) fn handle(st: &mut State, from: SocketAddr, packet: &[u8]) -> Option<Vec<u8>> {

@@ -1,10 +1,9 @@
 //! ET 2.60b's rcon: the global gap between rcon packets, the password, and the few commands
 //! the fake runs.
 
-use super::answer::reply;
 use tokio::time::Instant;
 
-use super::{RCON_GAP, State};
+use super::{RCON_GAP, State, reply};
 use crate::q3model::{self, Engine};
 
 /// `SVC_RemoteCommand` of ET 2.60b.
