@@ -529,7 +529,7 @@ mod tests {
         what: &str,
         cond: impl Fn(&GroupCommit<Connection, Pending, u64, StoreError>) -> bool,
     ) {
-        let start = std::time::Instant::now();
+        let start = crate::clock::now();
         while !cond(&inbox.writer) {
             assert!(
                 start.elapsed() < std::time::Duration::from_secs(10),

@@ -646,7 +646,7 @@ type Group = GroupCommit<Connection, Queued, (), ReplayError>;
 
 /// Polls `cond` on the registry's group commit until it holds (bounded: 10 s).
 fn wait_until(reg: &ReplayRegistry, what: &str, cond: impl Fn(&Group) -> bool) {
-    let start = std::time::Instant::now();
+    let start = crate::clock::now();
     while !cond(reg.group.as_ref().unwrap()) {
         assert!(start.elapsed() < Duration::from_secs(10), "never: {what}");
         std::thread::yield_now();
