@@ -3,7 +3,7 @@
 //! [`FakeEtServer`] answers the connectionless queries the way an ET 2.60b
 //! server does (`et-protocol.md` §3-4), without any game behind it:
 //!
-//! * packets are classified with [`q3model::dispatch`]`(Engine::Et260, ..)`;
+//! * packets are classified with [`crate::q3model::dispatch`]`(Engine::Et260, ..)`;
 //! * `getinfo [<challenge>]` gets `infoResponse\n` + the ET 2.60b keys
 //!   (`challenge, protocol, hostname, serverload, mapname, clients,
 //!   sv_maxclients, gametype, pure, [minPing], [maxPing], [game],

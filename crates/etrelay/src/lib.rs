@@ -6,7 +6,8 @@
 //! - [`et`]: the game protocol without I/O: the server-faithful tokenizer, packet
 //!   classification (the filter), info strings and the challenge rewrite.
 //! - [`config`]: what one relayed server needs to run, with the design's defaults.
-//! - [`clock`]: the one monotonic clock decisions read (tokio's), and wall-clock dates.
+//! - [`clock`]: the one monotonic clock decisions read (tokio's), and the one read of the
+//!   wall clock ([`clock::wall_now`]) for dates.
 //! - [`net`]: batched receive on the public socket; sockets connected to the game server.
 //! - [`probe`]: asking the game server with a fresh challenge and waiting for its echo.
 //! - [`bans`]: bans: the ban and its checks, the table the packet path looks up, the files.
@@ -14,7 +15,8 @@
 //!   limiter and cache, heartbeat, bans in force, counters.
 //! - [`proof`]: server keys, their fingerprint, and the proof of console access.
 //! - [`registry`]: the registered servers by port, `servers.json`, one writer for changes.
-//! - [`control`]: the control API (axum): registration, sessions, bans, metrics.
+//! - [`control`]: the control API (axum): registration, sessions, bans, metrics; its errors
+//!   ([`control::ControlError`]: status, code, message).
 //! - [`fdbudget`]: the descriptor limit shared out between sessions, servers and the control
 //!   API.
 //! - [`metrics_http`]: `--metrics` in single-server mode: `GET /metrics` (axum) on the shared
