@@ -157,6 +157,24 @@ pub fn id(k: &SigningKey) -> NodeId {
     k.verifying_key().to_bytes()
 }
 
+/// A next hop known to `n` (its descriptor inserted), served in this process over TLS by `app`
+/// under a fresh identity: the hop of a route through `n`.
+pub async fn fake_next_hop(n: &Node, app: axum::Router) -> To {
+    let listener = TcpListener::bind((fresh_ip(), 0)).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let key = SigningKey::from_bytes(&rand::random());
+    serve_tls(listener, app, &key);
+    let d = blindrelay::proto::descriptor::Descriptor::sign(
+        &key,
+        x25519_pub(),
+        format!("https://{addr}"),
+        n.ctx.clock.unix(),
+        3600,
+    );
+    assert!(n.ctx.peers.insert(d));
+    nobody(id(&key))
+}
+
 /// Makes `b` a known peer of `a`.
 pub fn introduce(a: &Node, b: &Node) {
     let now = a.ctx.clock.unix();

@@ -10,8 +10,6 @@ use std::time::Duration;
 use blindrelay::proto::NodeId;
 use blindrelay::proto::sphinx;
 use blindrelay::send::wrap::expiry;
-use ed25519_dalek::SigningKey;
-use tokio::net::TcpListener;
 
 use crate::inproc::*;
 
@@ -289,21 +287,10 @@ async fn a_definitive_answer_is_not_retried() {
             }
         }),
     );
-    let listener = TcpListener::bind((fresh_ip(), 0)).await.unwrap();
-    let fake_addr = listener.local_addr().unwrap();
-    let fake = SigningKey::from_bytes(&rand::random());
-    serve_tls(listener, app, &fake);
-    let d = blindrelay::proto::descriptor::Descriptor::sign(
-        &fake,
-        x25519_pub(),
-        format!("https://{fake_addr}"),
-        clock.unix(),
-        3600,
-    );
-    assert!(a.ctx.peers.insert(d));
+    let fake = fake_next_hop(&a, app).await;
     let p = key();
     let now = clock.unix();
-    let f = frame(&p, &[to(&a), nobody(id(&fake))], b"x", expiry(now));
+    let f = frame(&p, &[to(&a), fake], b"x", expiry(now));
     let r = submit(&a, f.encode()).await;
     assert_eq!((r.status, reason(&r).as_str()), (502, "forward_failed"));
     assert_eq!(hits.load(Ordering::SeqCst), 1);
