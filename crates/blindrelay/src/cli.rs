@@ -230,6 +230,10 @@ pub struct RunArgs {
     /// Time between synthetic probe rounds (humantime, `0s` disables them).
     #[arg(long, default_value_t = humantime::Duration::from(probe::DEFAULT_INTERVAL))]
     pub probe_interval: humantime::Duration,
+    /// Time between gossip rounds (humantime, `0s` disables them): the node posts its
+    /// descriptor to a few peers and learns the ones they know.
+    #[arg(long, default_value_t = humantime::Duration::from(crate::gossip::DEFAULT_INTERVAL))]
+    pub gossip_interval: humantime::Duration,
     /// Start even when `replay.db` or `inbox.db`, opened by an earlier run, is missing or empty
     /// (earlier routes may then run again; delivered messages are gone). Logged as a warning.
     #[arg(long)]
@@ -296,6 +300,7 @@ impl RunArgs {
                 bind: Some(self.listen.ip()).filter(|ip| !ip.is_unspecified()),
                 allow_private_endpoints: self.allow_private_endpoints,
                 probe_interval: self.probe_interval.into(),
+                gossip_interval: self.gossip_interval.into(),
                 report: self.report_url.clone().map(|url| report::ReportConfig {
                     url,
                     interval: self.report_interval.into(),

@@ -255,6 +255,16 @@ fn render_peers(doc: &Status) {
             s.peers.identity_changes
         );
     }
+    let gossip_at = s
+        .peers
+        .last_gossip_at
+        .map_or("never".to_string(), |t| t.to_string());
+    say!(
+        "STORE  {} routable; {} from --peer, {} from gossip (last answer {gossip_at})",
+        s.peers.routable,
+        s.peers.bootstrap,
+        s.peers.gossip
+    );
     say!(
         "PEERS  {} known: {} healthy, {} degraded, {} failing, {} quarantined, {} unknown",
         h.total_peers,

@@ -85,6 +85,8 @@ pub struct RelayConfig {
     pub allow_private_endpoints: bool,
     /// Time between probe rounds (zero: no periodic probes).
     pub probe_interval: Duration,
+    /// Time between gossip rounds (zero: no gossip).
+    pub gossip_interval: Duration,
     /// The periodic status report (`None`: off).
     pub report: Option<report::ReportConfig>,
 }
@@ -114,6 +116,7 @@ impl RelayConfig {
             bind: None,
             allow_private_endpoints,
             probe_interval: probe::DEFAULT_INTERVAL,
+            gossip_interval: crate::gossip::DEFAULT_INTERVAL,
             report: None,
         }
     }
@@ -177,6 +180,8 @@ pub struct Built {
     pub relay: Arc<Relay>,
     /// Time between probe rounds.
     pub probe_interval: Duration,
+    /// Time between gossip rounds.
+    pub gossip_interval: Duration,
     /// The listeners' limits.
     pub listen: serve::ListenConfig,
     /// Inbox retention (zero: none).
@@ -265,6 +270,7 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
         cookie,
         relay: Arc::new(node),
         probe_interval: relay.probe_interval,
+        gossip_interval: relay.gossip_interval,
         listen,
         inbox_retention: relay.inbox_retention,
         report: relay.report.clone(),
@@ -318,6 +324,7 @@ pub async fn serve(
     let Built {
         relay,
         probe_interval,
+        gossip_interval,
         listen,
         inbox_retention,
         cookie,
@@ -334,6 +341,11 @@ pub async fn serve(
     let cancel = CancellationToken::new();
     let probes = tokio::spawn(probe::run(Arc::clone(&ctx), probe_interval, cancel.clone()));
     let peers = tokio::spawn(Arc::clone(&ctx.peers).run(ctx.http.clone(), cancel.clone()));
+    let gossip = tokio::spawn(crate::gossip::run(
+        Arc::clone(&ctx),
+        gossip_interval,
+        cancel.clone(),
+    ));
     let upkeep = tokio::spawn(upkeep(Arc::clone(&relay), inbox_retention, cancel.clone()));
     let report = report.map(|r| tokio::spawn(report::run(Arc::clone(&relay), r, cancel.clone())));
     let a = tokio::spawn(serve::serve(
@@ -354,10 +366,27 @@ pub async fn serve(
         None,
         cancel.clone(),
     ));
-    info!(node = %Prefix(ctx.node.id()), "node ready");
-    shutdown.await;
+    // Ready means ready: every `--peer`'s descriptor is held (bounded), so a send can route.
+    tokio::pin!(shutdown);
+    let stopped = tokio::select! {
+        fetched = ctx.peers.fetched(crate::peers::READY_WAIT) => {
+            if !fetched {
+                warn!("not every --peer's descriptor could be fetched yet; fetching on");
+            }
+            let routable = ctx.peers.routable(ctx.clock.unix()).len();
+            info!(node = %Prefix(ctx.node.id()), routable, "node ready");
+            false
+        }
+        () = &mut shutdown => true,
+    };
+    if !stopped {
+        shutdown.await;
+    }
     cancel.cancel();
-    for t in [a, b, peers, upkeep, probes].into_iter().chain(report) {
+    for t in [a, b, peers, gossip, upkeep, probes]
+        .into_iter()
+        .chain(report)
+    {
         let _ = t.await;
     }
     info!("node stopped");

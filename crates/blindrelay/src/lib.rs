@@ -35,6 +35,7 @@
 //! - [`report`]: the optional periodic push of the status document to the operator's URL.
 //! - [`node`]: identity, onion keys, descriptor.
 //! - [`peers`]: known peers' descriptors, verified once when accepted.
+//! - [`gossip`]: discovery by gossip of signed descriptors, bounded against Sybils.
 //! - [`health`]: per-peer health without who-talks-to-whom.
 //! - [`counters`]: the aggregate counters.
 //! - [`status`]: evidence quality, proof scope, the status document, the Prometheus text.
@@ -106,6 +107,7 @@ pub mod context;
 pub mod counters;
 pub mod daemon;
 pub mod forward;
+pub mod gossip;
 pub mod health;
 pub mod links;
 pub mod node;

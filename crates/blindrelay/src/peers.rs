@@ -18,10 +18,11 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -35,7 +36,10 @@ pub const MAX_PEERS: usize = 1024;
 /// Fetch again this long before a descriptor expires.
 pub const REFRESH_MARGIN: u64 = 600;
 /// Wait between fetch rounds while a peer has no valid descriptor.
-pub const RETRY: Duration = Duration::from_secs(1);
+pub const RETRY: Duration = Duration::from_millis(250);
+/// How long a starting node waits for every `--peer`'s descriptor before it says it is ready
+/// anyway, and how long a send waits for them.
+pub const READY_WAIT: Duration = Duration::from_secs(3);
 /// Wait between fetch rounds once every peer has one.
 pub const ROUND: Duration = Duration::from_secs(60);
 
@@ -104,10 +108,45 @@ pub enum PeerError {
     OldProtocol,
 }
 
+/// Where a held descriptor came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PeerSource {
+    /// Fetched from a `--peer` URL (or put in by the operator's code): never bounded per
+    /// address block.
+    Bootstrap,
+    /// Learned from another node's gossip ([`crate::gossip`]).
+    Gossip,
+}
+
+/// A held descriptor and where it came from.
+#[derive(Debug, Clone)]
+struct Held {
+    d: Descriptor,
+    source: PeerSource,
+}
+
+/// Why a gossiped descriptor was not kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refused {
+    /// Already held, as new or newer.
+    Held,
+    /// Its address block already has the most gossiped identities it may have.
+    Block,
+    /// The table is full of current descriptors.
+    Full,
+    /// It does not verify, names this node, or has no parsable endpoint.
+    Invalid,
+}
+
 /// The peer table.
 pub struct Peers {
     /// Descriptors that verified when they were accepted.
-    map: Mutex<HashMap<NodeId, Descriptor>>,
+    map: Mutex<HashMap<NodeId, Held>>,
+    /// When a gossip round last got an answer (Unix seconds).
+    last_gossip_at: AtomicU64,
+    /// Set once a fetch round got every `--peer`'s descriptor; waiters woken then.
+    fetched: AtomicBool,
+    fetched_notify: Notify,
     /// The addresses of the descriptors' endpoints: known sources (`crate::sources`).
     endpoint_ips: Mutex<HashSet<IpAddr>>,
     /// Each `--peer` and the id it is pinned to (on the command line, or on first use).
@@ -135,6 +174,9 @@ impl Peers {
     pub fn new(urls: Vec<PeerSpec>, allow_private: bool, clock: Clock, self_id: NodeId) -> Self {
         Peers {
             map: Mutex::new(HashMap::new()),
+            last_gossip_at: AtomicU64::new(0),
+            fetched: AtomicBool::new(false),
+            fetched_notify: Notify::new(),
             endpoint_ips: Mutex::new(HashSet::new()),
             urls: Mutex::new(urls),
             identity_changes: Arc::new(AtomicU64::new(0)),
@@ -176,38 +218,137 @@ impl Peers {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, Descriptor>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, Held>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Adds a descriptor if it verifies now (the only signature check it ever gets) and is
-    /// newer than the one held. True if kept.
+    /// Adds a descriptor from a `--peer` URL if it verifies now (the only signature check it
+    /// ever gets) and is newer than the one held. True if kept.
     pub fn insert(&self, d: Descriptor) -> bool {
+        self.insert_as(d, PeerSource::Bootstrap, |_| true).is_ok()
+    }
+
+    /// Adds a gossiped descriptor, at most `per_block` gossiped identities per address block
+    /// (`same_block` tells two endpoint addresses of one block apart), before its signature is
+    /// checked: a flood of identities from one block costs a comparison each, not a signature
+    /// check. A known peer's newer descriptor keeps its source.
+    ///
+    /// # Errors
+    /// [`Refused`].
+    pub fn insert_gossiped(
+        &self,
+        d: Descriptor,
+        per_block: usize,
+        same_block: impl Fn(IpAddr, IpAddr) -> bool,
+    ) -> Result<(), Refused> {
+        let ip = descriptor::parse_endpoint(&d.endpoint)
+            .map_err(|_| Refused::Invalid)?
+            .ip();
+        let id = d.node_id;
+        self.insert_as(d, PeerSource::Gossip, |map| {
+            let in_block = map
+                .iter()
+                .filter(|(k, h)| **k != id && h.source == PeerSource::Gossip)
+                .filter_map(|(_, h)| descriptor::parse_endpoint(&h.d.endpoint).ok())
+                .filter(|a| same_block(a.ip(), ip))
+                .count();
+            in_block < per_block
+        })
+    }
+
+    /// Keeps `d` as from `source` if `admit` lets a new identity in (asked under the table's
+    /// lock, before the signature check), it verifies, and it is newer than the one held.
+    fn insert_as(
+        &self,
+        d: Descriptor,
+        source: PeerSource,
+        admit: impl FnOnce(&HashMap<NodeId, Held>) -> bool,
+    ) -> Result<(), Refused> {
         let now = self.clock.unix();
-        if d.verify(now).is_err() || d.node_id == self.self_id {
-            return false;
+        if d.node_id == self.self_id {
+            return Err(Refused::Invalid);
         }
+        let source = {
+            let mut map = self.lock();
+            match map.get(&d.node_id) {
+                Some(old) if old.d.issued_at >= d.issued_at => return Err(Refused::Held),
+                Some(old) => old.source,
+                None => {
+                    if map.len() >= MAX_PEERS {
+                        map.retain(|_, v| v.d.expires_at > now);
+                        if map.len() >= MAX_PEERS {
+                            return Err(Refused::Full);
+                        }
+                    }
+                    if !admit(&map) {
+                        return Err(Refused::Block);
+                    }
+                    source
+                }
+            }
+        };
+        d.verify(now).map_err(|_| Refused::Invalid)?;
         let mut map = self.lock();
-        if map.len() >= MAX_PEERS && !map.contains_key(&d.node_id) {
-            map.retain(|_, v| v.expires_at > now);
-            if map.len() >= MAX_PEERS {
-                return false;
+        if map
+            .get(&d.node_id)
+            .is_some_and(|old| old.d.issued_at >= d.issued_at)
+        {
+            return Err(Refused::Held);
+        }
+        if !map.contains_key(&d.node_id) && map.len() >= MAX_PEERS {
+            return Err(Refused::Full);
+        }
+        map.insert(d.node_id, Held { d, source });
+        let ips = map
+            .values()
+            .filter_map(|h| descriptor::parse_endpoint(&h.d.endpoint).ok())
+            .map(|a| a.ip())
+            .collect();
+        drop(map);
+        *self.endpoint_ips.lock().unwrap_or_else(|p| p.into_inner()) = ips;
+        Ok(())
+    }
+
+    /// True when a descriptor of `id` is held, current or not.
+    pub fn holds(&self, id: &NodeId) -> bool {
+        self.lock().contains_key(id)
+    }
+
+    /// Waits until a fetch round got every `--peer`'s descriptor, at most `within`; true if it
+    /// did.
+    pub async fn fetched(&self, within: Duration) -> bool {
+        let deadline = crate::clock::now() + within;
+        loop {
+            let woken = self.fetched_notify.notified();
+            tokio::pin!(woken);
+            woken.as_mut().enable();
+            if self.fetched.load(Ordering::Acquire) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, woken).await.is_err() {
+                return self.fetched.load(Ordering::Acquire);
             }
         }
-        match map.get(&d.node_id) {
-            Some(old) if old.issued_at >= d.issued_at => false,
-            _ => {
-                map.insert(d.node_id, d);
-                let ips = map
-                    .values()
-                    .filter_map(|d| descriptor::parse_endpoint(&d.endpoint).ok())
-                    .map(|a| a.ip())
-                    .collect();
-                drop(map);
-                *self.endpoint_ips.lock().unwrap_or_else(|p| p.into_inner()) = ips;
-                true
-            }
-        }
+    }
+
+    /// Descriptors held by where they came from: (bootstrap, gossip).
+    pub fn by_source(&self) -> (usize, usize) {
+        let map = self.lock();
+        let gossip = map
+            .values()
+            .filter(|h| h.source == PeerSource::Gossip)
+            .count();
+        (map.len() - gossip, gossip)
+    }
+
+    /// Notes that a gossip round got an answer at `now`.
+    pub fn gossiped(&self, now: u64) {
+        self.last_gossip_at.store(now, Ordering::Relaxed);
+    }
+
+    /// When a gossip round last got an answer (Unix seconds), if ever.
+    pub fn last_gossip_at(&self) -> Option<u64> {
+        Some(self.last_gossip_at.load(Ordering::Relaxed)).filter(|t| *t > 0)
     }
 
     /// True when `ip` is the address of a peer's descriptor endpoint.
@@ -236,7 +377,11 @@ impl Peers {
     /// # Errors
     /// [`PeerError`].
     pub fn descriptor(&self, id: &NodeId, now: u64) -> Result<Descriptor, PeerError> {
-        let d = self.lock().get(id).cloned().ok_or(PeerError::Unknown)?;
+        let d = self
+            .lock()
+            .get(id)
+            .map(|h| h.d.clone())
+            .ok_or(PeerError::Unknown)?;
         if !d.is_current(now) {
             return Err(PeerError::Expired);
         }
@@ -258,7 +403,7 @@ impl Peers {
 
     /// Every descriptor held, valid or not (status).
     pub fn all(&self) -> Vec<Descriptor> {
-        self.lock().values().cloned().collect()
+        self.lock().values().map(|h| h.d.clone()).collect()
     }
 
     /// Fetches every `--peer` URL whose pinned identity's descriptor is missing or about to
@@ -270,7 +415,7 @@ impl Peers {
             let fresh = spec.pinned.is_some_and(|id| {
                 self.lock()
                     .get(&id)
-                    .is_some_and(|d| d.expires_at > now + REFRESH_MARGIN)
+                    .is_some_and(|h| h.d.expires_at > now + REFRESH_MARGIN)
             });
             if fresh {
                 continue;
@@ -325,6 +470,9 @@ impl Peers {
         let mut announced = false;
         loop {
             let complete = self.refresh(&http).await;
+            if complete && !self.fetched.swap(true, Ordering::AcqRel) {
+                self.fetched_notify.notify_waiters();
+            }
             let n = self.urls().len();
             if complete && !announced && n > 0 {
                 info!("descriptors of all {n} peers fetched");
@@ -457,5 +605,69 @@ mod tests {
         let d = Descriptor::sign(&key, onion_key(), "https://127.0.0.9:7001", T0, 3600);
         assert!(strict.insert(d.clone()));
         assert_eq!(strict.descriptor(&d.node_id, T0), Err(PeerError::Endpoint));
+    }
+
+    #[test]
+    fn gossiped_identities_are_bounded_per_block_and_checked_before_their_signature() {
+        let peers = Peers::new(vec![], true, Clock::starting_at(T0), [0; 32]);
+        let same = |a: IpAddr, b: IpAddr| match (a, b) {
+            (IpAddr::V4(a), IpAddr::V4(b)) => a.octets()[..3] == b.octets()[..3],
+            _ => false,
+        };
+        let d = |seed: u8, host: u8| {
+            Descriptor::sign(
+                &SigningKey::from_bytes(&[seed; 32]),
+                onion_key(),
+                format!("https://127.9.9.{host}:7001"),
+                T0,
+                3600,
+            )
+        };
+        assert_eq!(peers.insert_gossiped(d(1, 1), 2, same), Ok(()));
+        assert_eq!(peers.insert_gossiped(d(2, 2), 2, same), Ok(()));
+        assert_eq!(peers.insert_gossiped(d(3, 3), 2, same), Err(Refused::Block));
+        let mut forged = d(4, 4);
+        forged.issued_at += 1;
+        assert_eq!(
+            peers.insert_gossiped(forged, 2, same),
+            Err(Refused::Block),
+            "refused by its block before its signature is checked"
+        );
+        assert_eq!(peers.insert_gossiped(d(1, 1), 2, same), Err(Refused::Held));
+        // The operator's --peer is not bounded per block.
+        assert!(peers.insert(d(5, 5)));
+        assert_eq!(peers.by_source(), (1, 2));
+        // Another block is counted apart.
+        let other = Descriptor::sign(
+            &SigningKey::from_bytes(&[6; 32]),
+            onion_key(),
+            "https://127.9.10.1:7001",
+            T0,
+            3600,
+        );
+        assert_eq!(peers.insert_gossiped(other, 2, same), Ok(()));
+        assert!(peers.holds(&SigningKey::from_bytes(&[6; 32]).verifying_key().to_bytes()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn ready_waits_for_the_first_complete_fetch_round_bounded() {
+        let peers = Arc::new(Peers::new(vec![], true, Clock::starting_at(T0), [0; 32]));
+        assert!(!peers.fetched(Duration::from_secs(1)).await, "bounded");
+        let links = Links::new(
+            None,
+            Arc::default(),
+            crate::links::LinkLimits {
+                idle_per_peer: 1,
+                clients: 1,
+            },
+        );
+        let cancel = CancellationToken::new();
+        let run = tokio::spawn(Arc::clone(&peers).run(links, cancel.clone()));
+        assert!(
+            peers.fetched(Duration::from_secs(1)).await,
+            "no --peer: ready at once"
+        );
+        cancel.cancel();
+        run.await.unwrap();
     }
 }

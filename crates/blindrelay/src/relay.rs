@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use crate::context::Context;
+use crate::gossip::Introductions;
 use crate::pipeline::Pipeline;
 use crate::replay::ReplayRegistry;
 use crate::sources::CountTable;
@@ -18,6 +19,7 @@ pub struct Relay {
     replay: Arc<ReplayRegistry>,
     terminal: Terminal,
     connections: CountTable,
+    introductions: Introductions,
 }
 
 impl Relay {
@@ -34,7 +36,13 @@ impl Relay {
             replay,
             terminal,
             connections,
+            introductions: Introductions::default(),
         }
+    }
+
+    /// Who introduced how many new identities by gossip lately.
+    pub fn introductions(&self) -> &Introductions {
+        &self.introductions
     }
 
     /// The shared context: keys, peers, clock, counters, peer health.

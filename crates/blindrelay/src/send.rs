@@ -95,6 +95,10 @@ pub async fn send(
     if wrap::class_for(payload.len(), false).is_none() {
         return Err(SendError::TooLarge(MAX_PAYLOAD));
     }
+    // A node just started may not hold its peers' descriptors yet: wait for them, bounded.
+    if !ctx.peers.holds(&to) {
+        ctx.peers.fetched(crate::peers::READY_WAIT).await;
+    }
     let now = ctx.clock.unix();
     let terminal = ctx
         .peers

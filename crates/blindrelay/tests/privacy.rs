@@ -1,9 +1,11 @@
 //! Nothing a node or the CLI prints names who talks to whom: with every node logging at
 //! `trace`, a delivery, a failed send and a malformed request leave no full node id, no
 //! endpoint or address, no payload and no payload hash in any log, CLI output, status, inbox
-//! listing or error body. Only 8-hex id prefixes may appear.
+//! listing or error body, with gossip running every second. Only 8-hex id prefixes may appear.
 
 mod common;
+
+use std::time::Duration;
 
 use common::{
     CliOutput, Doc, Net, OPERATOR_PORT, RELAY_PORT, ReportSink, fresh_ip, hex, http_from,
@@ -39,11 +41,29 @@ async fn nothing_printed_or_served_links_sender_terminal_or_payload() {
     let sink = ReportSink::start().await;
     let mut net = Net::start_with(
         3,
-        &["--report-url", &sink.url, "--report-interval", "1s"],
+        &[
+            "--report-url",
+            &sink.url,
+            "--report-interval",
+            "1s",
+            "--gossip-interval",
+            "1s",
+        ],
         Some("trace"),
     )
     .await;
     let mut seen: Vec<Seen> = Vec::new();
+    // Every node has gossiped (its gossip's log lines are scanned with the rest), bounded.
+    for i in 0..3 {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while net.status(i).await.runtime()["peers"]["last_gossip_at"].is_null() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node {i} never gossiped"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 
     let payload = format!("PRIVATE-PAYLOAD-{}", hex(&random_bytes(16)));
     let file = net.dir().join("private.txt");

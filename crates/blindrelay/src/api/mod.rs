@@ -21,6 +21,7 @@
 pub mod cookie;
 mod error;
 mod fixed;
+mod gossip;
 pub mod serve;
 
 use std::net::{IpAddr, SocketAddr};
@@ -52,6 +53,7 @@ pub fn public(relay: Arc<Relay>) -> Router {
         .route("/v1/descriptor", get(descriptor))
         .route("/v2/relay", post(relay_request))
         .route("/v1/relay", post(v1_relay))
+        .route("/v1/gossip", post(gossip::exchange))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(relay)

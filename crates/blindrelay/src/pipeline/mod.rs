@@ -287,6 +287,20 @@ impl Pipeline {
         })
     }
 
+    /// Step 1's cheap budget and step 2's crypto slot for other signature work than a relay
+    /// request's (a gossiped descriptor), refused as a relay request would be but not counted
+    /// as one. Never waits.
+    ///
+    /// # Errors
+    /// `source_limited` or `backpressure`.
+    pub fn admit_other(
+        &self,
+        source: &Source,
+    ) -> Result<(context::CryptoSlot, Option<crypto::StrangerSlot>), Reason> {
+        self.gate.cheap(source.key(), self.ctx.clock.instant())?;
+        crypto::admit(&self.ctx, &self.strangers, source.key())
+    }
+
     /// Counts a refusal found outside the steps (the body read at the edge) and returns it.
     pub fn refuse(&self, r: Reason) -> Reason {
         self.record(&Err(r));

@@ -52,6 +52,15 @@ pub struct PeersInfo {
     pub known: usize,
     /// Peers with a current descriptor and an allowed endpoint.
     pub routable: usize,
+    /// Descriptors held from `--peer` URLs.
+    #[serde(default)]
+    pub bootstrap: usize,
+    /// Descriptors held from gossip.
+    #[serde(default)]
+    pub gossip: usize,
+    /// When a gossip round last got an answer (Unix seconds), if ever.
+    #[serde(default)]
+    pub last_gossip_at: Option<u64>,
     /// Descriptors and TLS handshakes refused because a `--peer` URL or a next hop answered
     /// with another identity than the one pinned to it (on the command line, on first use, or
     /// by the descriptor naming it). Not zero: look at the log.
@@ -185,6 +194,7 @@ pub fn document(relay: &Relay) -> Document {
     let stores = stores(relay, &counters, now);
     let inbox = relay.terminal().inbox();
     let (max_items, max_bytes) = inbox.limits();
+    let (bootstrap, gossip) = ctx.peers.by_source();
     let runtime = Runtime {
         blind_relay: counters,
         replay: ReplayInfo {
@@ -196,6 +206,9 @@ pub fn document(relay: &Relay) -> Document {
         peers: PeersInfo {
             known: descriptors.len(),
             routable: ctx.peers.routable(now).len(),
+            bootstrap,
+            gossip,
+            last_gossip_at: ctx.peers.last_gossip_at(),
             identity_changes: ctx.peers.identity_changes(),
         },
         inbox: InboxInfo {

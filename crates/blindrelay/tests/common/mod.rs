@@ -48,6 +48,26 @@ fn next_ip() -> Ipv4Addr {
     Ipv4Addr::new(127, second, ((n / 254) % 256) as u8, (n % 254 + 1) as u8)
 }
 
+static NEXT_NET: AtomicU32 = AtomicU32::new(0);
+
+/// A fresh loopback address with both fixed ports free, in a /16 of its own among this
+/// process's nodes: `127.(200 + k).x.1` for 55 values of `k` (a network whose nodes must
+/// not share an address block: gossip's per-block bound, path diversity).
+pub fn fresh_ip_own_16() -> Ipv4Addr {
+    let pid = std::process::id();
+    for _ in 0..55 * 256 {
+        let n = NEXT_NET.fetch_add(1, Ordering::Relaxed);
+        let ip = Ipv4Addr::new(127, 200 + (n % 55) as u8, ((pid + n / 55) % 256) as u8, 1);
+        let free = [RELAY_PORT, OPERATOR_PORT]
+            .iter()
+            .all(|p| std::net::TcpListener::bind((ip, *p)).is_ok());
+        if free {
+            return ip;
+        }
+    }
+    panic!("no free loopback /16 left");
+}
+
 /// Addresses [`fresh_ip`] and [`fresh_listener`] try before they give up.
 const ADDRESSES: usize = 254 * 256;
 
@@ -501,16 +521,48 @@ impl CliOutput {
     }
 }
 
-/// A network of `blindrelay run` processes, each with every other node as `--peer`.
+/// A network of `blindrelay run` processes, each with every other node as `--peer` (or, for a
+/// network started with [`Net::start_bootstrapped`], only its bootstrap peers).
 #[derive(Debug)]
 pub struct Net {
     dir: tempfile::TempDir,
     nodes: Vec<Node>,
+    /// Each node's `--peer`s, when not every other node.
+    bootstrap: Option<Vec<Vec<usize>>>,
     procs: Vec<Option<Proc>>,
     extra: Vec<String>,
     rust_log: Option<String>,
     http: reqwest::Client,
     files: AtomicU32,
+}
+
+/// `blindrelay init` of a node at `ip` whose descriptor names `endpoint`, its state in
+/// `state_dir`.
+async fn init_node(state_dir: &Path, ip: Ipv4Addr, endpoint: String) -> Node {
+    let out = Command::new(BIN)
+        .args(["init", "--state-dir"])
+        .arg(state_dir)
+        .args(["--endpoint", &endpoint])
+        .env_remove("RUST_LOG")
+        .kill_on_drop(true)
+        .output()
+        .await
+        .expect("run blindrelay init");
+    assert!(
+        out.status.success(),
+        "init failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    assert_eq!(id.len(), 64, "init printed {id:?}");
+    Node {
+        id,
+        ip,
+        endpoint,
+        operator: format!("http://{ip}:{OPERATOR_PORT}"),
+        state_dir: state_dir.to_owned(),
+        log: Arc::new(Mutex::new(Vec::new())),
+    }
 }
 
 impl Net {
@@ -544,7 +596,6 @@ impl Net {
         let mut nodes = Vec::with_capacity(n);
         for i in 0..n {
             let ip = fresh_ip();
-            let state_dir = dir.path().join(format!("node{i}"));
             let endpoint = match taps {
                 Some(taps) => {
                     let tap = Tap::start(SocketAddr::from((ip, RELAY_PORT))).await;
@@ -554,34 +605,12 @@ impl Net {
                 }
                 None => format!("https://{ip}:{RELAY_PORT}"),
             };
-            let out = Command::new(BIN)
-                .args(["init", "--state-dir"])
-                .arg(&state_dir)
-                .args(["--endpoint", &endpoint])
-                .env_remove("RUST_LOG")
-                .kill_on_drop(true)
-                .output()
-                .await
-                .expect("run blindrelay init");
-            assert!(
-                out.status.success(),
-                "init failed: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let id = String::from_utf8(out.stdout).unwrap().trim().to_string();
-            assert_eq!(id.len(), 64, "init printed {id:?}");
-            nodes.push(Node {
-                id,
-                ip,
-                endpoint,
-                operator: format!("http://{ip}:{OPERATOR_PORT}"),
-                state_dir,
-                log: Arc::new(Mutex::new(Vec::new())),
-            });
+            nodes.push(init_node(&dir.path().join(format!("node{i}")), ip, endpoint).await);
         }
         let mut net = Net {
             dir,
             nodes,
+            bootstrap: None,
             procs: (0..n).map(|_| None).collect(),
             extra: extra_args.iter().map(|s| s.to_string()).collect(),
             rust_log: rust_log.map(str::to_string),
@@ -598,6 +627,45 @@ impl Net {
             net.wait_routable(i, n - 1).await;
         }
         net
+    }
+
+    /// Inits and runs `n` nodes, each in a /16 of its own ([`fresh_ip_own_16`]) and with only
+    /// `bootstrap(i)` as its `--peer`s, `extra_args` added to every `run`; returns once every
+    /// node is ready (the rest is gossip's work: see [`Net::wait_routable_within`]).
+    pub async fn start_bootstrapped(
+        n: usize,
+        extra_args: &[&str],
+        bootstrap: impl Fn(usize) -> Vec<usize>,
+    ) -> Net {
+        let mut net = Net {
+            dir: tempfile::tempdir().expect("tempdir"),
+            nodes: Vec::with_capacity(n),
+            bootstrap: Some(Vec::new()),
+            procs: Vec::new(),
+            extra: extra_args.iter().map(|s| s.to_string()).collect(),
+            rust_log: None,
+            http: http(),
+            files: AtomicU32::new(0),
+        };
+        for i in 0..n {
+            net.add_node(bootstrap(i)).await;
+        }
+        net
+    }
+
+    /// Inits and runs one more node in a /16 of its own with `bootstrap` as its `--peer`s;
+    /// returns its index once it is ready. The others are not restarted.
+    pub async fn add_node(&mut self, bootstrap: Vec<usize>) -> usize {
+        let i = self.nodes.len();
+        let ip = fresh_ip_own_16();
+        let dir = self.dir.path().join(format!("node{i}"));
+        let node = init_node(&dir, ip, format!("https://{ip}:{RELAY_PORT}")).await;
+        self.nodes.push(node);
+        self.procs.push(None);
+        self.bootstrap.get_or_insert_with(Vec::new).push(bootstrap);
+        self.spawn(i);
+        self.wait_ready(i).await;
+        i
     }
 
     /// Node `i`.
@@ -633,7 +701,11 @@ impl Net {
             "--allow-private-endpoints".into(),
         ];
         for (j, other) in self.nodes.iter().enumerate() {
-            if j != i {
+            let peer = match &self.bootstrap {
+                Some(b) => b.get(i).is_some_and(|b| b.contains(&j)),
+                None => j != i,
+            };
+            if peer {
                 args.push("--peer".into());
                 args.push(format!("{}@{}", other.id, other.endpoint));
             }
@@ -703,7 +775,13 @@ impl Net {
 
     /// Waits until node `i`'s status shows `want` routable peers.
     pub async fn wait_routable(&self, i: usize, want: usize) {
-        let deadline = Instant::now() + WAIT;
+        self.wait_routable_within(i, want, WAIT).await;
+    }
+
+    /// Waits until node `i` routes to `want` peers, at most `within`; panics with its last
+    /// status and log otherwise.
+    pub async fn wait_routable_within(&self, i: usize, want: usize, within: Duration) {
+        let deadline = Instant::now() + within;
         let url = format!("{}/v1/status", self.nodes[i].operator);
         let mut last = Value::Null;
         let http = self.op_http(i);
@@ -719,7 +797,7 @@ impl Net {
             tokio::time::sleep(POLL).await;
         }
         panic!(
-            "node {i} has not {want} routable peers within {WAIT:?}; last status {last}; log:\n{}",
+            "node {i} has not {want} routable peers within {within:?}; last status {last}; log:\n{}",
             self.nodes[i].lines().join("\n")
         );
     }

@@ -1,0 +1,255 @@
+//! Discovery by gossip of signed descriptors: how a node learns the nodes its `--peer`s know,
+//! and how the others learn a newcomer, with no operator restarting anything.
+//!
+//! Every `--gossip-interval` ([`DEFAULT_INTERVAL`]) a node posts its own signed descriptor to
+//! up to [`FANOUT`] routable peers chosen at random (`POST /v1/gossip`, over the link pinned to
+//! each peer's id), and each answers with up to [`MAX_ANSWER`] descriptors it holds: its own
+//! first, then routable peers at random. Both sides keep what they learn as
+//! [`PeerSource::Gossip`]. A descriptor is signed by its owner, so a node can pass on others'
+//! descriptors but never forge one; each is verified once, when it is kept.
+//!
+//! Bounds (Sybils, eclipse):
+//! - an answer is read to [`MAX_BODY`] bytes at most, within the fetch timeout, and at most
+//!   [`MAX_NEW_PER_ANSWER`] identities new to this node are kept from one answer or
+//!   announcement;
+//! - at most [`PER_BLOCK`] gossiped identities per address block ([`BLOCKS`]: /24 IPv4, /48
+//!   IPv6) are kept, checked before the signature, so 5 000 identities from one /24 cost 5 000
+//!   comparisons and leave [`PER_BLOCK`] of them; `--peer` peers are the operator's choice and
+//!   not bounded per block;
+//! - the peer table is bounded ([`crate::peers::MAX_PEERS`]) and, full, makes room only by
+//!   forgetting expired descriptors: long-known peers are never evicted for newcomers;
+//! - an announcement costs its source the request gate's cheap budget, like any request.
+//!
+//! Nothing here logs an id beyond its 8-hex prefix, nor any endpoint or address.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use guard::limiter::{KeyedLimiter, Limits, TokenBucket};
+use rand::seq::SliceRandom;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info};
+
+use crate::context::Context;
+use crate::peers::{FETCH_TIMEOUT, Refused};
+use crate::proto::descriptor::Descriptor;
+use crate::sources::{self, Grouping, SourceKey};
+
+/// Time between gossip rounds by default.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
+/// Peers asked per round.
+pub const FANOUT: usize = 3;
+/// Descriptors in one answer at most.
+pub const MAX_ANSWER: usize = 32;
+/// Identities new to this node kept from one answer or announcement at most.
+pub const MAX_NEW_PER_ANSWER: usize = 8;
+/// Gossiped identities kept per address block at most.
+pub const PER_BLOCK: usize = 2;
+/// The address blocks gossiped identities are counted in.
+pub const BLOCKS: Grouping = Grouping {
+    v4_prefix: 24,
+    v6_prefix: 48,
+};
+/// New identities one source may announce: a burst of [`MAX_NEW_PER_ANSWER`], then one per
+/// this interval.
+pub const INTRODUCTION_INTERVAL: Duration = Duration::from_secs(10);
+/// Sources whose announcements are remembered at most.
+pub const INTRODUCERS: usize = 4096;
+
+/// Largest gossip answer read, and largest announcement body accepted.
+pub const MAX_BODY: usize = 64 * 1024;
+/// Largest announcement body (one descriptor).
+pub const MAX_ANNOUNCE: usize = 4096;
+
+/// `POST /v1/gossip`'s body: the caller's own descriptor.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Announce {
+    /// The caller's signed descriptor.
+    pub descriptor: Descriptor,
+}
+
+/// `POST /v1/gossip`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Answer {
+    /// The answering node's descriptor first, then peers it can route to.
+    pub descriptors: Vec<Descriptor>,
+}
+
+/// How many identities new to this node each source (address block, or known peer) may
+/// announce: a bounded table of token buckets, so that one party cannot feed the table
+/// identities whose endpoints it names in many blocks.
+#[derive(Debug)]
+pub struct Introductions(Mutex<KeyedLimiter<SourceKey, TokenBucket>>);
+
+impl Default for Introductions {
+    fn default() -> Self {
+        Introductions(Mutex::new(KeyedLimiter::new(
+            TokenBucket::new(MAX_NEW_PER_ANSWER as u32, INTRODUCTION_INTERVAL),
+            Limits {
+                max_keys: INTRODUCERS,
+                forget: INTRODUCTION_INTERVAL * MAX_NEW_PER_ANSWER as u32,
+                sweep_gap: Duration::from_secs(1),
+            },
+        )))
+    }
+}
+
+impl Introductions {
+    /// True when `source` may introduce one more identity at `now` (and charges it).
+    pub fn allow(&self, source: SourceKey, now: std::time::Instant) -> bool {
+        let mut table = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        matches!(table.check(&source, now), Ok(true))
+    }
+}
+
+/// This node's answer at `now`: its own descriptor, then up to [`MAX_ANSWER`] − 1 routable
+/// peers at random.
+pub fn answer(ctx: &Context, now: u64) -> Answer {
+    let mut peers = ctx.peers.routable(now);
+    peers.shuffle(&mut rand::rng());
+    peers.truncate(MAX_ANSWER - 1);
+    let mut descriptors = Vec::with_capacity(peers.len() + 1);
+    descriptors.push(ctx.node.descriptor(now));
+    descriptors.extend(peers);
+    Answer { descriptors }
+}
+
+/// Keeps what `descriptors` teach this node, within the bounds; how many identities were new.
+pub fn learn(ctx: &Context, descriptors: Vec<Descriptor>) -> usize {
+    let mut new = 0;
+    for d in descriptors.into_iter().take(MAX_ANSWER) {
+        let known = ctx.peers.holds(&d.node_id);
+        if !known && new >= MAX_NEW_PER_ANSWER {
+            continue;
+        }
+        match ctx.peers.insert_gossiped(d, PER_BLOCK, |a, b| {
+            sources::block(a, BLOCKS) == sources::block(b, BLOCKS)
+        }) {
+            Ok(()) if !known => new += 1,
+            Ok(()) | Err(Refused::Held) => {}
+            Err(why) => debug!(?why, "gossiped descriptor not kept"),
+        }
+    }
+    new
+}
+
+/// One round: this node's descriptor posted to up to [`FANOUT`] routable peers at random, what
+/// they answer learned. How many identities were new.
+pub async fn round(ctx: &Context) -> usize {
+    let now = ctx.clock.unix();
+    let mut peers = ctx.peers.routable(now);
+    peers.shuffle(&mut rand::rng());
+    let announce = Announce {
+        descriptor: ctx.node.descriptor(now),
+    };
+    let mut new = 0;
+    for peer in peers.into_iter().take(FANOUT) {
+        let http = ctx.http.client(Some(&peer.node_id));
+        let url = format!("{}/v1/gossip", peer.endpoint.trim_end_matches('/'));
+        if let Some(answer) = exchange(&http, &url, &announce).await {
+            ctx.peers.gossiped(ctx.clock.unix());
+            new += learn(ctx, answer.descriptors);
+        }
+    }
+    new
+}
+
+/// Posts `announce` to `url`; its answer, read chunk by chunk and dropped past [`MAX_BODY`],
+/// all within the fetch timeout.
+async fn exchange(http: &reqwest::Client, url: &str, announce: &Announce) -> Option<Answer> {
+    let read = async {
+        let mut resp = http.post(url).json(announce).send().await.ok()?;
+        if !resp.status().is_success() || resp.content_length().is_some_and(|n| n > MAX_BODY as u64)
+        {
+            return None;
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = resp.chunk().await.ok()? {
+            if body.len() + chunk.len() > MAX_BODY {
+                return None;
+            }
+            body.extend_from_slice(&chunk);
+        }
+        serde_json::from_slice(&body).ok()
+    };
+    tokio::time::timeout(FETCH_TIMEOUT, read).await.ok()?
+}
+
+/// Gossip rounds every `interval` until `cancel` (none when `interval` is zero).
+pub async fn run(ctx: Arc<Context>, interval: Duration, cancel: CancellationToken) {
+    if interval.is_zero() {
+        return;
+    }
+    loop {
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(interval) => {}
+        }
+        let new = round(&ctx).await;
+        if new > 0 {
+            let (bootstrap, gossip) = ctx.peers.by_source();
+            info!(new, bootstrap, gossip, "peers learned by gossip");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use ed25519_dalek::SigningKey;
+
+    use super::*;
+    use crate::clock::Clock;
+    use crate::node::{self, Node};
+    use crate::peers::Peers;
+
+    const T0: u64 = 1_800_000_000;
+
+    fn context(dir: &tempfile::TempDir) -> Context {
+        let clock = Clock::starting_at(T0);
+        node::init(dir.path(), "https://127.0.0.1:7001", T0).unwrap();
+        let node = Arc::new(Node::load(dir.path()).unwrap());
+        let peers = Arc::new(Peers::new(vec![], true, clock, *node.id()));
+        Context::new(node, peers, clock, 4)
+    }
+
+    fn descriptor(i: u16) -> Descriptor {
+        let mut seed = [7u8; 32];
+        seed[..2].copy_from_slice(&i.to_be_bytes());
+        let onion = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(seed));
+        Descriptor::sign(
+            &SigningKey::from_bytes(&seed),
+            onion.to_bytes(),
+            format!("https://127.{}.{}.1:7001", i / 256, i % 256),
+            T0,
+            3600,
+        )
+    }
+
+    #[test]
+    fn one_answer_teaches_a_bounded_number_of_new_identities() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(&dir);
+        let many: Vec<_> = (1..=40).map(descriptor).collect();
+        assert_eq!(learn(&ctx, many.clone()), MAX_NEW_PER_ANSWER);
+        assert_eq!(ctx.peers.by_source(), (0, MAX_NEW_PER_ANSWER));
+        // What is already held is refreshed, not counted; the next new ones come in turn.
+        assert_eq!(learn(&ctx, many), MAX_NEW_PER_ANSWER);
+        let answer = answer(&ctx, T0);
+        assert_eq!(
+            answer.descriptors[0].node_id,
+            *ctx.node.id(),
+            "its own first"
+        );
+        assert_eq!(answer.descriptors.len(), 1 + 2 * MAX_NEW_PER_ANSWER);
+        let all: Vec<_> = (1..=200).map(descriptor).collect();
+        for chunk in all.chunks(MAX_ANSWER) {
+            learn(&ctx, chunk.to_vec());
+        }
+        assert_eq!(answer_len(&ctx), MAX_ANSWER, "an answer is bounded");
+    }
+
+    fn answer_len(ctx: &Context) -> usize {
+        answer(ctx, T0).descriptors.len()
+    }
+}
