@@ -260,10 +260,12 @@ fn render_peers(doc: &Status) {
         .last_gossip_at
         .map_or("never".to_string(), |t| t.to_string());
     say!(
-        "STORE  {} routable; {} from --peer, {} from gossip (last answer {gossip_at})",
+        "STORE  {} routable; {} from --peer, {} from gossip (last answer {gossip_at}), {} from \
+         the peer store",
         s.peers.routable,
         s.peers.bootstrap,
-        s.peers.gossip
+        s.peers.gossip,
+        s.peers.cache
     );
     say!(
         "PEERS  {} known: {} healthy, {} degraded, {} failing, {} quarantined, {} unknown",

@@ -182,6 +182,8 @@ pub struct Built {
     pub probe_interval: Duration,
     /// Time between gossip rounds.
     pub gossip_interval: Duration,
+    /// The peer store's file (`peers.json` in the state dir).
+    pub peer_store: PathBuf,
     /// The listeners' limits.
     pub listen: serve::ListenConfig,
     /// Inbox retention (zero: none).
@@ -202,29 +204,7 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
     let now = config.clock.unix();
     node.rotate_if_due(now)?;
     let relay = &config.relay;
-    let opening: &[&str] = match config.replay_store {
-        ReplayStore::Sqlite => &[REPLAY_DB, INBOX_DB],
-        ReplayStore::Memory => &[INBOX_DB],
-    };
-    for lost in stores::check(&config.state_dir, opening, config.accept_lost_state)? {
-        warn!("{lost}; starting anyway (--accept-lost-state)");
-    }
-    let registry = match config.replay_store {
-        ReplayStore::Sqlite => ReplayRegistry::open_sqlite(
-            &config.state_dir.join(REPLAY_DB),
-            relay.replay_capacity,
-            replay::WINDOW_SECS,
-            now,
-        )?,
-        ReplayStore::Memory => ReplayRegistry::memory(relay.replay_capacity, replay::WINDOW_SECS),
-    }
-    .with_source_share(relay.replay_share_percent);
-    let inbox = Inbox::open_with_limits(
-        &config.state_dir.join(INBOX_DB),
-        relay.inbox_max_items,
-        relay.inbox_max_bytes,
-    )?;
-    stores::record(&config.state_dir, opening).map_err(stores::LostState::File)?;
+    let (registry, inbox) = open_stores(&config, now)?;
     let mut listen = relay.listen;
     fit_descriptors(&mut listen);
     let peers = Arc::new(Peers::new(
@@ -233,6 +213,11 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
         config.clock,
         *node.id(),
     ));
+    let peer_store = crate::peers::cache::path(&config.state_dir);
+    let restored = crate::peers::cache::restore(&peers, &peer_store);
+    if restored > 0 {
+        info!(restored, "peers read back from the peer store");
+    }
     let ctx = Arc::new(Context::with_config(
         node,
         peers,
@@ -271,10 +256,41 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
         relay: Arc::new(node),
         probe_interval: relay.probe_interval,
         gossip_interval: relay.gossip_interval,
+        peer_store,
         listen,
         inbox_retention: relay.inbox_retention,
         report: relay.report.clone(),
     })
+}
+
+/// The replay registry and the inbox, opened from the state dir; a store opened before and now
+/// lost refuses the start unless `--accept-lost-state`.
+fn open_stores(config: &RunConfig, now: u64) -> Result<(ReplayRegistry, Inbox), RunError> {
+    let relay = &config.relay;
+    let opening: &[&str] = match config.replay_store {
+        ReplayStore::Sqlite => &[REPLAY_DB, INBOX_DB],
+        ReplayStore::Memory => &[INBOX_DB],
+    };
+    for lost in stores::check(&config.state_dir, opening, config.accept_lost_state)? {
+        warn!("{lost}; starting anyway (--accept-lost-state)");
+    }
+    let registry = match config.replay_store {
+        ReplayStore::Sqlite => ReplayRegistry::open_sqlite(
+            &config.state_dir.join(REPLAY_DB),
+            relay.replay_capacity,
+            replay::WINDOW_SECS,
+            now,
+        )?,
+        ReplayStore::Memory => ReplayRegistry::memory(relay.replay_capacity, replay::WINDOW_SECS),
+    }
+    .with_source_share(relay.replay_share_percent);
+    let inbox = Inbox::open_with_limits(
+        &config.state_dir.join(INBOX_DB),
+        relay.inbox_max_items,
+        relay.inbox_max_bytes,
+    )?;
+    stores::record(&config.state_dir, opening).map_err(stores::LostState::File)?;
+    Ok((registry, inbox))
 }
 
 /// Raises the descriptor limit (soft up to hard) so both listeners can hold their connections;
@@ -325,6 +341,7 @@ pub async fn serve(
         relay,
         probe_interval,
         gossip_interval,
+        peer_store,
         listen,
         inbox_retention,
         cookie,
@@ -341,6 +358,11 @@ pub async fn serve(
     let cancel = CancellationToken::new();
     let probes = tokio::spawn(probe::run(Arc::clone(&ctx), probe_interval, cancel.clone()));
     let peers = tokio::spawn(Arc::clone(&ctx.peers).run(ctx.http.clone(), cancel.clone()));
+    let store = tokio::spawn(crate::peers::cache::run(
+        Arc::clone(&ctx.peers),
+        peer_store,
+        cancel.clone(),
+    ));
     let gossip = tokio::spawn(crate::gossip::run(
         Arc::clone(&ctx),
         gossip_interval,
@@ -366,30 +388,32 @@ pub async fn serve(
         None,
         cancel.clone(),
     ));
-    // Ready means ready: every `--peer`'s descriptor is held (bounded), so a send can route.
     tokio::pin!(shutdown);
     let stopped = tokio::select! {
-        fetched = ctx.peers.fetched(crate::peers::READY_WAIT) => {
-            if !fetched {
-                warn!("not every --peer's descriptor could be fetched yet; fetching on");
-            }
-            let routable = ctx.peers.routable(ctx.clock.unix()).len();
-            info!(node = %Prefix(ctx.node.id()), routable, "node ready");
-            false
-        }
+        () = ready(&ctx) => false,
         () = &mut shutdown => true,
     };
     if !stopped {
         shutdown.await;
     }
     cancel.cancel();
-    for t in [a, b, peers, gossip, upkeep, probes]
+    for t in [a, b, peers, gossip, store, upkeep, probes]
         .into_iter()
         .chain(report)
     {
         let _ = t.await;
     }
     info!("node stopped");
+}
+
+/// Ready means ready: says `node ready` once every `--peer`'s descriptor is held, so a send can
+/// route (at most [`crate::peers::READY_WAIT`]: then it says what is missing and goes on).
+async fn ready(ctx: &Context) {
+    if !ctx.peers.fetched(crate::peers::READY_WAIT).await {
+        warn!("not every --peer's descriptor could be fetched yet; fetching on");
+    }
+    let routable = ctx.peers.routable(ctx.clock.unix()).len();
+    info!(node = %Prefix(ctx.node.id()), routable, "node ready");
 }
 
 /// Onion key rotation, guard upkeep, and the inbox's retention.

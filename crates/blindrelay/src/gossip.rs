@@ -188,8 +188,14 @@ pub async fn run(ctx: Arc<Context>, interval: Duration, cancel: CancellationToke
         }
         let new = round(&ctx).await;
         if new > 0 {
-            let (bootstrap, gossip) = ctx.peers.by_source();
-            info!(new, bootstrap, gossip, "peers learned by gossip");
+            let n = ctx.peers.by_source();
+            info!(
+                new,
+                bootstrap = n.bootstrap,
+                gossip = n.gossip,
+                cache = n.cache,
+                "peers learned by gossip"
+            );
         }
     }
 }
@@ -232,7 +238,7 @@ mod tests {
         let ctx = context(&dir);
         let many: Vec<_> = (1..=40).map(descriptor).collect();
         assert_eq!(learn(&ctx, many.clone()), MAX_NEW_PER_ANSWER);
-        assert_eq!(ctx.peers.by_source(), (0, MAX_NEW_PER_ANSWER));
+        assert_eq!(ctx.peers.by_source().gossip, MAX_NEW_PER_ANSWER);
         // What is already held is refreshed, not counted; the next new ones come in turn.
         assert_eq!(learn(&ctx, many), MAX_NEW_PER_ANSWER);
         let answer = answer(&ctx, T0);

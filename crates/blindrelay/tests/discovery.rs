@@ -1,6 +1,7 @@
 //! Discovery by gossip, on real processes, each node in a /16 of its own: a network whose nodes
 //! each know one bootstrap peer forms by gossip and delivers; a newcomer is reachable from
-//! every old node with no restart; and identities one party announces are kept only up to the
+//! every old node with no restart; a network restarted without any `--peer` forms again from
+//! its peer stores; and identities one party announces are kept only up to the
 //! per-block bound and its introductions' burst. Every wait is bounded.
 
 mod common;
@@ -50,6 +51,45 @@ async fn a_chain_of_bootstrap_peers_forms_a_network_and_takes_in_a_newcomer() {
     let peers = &s.runtime()["peers"];
     assert_eq!(peers["gossip"], 8, "node 0 knew nobody: {peers}");
     assert!(peers["last_gossip_at"].as_u64().is_some(), "{peers}");
+}
+
+/// A network formed by gossip, all its nodes killed and started again with no `--peer` at all,
+/// forms again from the peer stores they wrote (each waited for until it holds every other
+/// node, so the kill loses nothing), and delivers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_network_forms_again_without_its_bootstrap_peers() {
+    let n = 4;
+    let mut net =
+        Net::start_bootstrapped(n, &args(), |i| i.checked_sub(1).into_iter().collect()).await;
+    for i in 0..n {
+        net.wait_routable_within(i, n - 1, SPREAD).await;
+    }
+    for i in 0..n {
+        let file = net.node(i).state_dir.join("peers.json");
+        let deadline = std::time::Instant::now() + SPREAD;
+        loop {
+            let held = std::fs::read(&file)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+                .and_then(|v| v["peers"].as_array().map(Vec::len));
+            if held == Some(n - 1) {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node {i}'s store: {held:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    net.restart_all_without_bootstrap().await;
+    for i in 0..n {
+        net.wait_routable_within(i, n - 1, SPREAD).await;
+    }
+    let (ok, _, err) = net.send(3, 0, 2, b"after the restart").await;
+    assert!(ok, "{err}");
+    let s = net.status(1).await;
+    assert_eq!(s.runtime()["peers"]["bootstrap"], 0, "{s}");
 }
 
 /// A descriptor of a fresh identity whose endpoint is in `block` (`127.250.<block>.<host>`).

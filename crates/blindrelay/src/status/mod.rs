@@ -58,6 +58,9 @@ pub struct PeersInfo {
     /// Descriptors held from gossip.
     #[serde(default)]
     pub gossip: usize,
+    /// Descriptors read back from the peer store at start, not refreshed since.
+    #[serde(default)]
+    pub cache: usize,
     /// When a gossip round last got an answer (Unix seconds), if ever.
     #[serde(default)]
     pub last_gossip_at: Option<u64>,
@@ -194,7 +197,7 @@ pub fn document(relay: &Relay) -> Document {
     let stores = stores(relay, &counters, now);
     let inbox = relay.terminal().inbox();
     let (max_items, max_bytes) = inbox.limits();
-    let (bootstrap, gossip) = ctx.peers.by_source();
+    let by_source = ctx.peers.by_source();
     let runtime = Runtime {
         blind_relay: counters,
         replay: ReplayInfo {
@@ -206,8 +209,9 @@ pub fn document(relay: &Relay) -> Document {
         peers: PeersInfo {
             known: descriptors.len(),
             routable: ctx.peers.routable(now).len(),
-            bootstrap,
-            gossip,
+            bootstrap: by_source.bootstrap,
+            gossip: by_source.gossip,
+            cache: by_source.cache,
             last_gossip_at: ctx.peers.last_gossip_at(),
             identity_changes: ctx.peers.identity_changes(),
         },

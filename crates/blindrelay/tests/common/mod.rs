@@ -992,6 +992,19 @@ impl Net {
         run_cli(&args, self.rust_log.as_deref()).await
     }
 
+    /// Kills every node, then starts them all again with no `--peer` at all (their peer
+    /// stores only); returns once every node is ready.
+    pub async fn restart_all_without_bootstrap(&mut self) {
+        self.stop_all().await;
+        self.bootstrap = Some(vec![Vec::new(); self.nodes.len()]);
+        for i in 0..self.nodes.len() {
+            self.spawn(i);
+        }
+        for i in 0..self.nodes.len() {
+            self.wait_ready(i).await;
+        }
+    }
+
     /// Kills every node and waits until their output has been read to the end.
     pub async fn stop_all(&mut self) {
         for i in 0..self.procs.len() {

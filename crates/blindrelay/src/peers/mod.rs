@@ -15,6 +15,8 @@
 //! `--allow-private-endpoints`). The table is bounded ([`MAX_PEERS`]). Nothing here is logged
 //! beyond 8-hex id prefixes: no URL, no address, and `Debug` prints counts only.
 
+pub mod cache;
+
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::net::IpAddr;
@@ -116,6 +118,19 @@ pub enum PeerSource {
     Bootstrap,
     /// Learned from another node's gossip ([`crate::gossip`]).
     Gossip,
+    /// Read back from the peer store at start ([`cache`]), not yet fetched or gossiped again.
+    Cache,
+}
+
+/// How many descriptors are held from each source.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BySource {
+    /// From `--peer` URLs.
+    pub bootstrap: usize,
+    /// From gossip.
+    pub gossip: usize,
+    /// From the peer store, not refreshed since the start.
+    pub cache: usize,
 }
 
 /// A held descriptor and where it came from.
@@ -144,6 +159,8 @@ pub struct Peers {
     map: Mutex<HashMap<NodeId, Held>>,
     /// When a gossip round last got an answer (Unix seconds).
     last_gossip_at: AtomicU64,
+    /// Bumped at every change of the table (the peer store is written when it moved).
+    generation: AtomicU64,
     /// Set once a fetch round got every `--peer`'s descriptor; waiters woken then.
     fetched: AtomicBool,
     fetched_notify: Notify,
@@ -175,6 +192,7 @@ impl Peers {
         Peers {
             map: Mutex::new(HashMap::new()),
             last_gossip_at: AtomicU64::new(0),
+            generation: AtomicU64::new(0),
             fetched: AtomicBool::new(false),
             fetched_notify: Notify::new(),
             endpoint_ips: Mutex::new(HashSet::new()),
@@ -200,6 +218,18 @@ impl Peers {
     /// Descriptors and TLS handshakes refused for another identity than the pinned one.
     pub fn identity_changes(&self) -> u64 {
         self.identity_changes.load(Ordering::Relaxed)
+    }
+
+    /// Pins `id` to the `--peer` `url` if nothing pins it yet (the peer store's pin of a URL
+    /// trusted on first use, read back at start).
+    pub fn restore_pin(&self, url: &str, id: NodeId) {
+        let mut urls = self.urls.lock().unwrap_or_else(|p| p.into_inner());
+        for spec in urls
+            .iter_mut()
+            .filter(|s| s.url == url && s.pinned.is_none())
+        {
+            spec.pinned = Some(id);
+        }
     }
 
     /// Checks `id` against the identity pinned to `--peer` number `i`; pins it on first use.
@@ -228,10 +258,36 @@ impl Peers {
         self.insert_as(d, PeerSource::Bootstrap, |_| true).is_ok()
     }
 
+    /// Adds a descriptor read back from the peer store if it verifies now. True if kept.
+    pub fn restore(&self, d: Descriptor) -> bool {
+        self.insert_as(d, PeerSource::Cache, |_| true).is_ok()
+    }
+
+    /// Every descriptor held, with its source.
+    pub fn held(&self) -> Vec<(Descriptor, PeerSource)> {
+        self.lock()
+            .values()
+            .map(|h| (h.d.clone(), h.source))
+            .collect()
+    }
+
+    /// Every `--peer` URL with the identity pinned to it, if any yet.
+    pub fn pins(&self) -> Vec<(String, NodeId)> {
+        self.urls()
+            .into_iter()
+            .filter_map(|s| s.pinned.map(|id| (s.url, id)))
+            .collect()
+    }
+
+    /// A number that moves at every change of the table.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
     /// Adds a gossiped descriptor, at most `per_block` gossiped identities per address block
     /// (`same_block` tells two endpoint addresses of one block apart), before its signature is
     /// checked: a flood of identities from one block costs a comparison each, not a signature
-    /// check. A known peer's newer descriptor keeps its source.
+    /// check. A known peer's newer descriptor keeps its source (a cached one becomes gossiped).
     ///
     /// # Errors
     /// [`Refused`].
@@ -272,7 +328,13 @@ impl Peers {
             let mut map = self.lock();
             match map.get(&d.node_id) {
                 Some(old) if old.d.issued_at >= d.issued_at => return Err(Refused::Held),
-                Some(old) => old.source,
+                // A --peer fetch makes a peer a bootstrap one; gossip or the store keep what
+                // it was, but a cached descriptor refreshed by gossip is gossip's now.
+                Some(old) => match (source, old.source) {
+                    (PeerSource::Bootstrap, _) => PeerSource::Bootstrap,
+                    (PeerSource::Gossip, PeerSource::Cache) => PeerSource::Gossip,
+                    _ => old.source,
+                },
                 None => {
                     if map.len() >= MAX_PEERS {
                         map.retain(|_, v| v.d.expires_at > now);
@@ -299,6 +361,7 @@ impl Peers {
             return Err(Refused::Full);
         }
         map.insert(d.node_id, Held { d, source });
+        self.generation.fetch_add(1, Ordering::Relaxed);
         let ips = map
             .values()
             .filter_map(|h| descriptor::parse_endpoint(&h.d.endpoint).ok())
@@ -331,14 +394,17 @@ impl Peers {
         }
     }
 
-    /// Descriptors held by where they came from: (bootstrap, gossip).
-    pub fn by_source(&self) -> (usize, usize) {
-        let map = self.lock();
-        let gossip = map
-            .values()
-            .filter(|h| h.source == PeerSource::Gossip)
-            .count();
-        (map.len() - gossip, gossip)
+    /// Descriptors held by where they came from.
+    pub fn by_source(&self) -> BySource {
+        let mut n = BySource::default();
+        for h in self.lock().values() {
+            match h.source {
+                PeerSource::Bootstrap => n.bootstrap += 1,
+                PeerSource::Gossip => n.gossip += 1,
+                PeerSource::Cache => n.cache += 1,
+            }
+        }
+        n
     }
 
     /// Notes that a gossip round got an answer at `now`.
@@ -636,7 +702,14 @@ mod tests {
         assert_eq!(peers.insert_gossiped(d(1, 1), 2, same), Err(Refused::Held));
         // The operator's --peer is not bounded per block.
         assert!(peers.insert(d(5, 5)));
-        assert_eq!(peers.by_source(), (1, 2));
+        assert_eq!(
+            peers.by_source(),
+            BySource {
+                bootstrap: 1,
+                gossip: 2,
+                cache: 0
+            }
+        );
         // Another block is counted apart.
         let other = Descriptor::sign(
             &SigningKey::from_bytes(&[6; 32]),
