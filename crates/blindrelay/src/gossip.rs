@@ -176,16 +176,27 @@ async fn exchange(http: &reqwest::Client, url: &str, announce: &Announce) -> Opt
     tokio::time::timeout(FETCH_TIMEOUT, read).await.ok()?
 }
 
-/// Gossip rounds every `interval` until `cancel` (none when `interval` is zero).
+/// Gossip rounds until `cancel` (none when `interval` is zero): the first as soon as every
+/// `--peer`'s descriptor is held (a newcomer announces itself at once), then every `interval`.
 pub async fn run(ctx: Arc<Context>, interval: Duration, cancel: CancellationToken) {
     if interval.is_zero() {
         return;
     }
+    let mut wait = None;
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
-            () = tokio::time::sleep(interval) => {}
+            _ = async {
+                match wait {
+                    None => ctx.peers.fetched(crate::peers::READY_WAIT).await,
+                    Some(d) => {
+                        tokio::time::sleep(d).await;
+                        true
+                    }
+                }
+            } => {}
         }
+        wait = Some(interval);
         let new = round(&ctx).await;
         if new > 0 {
             let n = ctx.peers.by_source();
