@@ -138,6 +138,8 @@ pub struct BySource {
 struct Held {
     d: Descriptor,
     source: PeerSource,
+    /// The endpoint's address, parsed once when kept.
+    ip: Option<IpAddr>,
 }
 
 /// Why a gossiped descriptor was not kept.
@@ -305,20 +307,21 @@ impl Peers {
             let in_block = map
                 .iter()
                 .filter(|(k, h)| **k != id && h.source == PeerSource::Gossip)
-                .filter_map(|(_, h)| descriptor::parse_endpoint(&h.d.endpoint).ok())
-                .filter(|a| same_block(a.ip(), ip))
+                .filter_map(|(_, h)| h.ip)
+                .filter(|a| same_block(*a, ip))
                 .count();
             in_block < per_block
         })
     }
 
     /// Keeps `d` as from `source` if `admit` lets a new identity in (asked under the table's
-    /// lock, before the signature check), it verifies, and it is newer than the one held.
+    /// lock before the signature check, and again when it is kept), it verifies, and it is
+    /// newer than the one held.
     fn insert_as(
         &self,
         d: Descriptor,
         source: PeerSource,
-        admit: impl FnOnce(&HashMap<NodeId, Held>) -> bool,
+        admit: impl Fn(&HashMap<NodeId, Held>) -> bool,
     ) -> Result<(), Refused> {
         let now = self.clock.unix();
         if d.node_id == self.self_id {
@@ -357,16 +360,18 @@ impl Peers {
         {
             return Err(Refused::Held);
         }
-        if !map.contains_key(&d.node_id) && map.len() >= MAX_PEERS {
-            return Err(Refused::Full);
+        if !map.contains_key(&d.node_id) {
+            if map.len() >= MAX_PEERS {
+                return Err(Refused::Full);
+            }
+            if !admit(&map) {
+                return Err(Refused::Block);
+            }
         }
-        map.insert(d.node_id, Held { d, source });
+        let ip = descriptor::parse_endpoint(&d.endpoint).ok().map(|a| a.ip());
+        map.insert(d.node_id, Held { d, source, ip });
         self.generation.fetch_add(1, Ordering::Relaxed);
-        let ips = map
-            .values()
-            .filter_map(|h| descriptor::parse_endpoint(&h.d.endpoint).ok())
-            .map(|a| a.ip())
-            .collect();
+        let ips = map.values().filter_map(|h| h.ip).collect();
         drop(map);
         *self.endpoint_ips.lock().unwrap_or_else(|p| p.into_inner()) = ips;
         Ok(())
