@@ -126,7 +126,19 @@ pub async fn start_in(
 pub async fn node(clock: &Clock, tweak: impl FnOnce(&mut RelayConfig)) -> Node {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("node");
-    let (relay, addr, operator, stop) = start_in(&dir, clock, tweak, true).await;
+    start_node(dir, clock, tweak, true, Some(tmp)).await
+}
+
+/// A node served in this process from `dir` (made a node first when `init`; otherwise the
+/// state dir of an earlier one), `tmp` the temporary dir that holds it, kept as long as it.
+pub async fn start_node(
+    dir: PathBuf,
+    clock: &Clock,
+    tweak: impl FnOnce(&mut RelayConfig),
+    init: bool,
+    tmp: Option<tempfile::TempDir>,
+) -> Node {
+    let (relay, addr, operator, stop) = start_in(&dir, clock, tweak, init).await;
     Node {
         ctx: Arc::clone(relay.ctx()),
         pipeline: Arc::clone(relay.pipeline()),
@@ -134,7 +146,7 @@ pub async fn node(clock: &Clock, tweak: impl FnOnce(&mut RelayConfig)) -> Node {
         addr,
         operator,
         dir,
-        _tmp: Some(tmp),
+        _tmp: tmp,
         stop,
     }
 }

@@ -3,7 +3,6 @@
 //! expire), a reservation outliving its layer, and a route refused after a restart.
 
 use std::net::IpAddr;
-use std::sync::Arc;
 use std::time::Duration;
 
 use blindrelay::proto::sphinx;
@@ -204,17 +203,7 @@ async fn a_route_accepted_before_a_crash_is_refused_after_the_restart() {
     let tmp = n._tmp.take();
     drop(n);
     // A new process on the same state dir.
-    let (relay, addr, operator, stop) = start_in(&dir, &clock, |_| {}, false).await;
-    let n = Node {
-        ctx: Arc::clone(relay.ctx()),
-        pipeline: Arc::clone(relay.pipeline()),
-        relay,
-        addr,
-        operator,
-        dir,
-        _tmp: tmp,
-        stop,
-    };
+    let n = start_node(dir, &clock, |_| {}, false, tmp).await;
     assert_eq!(
         submit(&n, f.encode()).await,
         r1,
