@@ -213,8 +213,6 @@ pub async fn run(ctx: Arc<Context>, interval: Duration, cancel: CancellationToke
 
 #[cfg(test)]
 mod tests {
-    use ed25519_dalek::SigningKey;
-
     use super::*;
     use crate::clock::Clock;
     use crate::node::{self, Node};
@@ -233,13 +231,10 @@ mod tests {
     fn descriptor(i: u16) -> Descriptor {
         let mut seed = [7u8; 32];
         seed[..2].copy_from_slice(&i.to_be_bytes());
-        let onion = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(seed));
-        Descriptor::sign(
-            &SigningKey::from_bytes(&seed),
-            onion.to_bytes(),
+        crate::proto::descriptor::for_test(
+            seed,
             format!("https://127.{}.{}.1:7001", i / 256, i % 256),
             T0,
-            3600,
         )
     }
 

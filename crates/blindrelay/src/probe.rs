@@ -95,21 +95,13 @@ pub async fn run(ctx: Arc<Context>, interval: Duration, cancel: CancellationToke
 
 #[cfg(test)]
 mod tests {
-    use ed25519_dalek::SigningKey;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 
     use super::*;
 
     fn descriptor(seed: u8) -> Descriptor {
-        let onion = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from([seed; 32]));
-        Descriptor::sign(
-            &SigningKey::from_bytes(&[seed; 32]),
-            onion.to_bytes(),
-            "https://127.0.0.1:7001",
-            0,
-            3600,
-        )
+        crate::proto::descriptor::for_test([seed; 32], "https://127.0.0.1:7001", 0)
     }
 
     #[test]

@@ -261,7 +261,6 @@ fn from_hex_vec(s: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use ed25519_dalek::SigningKey;
     use rand::SeedableRng;
     use rand::rngs::StdRng;
 
@@ -273,14 +272,7 @@ mod tests {
     const T0: u64 = 1_800_000_000;
 
     fn descriptor(seed: u8) -> Descriptor {
-        let onion = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from([seed; 32]));
-        Descriptor::sign(
-            &SigningKey::from_bytes(&[seed; 32]),
-            onion.to_bytes(),
-            format!("https://127.0.0.{seed}:7001"),
-            T0,
-            3600,
-        )
+        crate::proto::descriptor::for_test([seed; 32], format!("https://127.0.0.{seed}:7001"), T0)
     }
 
     /// A context over a fresh node: no SQLite, no listener, no HTTP.

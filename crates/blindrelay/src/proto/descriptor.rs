@@ -342,6 +342,20 @@ pub fn endpoint_ip_is_public(url: &str) -> Result<SocketAddr, EndpointError> {
     }
 }
 
+/// A descriptor for tests: the node whose identity and onion keys are made from `seed`, at
+/// `endpoint`, issued at `issued_at`, valid an hour.
+#[cfg(test)]
+pub(crate) fn for_test(seed: [u8; 32], endpoint: impl Into<String>, issued_at: u64) -> Descriptor {
+    let onion = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(seed));
+    Descriptor::sign(
+        &SigningKey::from_bytes(&seed),
+        onion.to_bytes(),
+        endpoint,
+        issued_at,
+        3600,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
