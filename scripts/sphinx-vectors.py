@@ -48,19 +48,30 @@ def keys(shared, alpha):
         "mu": hkdf_expand(prk, b"mu", 32),
         "blind": hkdf_expand(prk, b"blind" + alpha, 32),
         "tag": hkdf_expand(prk, b"replay", 16),
+        "report": hkdf_expand(prk, b"report", 32),
     }
 
 
-def stream(key, n):
-    # ChaCha20 (RFC 8439), counter 0, nonce 0: `cryptography` takes counter ‖ nonce, 16 bytes.
-    return Cipher(algorithms.ChaCha20(key, bytes(16)), mode=None).encryptor().update(bytes(n))
+def stream(key, n, nonce=bytes(12)):
+    # ChaCha20 (RFC 8439), counter 0: `cryptography` takes counter ‖ nonce, 16 bytes.
+    return Cipher(algorithms.ChaCha20(key, bytes(4) + nonce), mode=None).encryptor().update(bytes(n))
+
+
+def seal_report(key, kind, status=0, reason=b""):
+    # kind(1) ‖ status u16 ‖ reason_len(1) ‖ reason ‖ zero bytes, 32 bytes; sealed with nonce 0.
+    body = (bytes([kind]) + status.to_bytes(2, "big") + bytes([len(reason)]) + reason).ljust(32, b"\x00")
+    return ChaCha20Poly1305(key).encrypt(bytes(12), body, b"")
+
+
+def mask_report(key, report):
+    return xor(report, stream(key, len(report), bytes(11) + b"\x01"))
 
 
 def xor(a, b):
     return bytes(x ^ y for x, y in zip(a, b))
 
 
-def build(route, payload, receipt_key, expires_at, cls, ephemeral):
+def build(route, payload, receipt_key, message_id, expires_at, cls, ephemeral):
     n = len(route)
     alpha = public(ephemeral)
     alphas, ks, blinds = [], [], []
@@ -77,7 +88,7 @@ def build(route, payload, receipt_key, expires_at, cls, ephemeral):
     for k in ks[:-1]:
         filler = xor(filler + bytes(SLOT), stream(k["rho"], STREAM)[STREAM - len(filler) - SLOT:])
     slot = (b"\x02" + expires_at.to_bytes(8, "big") + b"\x00" + len(payload).to_bytes(4, "big")
-            + receipt_key).ljust(SLOT, b"\x00")
+            + receipt_key + message_id).ljust(SLOT, b"\x00")
     pad_key = hkdf_expand(hmac.new(SALT, ephemeral, hashlib.sha256).digest(), b"padding", 32)
     head = slot + stream(pad_key, BETA - SLOT - len(filler))
     beta = xor(head, stream(ks[-1]["rho"], len(head))) + filler
@@ -87,7 +98,7 @@ def build(route, payload, receipt_key, expires_at, cls, ephemeral):
         sealed = ChaCha20Poly1305(ks[i]["mu"]).encrypt(bytes(12), body, aad)
         body, tag = sealed[:-MAC], sealed[-MAC:]
         if i == 0:
-            return aad + tag + body
+            return aad + tag + body, [k["report"] for k in ks]
         fwd = (b"\x01" + expires_at.to_bytes(8, "big") + route[i][0] + tag).ljust(SLOT, b"\x00")
         beta = xor(fwd + beta[:BETA - SLOT], stream(ks[i - 1]["rho"], BETA))
 
@@ -110,7 +121,8 @@ def main():
     route = [(bytes([i]) * 32, public(s)) for i, s in zip((0xA1, 0xA2, 0xA3), secrets)]
     for i, (_, k) in enumerate(route):
         print(f"onion key {i}: {k.hex()}")
-    packet = build(route, b"hello", b"\x55" * 32, 1764450600, 0, b"\x44" * 32)
+    packet, report_keys = build(route, b"hello", b"\x55" * 32, b"\x66" * 16, 1764450600, 0,
+                                b"\x44" * 32)
     assert len(packet) == HEADER + CAPACITY[0]
     print(f"header 0: {packet[:HEADER].hex()}")
     # The outer frame of the first hop: signed by the Ed25519 key of seed 01 02 … 20, for the
@@ -131,7 +143,13 @@ def main():
         print(f"packet {i} sha256: {hashlib.sha256(packet).hexdigest()}")
         tag, packet = peel(s, packet)
         print(f"replay tag {i}: {tag.hex()}")
+        print(f"report key {i}: {report_keys[i].hex()}")
     assert packet == b"hello"
+    # Hop 1 reports its next hop unreachable, then refused inbox_full (507); hop 0 masks each.
+    unreachable = mask_report(report_keys[0], seal_report(report_keys[1], 1))
+    print(f"report unreachable: {unreachable.hex()}")
+    refused = mask_report(report_keys[0], seal_report(report_keys[1], 2, 507, b"inbox_full"))
+    print(f"report refused: {refused.hex()}")
 
 
 if __name__ == "__main__":

@@ -23,13 +23,13 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(r.to_bytes().as_slice(), rest);
             // A receipt that verifies (the seeds hold a real one) no longer does with any byte
             // changed, even when the sender's expectations follow the change.
-            if r.verify(&r.route_id, &r.commitment, &r.terminal_id, r.delivered_at)
+            if r.verify(&r.message_id, &r.commitment, &r.terminal_id, r.delivered_at)
                 .is_ok()
             {
                 let mut forged = r.to_bytes();
                 forged[usize::from(*flip_at) % RECEIPT_LEN] ^= flip | 1;
                 let f = Receipt::from_bytes(&forged).expect("152 bytes");
-                let v = f.verify(&f.route_id, &f.commitment, &f.terminal_id, f.delivered_at);
+                let v = f.verify(&f.message_id, &f.commitment, &f.terminal_id, f.delivered_at);
                 assert_eq!(
                     v,
                     Err(ReceiptError::BadSignature),
@@ -47,7 +47,7 @@ fuzz_target!(|data: &[u8]| {
     }
     // Raw bytes as sealed receipts.
     if let Ok(r) = open(rest, &RECEIPT_KEY) {
-        let _ = r.verify(&r.route_id, &r.commitment, &r.terminal_id, NOW);
+        let _ = r.verify(&r.message_id, &r.commitment, &r.terminal_id, NOW);
     }
     // A real receipt over the fuzzer's payload verifies; any other expectation does not.
     if sel & 1 == 1 {

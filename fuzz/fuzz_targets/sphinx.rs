@@ -52,6 +52,7 @@ fuzz_target!(|data: &[u8]| {
         payload,
         probe: sel & 0x20 != 0,
         receipt_key: [0x55; 32],
+        message_id: [0x66; 16],
     };
     let Ok(built) = build_with(&specs, &delivery, SizeClass::Small, [0x66; 32]) else {
         return;

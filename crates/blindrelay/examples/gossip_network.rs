@@ -163,7 +163,14 @@ async fn sybil(net: &Net) {
         let endpoint = format!("https://127.250.1.{}:7001", k % 250 + 1);
         let descriptor = Descriptor::sign(&key, onion.to_bytes(), endpoint, now, 3600);
         let url = format!("https://{}:{RELAY_PORT}/v1/gossip", node.ip);
-        let _ = tls.post(url).json(&Announce { descriptor }).send().await;
+        let _ = tls
+            .post(url)
+            .json(&Announce {
+                descriptor,
+                news: vec![],
+            })
+            .send()
+            .await;
     }
     let after: Vec<u64> = known(net).await;
     let kept = before

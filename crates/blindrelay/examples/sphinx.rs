@@ -115,6 +115,7 @@ fn main() {
                 payload: &payload,
                 probe: false,
                 receipt_key: [7; 32],
+                message_id: [8; 16],
             };
             let built = || sphinx::build(&specs, &delivery, class).expect("builds");
             let timing = measure(|| {

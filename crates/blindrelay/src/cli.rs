@@ -140,6 +140,10 @@ pub struct RunArgs {
     /// Accept next hops whose endpoint is a private or loopback address (test networks).
     #[arg(long)]
     pub allow_private_endpoints: bool,
+    /// Let two hops of one route share a /16 (IPv4) or /32 (IPv6) block: only for a private
+    /// network whose nodes all do (it gives up the bound on one block's share of routes).
+    #[arg(long)]
+    pub same_subnet_paths: bool,
     /// Where route reservations are kept: `sqlite` survives restarts, `memory` does not.
     #[arg(long, value_enum, default_value_t = ReplayStore::Sqlite)]
     pub replay_store: ReplayStore,
@@ -299,6 +303,7 @@ impl RunArgs {
                 in_flight_per_source: self.in_flight_per_source,
                 bind: Some(self.listen.ip()).filter(|ip| !ip.is_unspecified()),
                 allow_private_endpoints: self.allow_private_endpoints,
+                same_subnet_paths: self.same_subnet_paths,
                 probe_interval: self.probe_interval.into(),
                 gossip_interval: self.gossip_interval.into(),
                 report: self.report_url.clone().map(|url| report::ReportConfig {

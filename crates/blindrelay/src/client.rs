@@ -277,24 +277,30 @@ fn render_peers(doc: &Status) {
         h.unknown
     );
     say!(
-        "{:<10} {:<12} {:<10} {:<8} {:<8} {:>6} {:>6} {:>10}  REASONS",
+        "{:<10} {:<12} {:<10} {:<10} {:<8} {:<8} {:<8} {:<6} {:>6} {:>6} {:>10}  REASONS",
         "NODE",
         "HEALTH",
         "DESCRIPTOR",
+        "SOURCE",
+        "GOSSIP",
         "CONTACT",
         "ROUTE OK",
+        "ROUTES",
         "OK",
         "FAIL",
         "QUARANTINE"
     );
     for r in &h.rows {
         say!(
-            "{:<10} {:<12} {:<10} {:<8} {:<8} {:>6} {:>6} {:>10}  {}",
+            "{:<10} {:<12} {:<10} {:<10} {:<8} {:<8} {:<8} {:<6} {:>6} {:>6} {:>10}  {}",
             r.node,
             r.health,
             r.descriptor,
+            r.source.as_deref().unwrap_or("-"),
+            r.last_gossip,
             r.last_contact,
             r.last_route_success,
+            if r.in_routes { "yes" } else { "no" },
             r.route_successes,
             r.route_failures,
             r.quarantine_remaining_secs,

@@ -67,6 +67,9 @@ pub struct Context {
     pub pacer: Arc<Pacer>,
     /// The HTTP client for next hops and descriptor fetches.
     pub http: Links,
+    /// No two hops of a route this node builds in one /16 (IPv4) or /32 (IPv6)
+    /// (`crate::send::path`); off only with `--same-subnet-paths`.
+    pub distinct_blocks: bool,
 }
 
 /// The settings of a [`Context`].
@@ -85,6 +88,8 @@ pub struct ContextConfig {
     /// The address outgoing connections are made from (the listen address, so peers know the
     /// node by its descriptor's endpoint), if any.
     pub bind: Option<IpAddr>,
+    /// No two hops of a route in one address block ([`Context::distinct_blocks`]).
+    pub distinct_blocks: bool,
 }
 
 impl ContextConfig {
@@ -97,6 +102,7 @@ impl ContextConfig {
             hop_rate: HopRate::default(),
             queue: QueueLimits::default(),
             bind: None,
+            distinct_blocks: true,
         }
     }
 }
@@ -149,6 +155,7 @@ impl Context {
             hop_rate: config.hop_rate,
             pacer: Pacer::new(config.hop_rate, config.queue),
             http,
+            distinct_blocks: config.distinct_blocks,
         }
     }
 

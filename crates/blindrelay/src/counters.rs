@@ -1,7 +1,8 @@
 //! The node's aggregate counters: the design's groups, nothing per peer, route or address.
 //!
 //! Each request bumps `received` and exactly one outcome: `terminal`, `forwarded`, a completed
-//! duplicate (`duplicate_route`, answered with the stored response), or `rejected` plus the
+//! duplicate (`duplicate_route`, answered with the stored response), a copy of a message stored
+//! before (`duplicate_message`), or `rejected` plus the
 //! counter of its reason (`reason::Reason::counter`). Probes have their own counters and never move
 //! these. The event times (`last_…_at`) are Unix seconds.
 //!
@@ -44,6 +45,10 @@ guard::counter_set! {
             /// A completed route's duplicate, answered with its stored response (receipt
             /// included): nothing forwarded or stored twice (the design's `duplicate_route`).
             duplicate_route: Counter,
+            /// At the terminal: a copy of a message stored here before, sent again by its
+            /// sender over another route (the same message id): not stored again, answered with
+            /// the first copy's receipt.
+            duplicate_message: Counter,
             /// Refused: every replay slot holds a live route.
             replay_capacity: Counter,
             /// Refused: the source holds its share of the replay registry's live routes.
@@ -122,11 +127,18 @@ guard::counter_set! {
             two_hop_probe_succeeded: Counter,
             /// Two-hop probes failed.
             two_hop_probe_failed: Counter,
+            /// This node's sends tried again over another route after a route failed (the
+            /// message id kept, so the terminal stores the message once).
+            send_rerouted: Counter,
             /// Client messages whose terminal receipt this node opened and verified, fresh.
             verified_client_onion_deliveries: Counter,
             /// Probes of other nodes this node answered as their terminal (not user traffic: they move
             /// none of the request counters above).
             probes_answered: Counter,
+            /// Gossip bytes this node sent: its announcements' bodies, and its answers to others'.
+            gossip_bytes_sent: Counter,
+            /// Gossip bytes this node received: its peers' answers, and others' announcements.
+            gossip_bytes_received: Counter,
             /// Status reports pushed to `--report-url` (answered 2xx).
             report_sent: Counter,
             /// Status reports that failed (timeout, no connection, not 2xx); not retried

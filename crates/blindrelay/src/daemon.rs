@@ -83,6 +83,9 @@ pub struct RelayConfig {
     pub bind: Option<IpAddr>,
     /// Next hops may have private endpoints (loopback tests).
     pub allow_private_endpoints: bool,
+    /// Two hops of one route may share a /16 (IPv4) or /32 (IPv6): a private network whose
+    /// nodes all do.
+    pub same_subnet_paths: bool,
     /// Time between probe rounds (zero: no periodic probes).
     pub probe_interval: Duration,
     /// Time between gossip rounds (zero: no gossip).
@@ -115,6 +118,7 @@ impl RelayConfig {
             in_flight_per_source: gate::IN_FLIGHT_PER_SOURCE,
             bind: None,
             allow_private_endpoints,
+            same_subnet_paths: false,
             probe_interval: probe::DEFAULT_INTERVAL,
             gossip_interval: crate::gossip::DEFAULT_INTERVAL,
             report: None,
@@ -229,6 +233,7 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
             hop_rate: relay.hop_rate,
             queue: relay.queue,
             bind: relay.bind,
+            distinct_blocks: !relay.same_subnet_paths,
         },
     ));
     let (registry, terminal) = (
@@ -248,7 +253,8 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
         Arc::clone(&registry),
         terminal.clone(),
     );
-    let node = Relay::new(pipeline, registry, terminal, serve::connections(&listen));
+    let node = Relay::new(pipeline, registry, terminal, serve::connections(&listen))
+        .with_gossip_interval(relay.gossip_interval);
     let cookie =
         api::cookie::Cookie::create(&config.state_dir).map_err(|e| RunError::Cookie(e.kind()))?;
     Ok(Built {
@@ -357,6 +363,7 @@ pub async fn serve(
     };
     let cancel = CancellationToken::new();
     let probes = tokio::spawn(probe::run(Arc::clone(&ctx), probe_interval, cancel.clone()));
+    let reach = tokio::spawn(probe::reach(Arc::clone(&ctx), cancel.clone()));
     let peers = tokio::spawn(Arc::clone(&ctx.peers).run(ctx.http.clone(), cancel.clone()));
     let store = tokio::spawn(crate::peers::cache::run(
         Arc::clone(&ctx.peers),
@@ -397,7 +404,7 @@ pub async fn serve(
         shutdown.await;
     }
     cancel.cancel();
-    for t in [a, b, peers, gossip, store, upkeep, probes]
+    for t in [a, b, peers, gossip, store, upkeep, probes, reach]
         .into_iter()
         .chain(report)
     {

@@ -43,6 +43,7 @@ use crate::counters::Counters;
 use crate::links::Links;
 use crate::outbound::Turn;
 use crate::proto::answer::Accepted;
+use crate::proto::sphinx::Report;
 use crate::proto::{NodeId, Prefix, RouteId};
 use crate::reason::Reason;
 
@@ -62,6 +63,9 @@ pub const LATE_DEADLINE: Duration = Duration::from_secs(12);
 /// How long a sender waits for the entry hop: longer than its [`LATE_DEADLINE`], so the entry
 /// hop's final answer (stored, replayed to a retry) comes before the sender gives up.
 pub const SENDER_DEADLINE: Duration = Duration::from_secs(15);
+/// How long a send may take in all, its tries over other routes included (`crate::send`): two
+/// routes whose hops hang to their deadlines fit.
+pub const SEND_DEADLINE: Duration = Duration::from_secs(30);
 /// Requests in flight to one next hop at most, by default.
 pub const PER_NEXT_HOP: usize = 8;
 /// The `Host` header of every relay request: the same for every next hop, so a request's
@@ -149,6 +153,9 @@ pub enum Forwarded {
         status: u16,
         /// The reason named, if any.
         reason: Option<Reason>,
+        /// The failure report the body carries, if any (a hop past the next one failed, or the
+        /// next hop could not pass the packet on).
+        report: Option<Report>,
     },
     /// No answer after every attempt.
     Exhausted,
@@ -200,8 +207,16 @@ async fn attempt(http: &reqwest::Client, url: &str, frame: &[u8], deadline: Inst
 
 /// The reason of a refusal's body, if it names one.
 fn reason_of(body: Option<&[u8]>) -> Option<Reason> {
-    body.and_then(|b| serde_json::from_slice::<crate::proto::answer::ErrorBody>(b).ok())
-        .and_then(|e| Reason::from_wire(&e.error))
+    error_of(body).and_then(|e| Reason::from_wire(&e.error))
+}
+
+fn error_of(body: Option<&[u8]>) -> Option<crate::proto::answer::ErrorBody<'_>> {
+    body.and_then(|b| serde_json::from_slice(b).ok())
+}
+
+/// The failure report of a refusal's body, if it carries one of the right length.
+fn report_of(body: Option<&[u8]>) -> Option<Report> {
+    error_of(body).and_then(|e| crate::proto::from_hex(e.report.as_deref()?))
 }
 
 /// True for an answer the design says to retry: `503 route_in_flight` (the same request is
@@ -286,16 +301,7 @@ pub async fn post(
                 if retry > 0 && status == 200 {
                     counters.retry_succeeded.inc();
                 }
-                return match (
-                    status,
-                    body.as_deref().map(serde_json::from_slice::<Accepted>),
-                ) {
-                    (200, Some(Ok(a))) => Forwarded::Accepted { receipt: a.receipt },
-                    _ => {
-                        debug!(next = %Prefix(next_hop), status, "next hop refused");
-                        Forwarded::Refused { status, reason }
-                    }
-                };
+                return definitive(next_hop, status, reason, body.as_deref());
             }
             Attempt::Failed(kind) => {
                 failures += 1;
@@ -318,6 +324,26 @@ pub async fn post(
         counters.deadline_exhausted.inc();
     }
     Forwarded::Exhausted
+}
+
+/// What a definitive answer (`status`, `reason`, `body`) of `next_hop` says.
+fn definitive(
+    next_hop: &NodeId,
+    status: u16,
+    reason: Option<Reason>,
+    body: Option<&[u8]>,
+) -> Forwarded {
+    match (status, body.map(serde_json::from_slice::<Accepted>)) {
+        (200, Some(Ok(a))) => Forwarded::Accepted { receipt: a.receipt },
+        _ => {
+            debug!(next = %Prefix(next_hop), status, "next hop refused");
+            Forwarded::Refused {
+                status,
+                reason,
+                report: report_of(body),
+            }
+        }
+    }
 }
 
 async fn read_capped(mut resp: reqwest::Response) -> Option<Vec<u8>> {
@@ -373,6 +399,7 @@ mod tests {
     fn deadlines_are_fixed_and_ordered() {
         assert!(HOP_DEADLINE < LATE_DEADLINE);
         assert!(LATE_DEADLINE < SENDER_DEADLINE);
+        assert!(SENDER_DEADLINE * 2 <= SEND_DEADLINE);
         assert_eq!(LATE_DEADLINE, HOP_DEADLINE * 2);
     }
 

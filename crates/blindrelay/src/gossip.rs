@@ -3,10 +3,15 @@
 //!
 //! Every `--gossip-interval` ([`DEFAULT_INTERVAL`]) a node posts its own signed descriptor to
 //! up to [`FANOUT`] routable peers chosen at random (`POST /v1/gossip`, over the link pinned to
-//! each peer's id), and each answers with up to [`MAX_ANSWER`] descriptors it holds: its own
-//! first, then routable peers at random. Both sides keep what they learn as
-//! [`PeerSource::Gossip`]. A descriptor is signed by its owner, so a node can pass on others'
-//! descriptors but never forge one; each is verified once, when it is kept.
+//! each peer's id), with its *news*: the identities it learned within the last
+//! [`NEWS_ROUNDS`] intervals, newest first, at most [`MAX_NEWS`]. Each answers with up to
+//! [`MAX_ANSWER`] descriptors it holds: its own first, then its news, then routable peers at
+//! random. Both sides keep what they learn as [`PeerSource::Gossip`]. So a newcomer's
+//! descriptor travels both ways at every exchange while it is news, and reaches every node in a
+//! few rounds (push and pull, as Lightning's nodes pass on fresh announcements). A descriptor is
+//! signed by its owner, so a node can pass on others' descriptors but never forge one; each is
+//! verified once, when it is kept. Peers this node's own sends avoid (they failed, and no probe
+//! has shown them back) are not passed on.
 //!
 //! Bounds (Sybils, eclipse):
 //! - an answer is read to [`MAX_BODY`] bytes at most, within the fetch timeout, and at most
@@ -18,7 +23,12 @@
 //!   not bounded per block;
 //! - the peer table is bounded ([`crate::peers::MAX_PEERS`]) and, full, makes room only by
 //!   forgetting expired descriptors: long-known peers are never evicted for newcomers;
-//! - an announcement costs its source the request gate's cheap budget, like any request.
+//! - an announcement costs its source the request gate's cheap budget, like any request, and
+//!   each identity new to this node in it (its sender's, or its news) one of the source's
+//!   introductions ([`Introductions`]).
+//!
+//! The bytes of every exchange, both ways and both roles, are counted (`gossip_bytes_sent`,
+//! `gossip_bytes_received`).
 //!
 //! Nothing here logs an id beyond its 8-hex prefix, nor any endpoint or address.
 
@@ -59,14 +69,21 @@ pub const INTRODUCERS: usize = 4096;
 
 /// Largest gossip answer read, and largest announcement body accepted.
 pub const MAX_BODY: usize = 64 * 1024;
-/// Largest announcement body (one descriptor).
-pub const MAX_ANNOUNCE: usize = 4096;
+/// Largest announcement body (its sender's descriptor and its news).
+pub const MAX_ANNOUNCE: usize = 16 * 1024;
+/// News carried by an announcement at most.
+pub const MAX_NEWS: usize = 8;
+/// An identity is news for this many gossip intervals after this node first kept it.
+pub const NEWS_ROUNDS: u32 = 3;
 
-/// `POST /v1/gossip`'s body: the caller's own descriptor.
+/// `POST /v1/gossip`'s body: the caller's own descriptor, and its news.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Announce {
     /// The caller's signed descriptor.
     pub descriptor: Descriptor,
+    /// Identities the caller learned lately, newest first (at most [`MAX_NEWS`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub news: Vec<Descriptor>,
 }
 
 /// `POST /v1/gossip`'s answer.
@@ -103,69 +120,121 @@ impl Introductions {
     }
 }
 
-/// This node's answer at `now`: its own descriptor, then up to [`MAX_ANSWER`] − 1 routable
-/// peers at random.
-pub fn answer(ctx: &Context, now: u64) -> Answer {
-    let mut peers = ctx.peers.routable(now);
-    peers.shuffle(&mut rand::rng());
-    peers.truncate(MAX_ANSWER - 1);
-    let mut descriptors = Vec::with_capacity(peers.len() + 1);
+/// The identities this node learned within [`NEWS_ROUNDS`] × `interval` before `now`, newest
+/// first, at most [`MAX_NEWS`]; never a peer its own sends avoid.
+pub fn news(ctx: &Context, interval: Duration, now: u64) -> Vec<Descriptor> {
+    let since = now.saturating_sub(interval.as_secs().max(1) * u64::from(NEWS_ROUNDS));
+    let mut news = ctx.peers.news(now, since, 2 * MAX_NEWS);
+    news.retain(|d| ctx.health.usable(&d.node_id, now));
+    news.truncate(MAX_NEWS);
+    news
+}
+
+/// This node's answer at `now`: its own descriptor, its news, then routable peers at random, at
+/// most [`MAX_ANSWER`] in all. A peer this node's own sends avoid (it failed and no probe has
+/// shown it back) is not passed on.
+pub fn answer(ctx: &Context, interval: Duration, now: u64) -> Answer {
+    let mut descriptors = Vec::with_capacity(MAX_ANSWER);
     descriptors.push(ctx.node.descriptor(now));
+    descriptors.extend(news(ctx, interval, now));
+    let mut peers = ctx.peers.routable(now);
+    peers.retain(|d| {
+        ctx.health.usable(&d.node_id, now) && !descriptors.iter().any(|n| n.node_id == d.node_id)
+    });
+    peers.shuffle(&mut rand::rng());
+    peers.truncate(MAX_ANSWER.saturating_sub(descriptors.len()));
     descriptors.extend(peers);
     Answer { descriptors }
 }
 
 /// Keeps what `descriptors` teach this node, within the bounds; how many identities were new.
 pub fn learn(ctx: &Context, descriptors: Vec<Descriptor>) -> usize {
+    learn_within(ctx, descriptors, || true)
+}
+
+/// [`learn`], each identity new to this node first allowed by `introduce` (a source's
+/// introductions, charged as it is asked).
+pub fn learn_within(
+    ctx: &Context,
+    descriptors: Vec<Descriptor>,
+    mut introduce: impl FnMut() -> bool,
+) -> usize {
     let mut new = 0;
+    let now = ctx.clock.unix();
     for d in descriptors.into_iter().take(MAX_ANSWER) {
-        let known = ctx.peers.holds(&d.node_id);
-        if !known && new >= MAX_NEW_PER_ANSWER {
+        let id = d.node_id;
+        let known = ctx.peers.holds(&id);
+        if !known && (new >= MAX_NEW_PER_ANSWER || !introduce()) {
             continue;
         }
         match ctx.peers.insert_gossiped(d, PER_BLOCK, |a, b| {
             sources::block(a, BLOCKS) == sources::block(b, BLOCKS)
         }) {
-            Ok(()) if !known => new += 1,
-            Ok(()) | Err(Refused::Held) => {}
+            Ok(()) => {
+                ctx.peers.note_gossip(&id, now);
+                if !known {
+                    new += 1;
+                }
+            }
+            Err(Refused::Held) => ctx.peers.note_gossip(&id, now),
             Err(why) => debug!(?why, "gossiped descriptor not kept"),
         }
     }
     new
 }
 
-/// One round: this node's descriptor posted to up to [`FANOUT`] routable peers at random, what
-/// they answer learned. How many identities were new.
-pub async fn round(ctx: &Context) -> usize {
+/// One round: this node's descriptor and news posted to up to [`FANOUT`] routable peers at
+/// random, what they answer learned. How many identities were new.
+pub async fn round(ctx: &Context, interval: Duration) -> usize {
     let now = ctx.clock.unix();
     let mut peers = ctx.peers.routable(now);
+    peers.retain(|d| ctx.health.usable(&d.node_id, now));
     peers.shuffle(&mut rand::rng());
     let announce = Announce {
         descriptor: ctx.node.descriptor(now),
+        news: news(ctx, interval, now),
     };
+    let body = serde_json::to_vec(&announce).unwrap_or_default();
     let mut new = 0;
     for peer in peers.into_iter().take(FANOUT) {
         let http = ctx.http.client(Some(&peer.node_id));
         let url = format!("{}/v1/gossip", peer.endpoint.trim_end_matches('/'));
-        if let Some(answer) = exchange(&http, &url, &announce).await {
-            ctx.peers.gossiped(ctx.clock.unix());
+        ctx.counters.gossip_bytes_sent.add(body.len() as u64);
+        if let Some(answer) = exchange(ctx, &http, &url, body.clone()).await {
+            let now = ctx.clock.unix();
+            ctx.peers.gossiped(now);
+            // The link is pinned to its id: it answered at its endpoint.
+            ctx.peers.mark_reached(&peer.node_id);
+            ctx.peers.note_gossip(&peer.node_id, now);
             new += learn(ctx, answer.descriptors);
         }
     }
     new
 }
 
-/// Posts `announce` to `url`; its answer, read chunk by chunk and dropped past [`MAX_BODY`],
-/// all within the fetch timeout.
-async fn exchange(http: &reqwest::Client, url: &str, announce: &Announce) -> Option<Answer> {
+/// Posts the announcement `body` to `url`; its answer, read chunk by chunk and dropped past
+/// [`MAX_BODY`], all within the fetch timeout. The bytes read are counted.
+async fn exchange(
+    ctx: &Context,
+    http: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+) -> Option<Answer> {
     let read = async {
-        let mut resp = http.post(url).json(announce).send().await.ok()?;
+        let mut resp = http
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .body(body)
+            .send()
+            .await
+            .ok()?;
         if !resp.status().is_success() || resp.content_length().is_some_and(|n| n > MAX_BODY as u64)
         {
             return None;
         }
         let mut body = Vec::new();
         while let Some(chunk) = resp.chunk().await.ok()? {
+            ctx.counters.gossip_bytes_received.add(chunk.len() as u64);
             if body.len() + chunk.len() > MAX_BODY {
                 return None;
             }
@@ -197,7 +266,7 @@ pub async fn run(ctx: Arc<Context>, interval: Duration, cancel: CancellationToke
             } => {}
         }
         wait = Some(interval);
-        let new = round(&ctx).await;
+        let new = round(&ctx, interval).await;
         if new > 0 {
             let n = ctx.peers.by_source();
             info!(
@@ -247,7 +316,7 @@ mod tests {
         assert_eq!(ctx.peers.by_source().gossip, MAX_NEW_PER_ANSWER);
         // What is already held is refreshed, not counted; the next new ones come in turn.
         assert_eq!(learn(&ctx, many), MAX_NEW_PER_ANSWER);
-        let answer = answer(&ctx, T0);
+        let answer = answer(&ctx, DEFAULT_INTERVAL, T0);
         assert_eq!(
             answer.descriptors[0].node_id,
             *ctx.node.id(),
@@ -262,6 +331,6 @@ mod tests {
     }
 
     fn answer_len(ctx: &Context) -> usize {
-        answer(ctx, T0).descriptors.len()
+        answer(ctx, DEFAULT_INTERVAL, T0).descriptors.len()
     }
 }

@@ -31,6 +31,11 @@ pub const FAILING_AFTER: u32 = 3;
 pub const RECENT_SECS: u64 = 1800;
 /// A descriptor expiring within this is `expiring`.
 pub const EXPIRING_SECS: u64 = 300;
+/// After its first failure a peer is probed again this long after its last failure, the wait
+/// doubling with each further failure up to [`RECOVERY_MAX_SECS`].
+pub const RECOVERY_FIRST_SECS: u64 = 5;
+/// The longest wait between two recovery probes of a failing peer.
+pub const RECOVERY_MAX_SECS: u64 = 300;
 
 named_enum! {
     /// Coarse reason buckets.
@@ -133,6 +138,10 @@ named_enum! {
     }
 }
 
+fn never() -> Age {
+    Age::Never
+}
+
 impl Age {
     /// The age of `then` at `now`.
     pub fn of(then: Option<u64>, now: u64) -> Age {
@@ -207,6 +216,19 @@ impl fmt::Debug for Health {
     }
 }
 
+/// What the peer table knows of a peer with a descriptor, for its row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Known {
+    /// Its descriptor's expiry (Unix seconds).
+    pub expires_at: u64,
+    /// Where its descriptor came from: `bootstrap`, `gossip` or `cache`.
+    pub source: &'static str,
+    /// When this node last gossiped with it or learned its descriptor by gossip.
+    pub last_gossip: Option<u64>,
+    /// This node reached it at its endpoint once.
+    pub reached: bool,
+}
+
 /// One row of the summary.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Row {
@@ -216,6 +238,17 @@ pub struct Row {
     pub health: HealthState,
     /// Its descriptor.
     pub descriptor: DescriptorState,
+    /// Where its descriptor came from (`bootstrap`: a `--peer` URL, `gossip`, `cache`: the
+    /// peer store, not refreshed since the start); absent for a previous hop with none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
+    /// Age of the last gossip with it or about it (its descriptor learned by gossip), coarse.
+    #[serde(default = "never")]
+    pub last_gossip: Age,
+    /// This node's own routes may take it as a middle now: reached once at its endpoint, not
+    /// failing, not quarantined (`crate::send::path`).
+    #[serde(default)]
+    pub in_routes: bool,
     /// Age of the last contact, coarse.
     pub last_contact: Age,
     /// Age of the last route success, coarse.
@@ -353,14 +386,38 @@ impl Health {
         });
     }
 
+    /// Whether this node's own sends may route through `peer` at `now`: not quarantined by
+    /// this node's guard, and not failing (a route attempt failed and none succeeded since: a
+    /// recovery probe tells when it is back, `crate::probe`). A peer with no row is usable.
+    pub fn usable(&self, peer: &NodeId, now: u64) -> bool {
+        self.lock().get(peer).is_none_or(|s| {
+            s.consecutive_failures == 0 && s.quarantined_until.is_none_or(|u| u <= now)
+        })
+    }
+
+    /// Whether a recovery probe of `peer` is due at `now`: it failed, and its last failure is
+    /// at least [`RECOVERY_FIRST_SECS`] old, doubled per further failure up to
+    /// [`RECOVERY_MAX_SECS`]. A peer with no failure needs none.
+    pub fn recovery_due(&self, peer: &NodeId, now: u64) -> bool {
+        self.lock().get(peer).is_some_and(|s| {
+            let (Some(at), n) = (s.last_route_failure, s.consecutive_failures) else {
+                return false;
+            };
+            let wait = RECOVERY_FIRST_SECS
+                .saturating_mul(1 << n.saturating_sub(1).min(16))
+                .min(RECOVERY_MAX_SECS);
+            n > 0 && now >= at.saturating_add(wait)
+        })
+    }
+
     /// The summary: tracked peers and peers with a descriptor, worst first, at most
-    /// [`MAX_ROWS`] rows. `descriptors` gives a peer's descriptor expiry; `quarantine` its
-    /// remaining quarantine seconds. The table is copied first: no other lock is taken while
-    /// this one is held.
+    /// [`MAX_ROWS`] rows. `descriptors` tells what the peer table knows of each peer with one;
+    /// `quarantine` its remaining quarantine seconds. The table is copied first: no other lock
+    /// is taken while this one is held.
     pub fn summary(
         &self,
         now: u64,
-        descriptors: &HashMap<NodeId, u64>,
+        descriptors: &HashMap<NodeId, Known>,
         quarantine: impl Fn(&NodeId) -> u64,
     ) -> Summary {
         let map = self.lock().clone();
@@ -373,9 +430,9 @@ impl Health {
             .iter()
             .map(|id| {
                 let s = map.get(id).cloned().unwrap_or_default();
-                let expires_at = descriptors.get(id).copied();
-                let known = s.known || expires_at.is_some();
-                (known, row(id, &s, expires_at, quarantine(id), now))
+                let k = descriptors.get(id).copied();
+                let known = s.known || k.is_some();
+                (known, row(id, &s, k, quarantine(id), now))
             })
             .collect();
         rows.sort_by(|(ka, a), (kb, b)| {
@@ -407,8 +464,8 @@ impl Health {
 
 /// One peer's row: its health, first match wins (quarantined, failing, degraded, healthy,
 /// unknown).
-fn row(id: &NodeId, s: &Stats, expires_at: Option<u64>, quarantine: u64, now: u64) -> Row {
-    let descriptor = match expires_at {
+fn row(id: &NodeId, s: &Stats, known: Option<Known>, quarantine: u64, now: u64) -> Row {
+    let descriptor = match known.map(|k| k.expires_at) {
         None => DescriptorState::None,
         Some(exp) if exp <= now => DescriptorState::Expired,
         Some(exp) if exp <= now + EXPIRING_SECS => DescriptorState::Expiring,
@@ -435,6 +492,15 @@ fn row(id: &NodeId, s: &Stats, expires_at: Option<u64>, quarantine: u64, now: u6
         node: Prefix(id).to_string(),
         health,
         descriptor,
+        source: known.map(|k| k.source.to_string()),
+        last_gossip: Age::of(known.and_then(|k| k.last_gossip), now),
+        in_routes: known.is_some_and(|k| k.reached)
+            && matches!(
+                descriptor,
+                DescriptorState::Valid | DescriptorState::Expiring
+            )
+            && s.consecutive_failures == 0
+            && quarantine == 0,
         last_contact: Age::of(s.last_contact, now),
         last_route_success: Age::of(s.last_route_success, now),
         route_successes: s.route_successes,
@@ -555,6 +621,36 @@ mod tests {
     }
 
     #[test]
+    fn a_failed_peer_is_avoided_until_it_answers_again_and_probed_ever_less_often() {
+        let h = Health::default();
+        let id = [5u8; 32];
+        assert!(h.usable(&id, 100), "no row: usable");
+        assert!(!h.recovery_due(&id, 100));
+        h.record_route(&id, false, 100);
+        assert!(!h.usable(&id, 100));
+        assert!(!h.recovery_due(&id, 104));
+        assert!(h.recovery_due(&id, 105));
+        h.record_route(&id, false, 105);
+        assert!(!h.recovery_due(&id, 114));
+        assert!(h.recovery_due(&id, 115));
+        for t in 0..20 {
+            h.record_route(&id, false, 200 + t);
+        }
+        assert!(!h.recovery_due(&id, 219 + RECOVERY_MAX_SECS - 1));
+        assert!(h.recovery_due(&id, 219 + RECOVERY_MAX_SECS));
+        // A busy answer is not a failure; a success brings it back.
+        h.record_refused(&id, 429, None, 600);
+        assert!(!h.usable(&id, 600));
+        h.record_route(&id, true, 601);
+        assert!(h.usable(&id, 601));
+        assert!(!h.recovery_due(&id, 10_000));
+        // Quarantined by this node: not used while it lasts.
+        h.record_quarantine(&id, 700, 601);
+        assert!(!h.usable(&id, 699));
+        assert!(h.usable(&id, 700));
+    }
+
+    #[test]
     fn ages_are_coarse() {
         assert_eq!(Age::of(None, 100).as_str(), "never");
         assert_eq!(Age::of(Some(90), 100).as_str(), "<1m");
@@ -568,7 +664,13 @@ mod tests {
         let id = [9u8; 32];
         h.record_refusal(&id, Reason::RouteLoop, 100);
         h.record_route(&id, false, 100);
-        let s = h.summary(100, &HashMap::from([(id, 200)]), |_| 0);
+        let k = Known {
+            expires_at: 200,
+            source: "gossip",
+            last_gossip: Some(90),
+            reached: true,
+        };
+        let s = h.summary(100, &HashMap::from([(id, k)]), |_| 0);
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(json["rows"][0]["health"], "degraded");
         assert_eq!(json["rows"][0]["descriptor"], "expiring");
@@ -576,6 +678,12 @@ mod tests {
         assert_eq!(json["rows"][0]["last_route_success"], "never");
         assert_eq!(json["rows"][0]["reasons"]["loop"], 1);
         assert_eq!(json["rows"][0]["reasons"]["transport"], 1);
+        assert_eq!(json["rows"][0]["source"], "gossip");
+        assert_eq!(json["rows"][0]["last_gossip"], "<1m");
+        assert_eq!(
+            json["rows"][0]["in_routes"], false,
+            "it failed, and expires soon"
+        );
         assert_eq!(serde_json::from_value::<Summary>(json).unwrap(), s);
         assert!(serde_json::from_str::<HealthState>("\"sick\"").is_err());
         assert!(!format!("{h:?}").contains(&hex::encode(id)));

@@ -4,6 +4,7 @@
 //! connection table; none of those reaches the others through the pipeline.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::context::Context;
 use crate::gossip::Introductions;
@@ -20,6 +21,7 @@ pub struct Relay {
     terminal: Terminal,
     connections: CountTable,
     introductions: Introductions,
+    gossip_interval: Duration,
 }
 
 impl Relay {
@@ -37,7 +39,20 @@ impl Relay {
             terminal,
             connections,
             introductions: Introductions::default(),
+            gossip_interval: crate::gossip::DEFAULT_INTERVAL,
         }
+    }
+
+    /// The node with gossip rounds every `interval` (what is still news is counted in rounds).
+    #[must_use]
+    pub fn with_gossip_interval(mut self, interval: Duration) -> Self {
+        self.gossip_interval = interval;
+        self
+    }
+
+    /// Time between gossip rounds.
+    pub fn gossip_interval(&self) -> Duration {
+        self.gossip_interval
     }
 
     /// Who introduced how many new identities by gossip lately.

@@ -5,25 +5,30 @@
 //! receipt checking take a crypto slot from the whole budget, including the one inbound
 //! requests never get, so they proceed under an inbound burst.
 
+pub mod path;
 pub mod wrap;
 
+use std::collections::HashSet;
+use std::fmt;
 use std::sync::Arc;
 
-use rand::Rng;
-use rand::seq::SliceRandom;
 use tracing::debug;
 
+use crate::clock::Instant;
 use crate::context::{self, Context};
 use crate::forward::{self, Forwarded};
 use crate::proto::descriptor::{Descriptor, PROTOCOL};
 use crate::proto::receipt::{self, Receipt, ReceiptError};
-use crate::proto::sphinx;
-use crate::proto::{NodeId, Prefix};
+use crate::proto::sphinx::{self, Failure, report};
+use crate::proto::{MessageId, NodeId, Prefix};
+use crate::reason::Reason;
 
 /// Hops of a send (the terminal included) unless told otherwise.
 pub const DEFAULT_HOPS: usize = 3;
 /// The largest payload a send carries: the largest size class's capacity.
 pub const MAX_PAYLOAD: usize = 192 * 1024;
+/// Routes a send tries at most, within [`forward::SEND_DEADLINE`].
+pub const MAX_ROUTES: usize = 3;
 /// Longest hex of a sealed receipt accepted from the entry hop (a sealed receipt is 192 bytes).
 const MAX_RECEIPT_HEX: usize = 1024;
 
@@ -33,8 +38,8 @@ pub enum SendError {
     /// No valid descriptor for the terminal.
     #[error("the terminal is not a known peer with a valid descriptor")]
     UnknownTerminal,
-    /// Not enough routable peers for the middle hops.
-    #[error("not enough known peers for {0} hops")]
+    /// Not enough usable peers, in distinct address blocks, for the middle hops.
+    #[error("not enough usable peers in distinct /16 blocks for {0} hops")]
     NotEnoughPeers(usize),
     /// `hops` of 0.
     #[error("hops must be at least 1")]
@@ -51,18 +56,129 @@ pub enum SendError {
     /// The queue of requests waiting for their turn to the entry hop is full.
     #[error("too many messages wait for their turn to the entry hop: try again later")]
     QueueFull,
-    /// The entry hop refused.
-    #[error("the route refused the message")]
-    Refused,
-    /// The entry hop did not answer.
-    #[error("the entry hop did not answer")]
-    Unreachable,
-    /// The receipt did not open or verify.
-    #[error("the delivery receipt did not verify: {0}")]
-    Receipt(#[from] ReceiptError),
+    /// Every route tried failed; the last one as the sender learned it.
+    #[error("{failure} ({routes} route{} tried)", if *routes == 1 { "" } else { "s" })]
+    Route {
+        /// Where the last route failed.
+        failure: HopFailure,
+        /// Routes tried.
+        routes: usize,
+    },
     /// Internal.
     #[error("internal error")]
     Internal,
+}
+
+/// Where a route failed, as its sender learned it: from the entry hop's answer, or from the
+/// failure report a later hop sealed for it ([`crate::proto::sphinx::report`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HopFailure {
+    /// The failed hop, 1-based (1: the entry hop; `hops`: the terminal); `None` when the
+    /// failure was past the entry hop and its report did not open, or the receipt failed.
+    pub position: Option<usize>,
+    /// The route's hops.
+    pub hops: usize,
+    /// The failed hop's 8-hex prefix, when known.
+    pub node: Option<String>,
+    /// What happened there.
+    pub cause: Cause,
+}
+
+/// What happened at the failed hop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cause {
+    /// It did not answer (the hop before it, or this node for the entry hop, gave up).
+    Unreachable,
+    /// It refused, with this status and reason.
+    Refused {
+        /// The HTTP status of the refusal.
+        status: u16,
+        /// The reason it named, if any.
+        reason: Option<String>,
+    },
+    /// A hop past the entry failed and its report did not open: a hop garbled it.
+    Garbled,
+    /// The route answered, but the receipt did not open or verify.
+    Receipt(ReceiptError),
+}
+
+impl fmt::Display for HopFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.hops;
+        let at = |f: &mut fmt::Formatter<'_>, p: usize| {
+            write!(f, "hop {p} of {n}")?;
+            if let Some(node) = &self.node {
+                write!(f, " ({node})")?;
+            }
+            if p == n && n > 1 {
+                write!(f, ", the terminal,")?;
+            }
+            Ok(())
+        };
+        match (&self.cause, self.position) {
+            (Cause::Receipt(e), _) => write!(f, "the delivery receipt did not verify: {e}"),
+            (Cause::Garbled, _) | (_, None) => write!(
+                f,
+                "a hop after the entry hop failed, and its failure report did not open"
+            ),
+            (Cause::Unreachable, Some(p)) => {
+                at(f, p)?;
+                write!(f, " did not answer")
+            }
+            (Cause::Refused { status, reason }, Some(p)) => {
+                at(f, p)?;
+                match reason {
+                    Some(r) => write!(f, " refused the message: {r}"),
+                    None => write!(f, " refused the message: HTTP {status}"),
+                }
+            }
+        }
+    }
+}
+
+impl HopFailure {
+    /// The hops of `path` a new route for the same message should not use again: the failed
+    /// hop and the one before it (either may be at fault: one lied or the link between them
+    /// failed), every middle when the failure is not placed, never the terminal.
+    fn suspects(&self, path: &[Hop]) -> Vec<NodeId> {
+        let middles = &path[..path.len().saturating_sub(1)];
+        match self.position {
+            Some(p) => {
+                let failed = p.saturating_sub(1);
+                middles
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| *i == failed || *i + 1 == failed)
+                    .map(|(_, h)| h.node_id)
+                    .collect()
+            }
+            None => middles.iter().map(|h| h.node_id).collect(),
+        }
+    }
+
+    /// Whether another route could deliver: not when the terminal refused for its own stores,
+    /// nor when there is no other route (one hop).
+    fn worth_another_route(&self) -> bool {
+        if self.hops < 2 {
+            return false;
+        }
+        let at_terminal = self.position == Some(self.hops);
+        match &self.cause {
+            Cause::Refused {
+                reason: Some(r), ..
+            } if at_terminal => !matches!(
+                Reason::from_wire(r),
+                Some(
+                    Reason::InboxFull
+                        | Reason::InboxShareExceeded
+                        | Reason::StateWriteFailed
+                        | Reason::ReplayCapacity
+                        | Reason::ReplayShareExceeded
+                )
+            ),
+            _ => true,
+        }
+    }
 }
 
 /// A verified delivery.
@@ -74,12 +190,21 @@ pub struct Delivered {
     pub terminal: String,
     /// When the terminal stored it (Unix seconds).
     pub delivered_at: u64,
+    /// Routes tried: 1 unless a route failed and the message was sent again over another.
+    #[serde(default = "one")]
+    pub routes: usize,
 }
 
-/// Sends `payload` to `to` over `hops` hops (the terminal included).
+fn one() -> usize {
+    1
+}
+
+/// Sends `payload` to `to` over `hops` hops (the terminal included): over another route when
+/// one fails, at most [`MAX_ROUTES`] routes within [`forward::SEND_DEADLINE`], the message id
+/// the same on each so the terminal stores it once.
 ///
 /// # Errors
-/// [`SendError`].
+/// [`SendError`]: for a route that failed, where ([`SendError::Route`]).
 pub async fn send(
     ctx: &Context,
     to: NodeId,
@@ -99,58 +224,88 @@ pub async fn send(
     if !ctx.peers.holds(&to) {
         ctx.peers.fetched(crate::peers::READY_WAIT).await;
     }
-    let now = ctx.clock.unix();
     let terminal = ctx
         .peers
-        .descriptor(&to, now)
+        .descriptor(&to, ctx.clock.unix())
         .ok()
         .filter(|d| d.protocol == PROTOCOL)
         .ok_or(SendError::UnknownTerminal)?;
-    let path = choose_path(
-        ctx.node.id(),
-        &terminal,
-        ctx.peers.routable(now),
-        hops,
-        &mut rand::rng(),
-    )?;
-    let r = deliver_along(ctx, path, payload, false).await?;
-    let now = ctx.clock.unix();
-    ctx.counters.verified_client_onion_deliveries.inc();
-    ctx.counters.last_verified_client_onion_delivery_at.set(now);
-    debug!(terminal = %Prefix(&to), hops, "delivery verified");
-    Ok(Delivered {
-        hops,
-        terminal: Prefix(&to).to_string(),
-        delivered_at: r.delivered_at,
-    })
+    let message: MessageId = rand::random();
+    let deadline = ctx.clock.now() + forward::SEND_DEADLINE;
+    let mut avoid = HashSet::new();
+    let mut routes = 0;
+    let failure = loop {
+        let path = match route(ctx, &terminal, hops, &avoid) {
+            Ok(path) => path,
+            Err(e) if routes == 0 => return Err(e),
+            Err(_) => break None,
+        };
+        routes += 1;
+        match deliver_along(ctx, path.clone(), &payload, message, false, deadline).await {
+            Ok(r) => {
+                let now = ctx.clock.unix();
+                ctx.counters.verified_client_onion_deliveries.inc();
+                ctx.counters.last_verified_client_onion_delivery_at.set(now);
+                debug!(terminal = %Prefix(&to), hops, routes, "delivery verified");
+                return Ok(Delivered {
+                    hops,
+                    terminal: Prefix(&to).to_string(),
+                    delivered_at: r.delivered_at,
+                    routes,
+                });
+            }
+            Err(SendError::Route { failure, .. }) => {
+                debug!(hops, routes, %failure, "route failed");
+                avoid.extend(failure.suspects(&path));
+                let more = failure.worth_another_route()
+                    && routes < MAX_ROUTES
+                    && ctx.clock.now() < deadline;
+                if !more {
+                    break Some(failure);
+                }
+                ctx.counters.send_rerouted.inc();
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    match failure {
+        Some(failure) => Err(SendError::Route { failure, routes }),
+        // No other route left to try: the last failure was reported as it happened.
+        None => Err(SendError::NotEnoughPeers(hops)),
+    }
 }
 
-/// A path of `hops` hops to `terminal`: `hops − 1` middles picked at random among `routable`
-/// (neither this node `me` nor the terminal), then the terminal.
-///
-/// # Errors
-/// [`SendError::NotEnoughPeers`].
-fn choose_path(
-    me: &NodeId,
+/// A route of `hops` hops to `terminal` now, of peers this node's health lets it use and the
+/// send does not `avoid` ([`path`]).
+fn route(
+    ctx: &Context,
     terminal: &Descriptor,
-    routable: Vec<Descriptor>,
     hops: usize,
-    rng: &mut impl Rng,
+    avoid: &HashSet<NodeId>,
 ) -> Result<Vec<Hop>, SendError> {
-    let middles_needed = hops.saturating_sub(1);
-    let mut middles: Vec<_> = routable
+    let now = ctx.clock.unix();
+    let candidates = ctx
+        .peers
+        .candidates(now)
         .into_iter()
-        .filter(|d| d.node_id != terminal.node_id && d.node_id != *me)
+        .filter(|c| {
+            c.reached && !avoid.contains(&c.d.node_id) && ctx.health.usable(&c.d.node_id, now)
+        })
         .collect();
-    if middles.len() < middles_needed {
-        return Err(SendError::NotEnoughPeers(hops));
-    }
-    middles.shuffle(rng);
-    Ok(middles[..middles_needed]
-        .iter()
-        .chain(std::iter::once(terminal))
-        .map(hop)
-        .collect())
+    let terminal_ip = crate::proto::parse_endpoint(&terminal.endpoint)
+        .ok()
+        .map(|a| a.ip());
+    path::choose(
+        ctx.node.id(),
+        terminal,
+        terminal_ip,
+        candidates,
+        hops,
+        path::Rules {
+            distinct_blocks: ctx.distinct_blocks,
+        },
+        &mut rand::rng(),
+    )
 }
 
 /// One hop of a path, as taken from its verified descriptor.
@@ -178,37 +333,43 @@ pub fn hop(d: &Descriptor) -> Hop {
     }
 }
 
-/// Builds an onion route along `path` (the last hop is the terminal), sends it from this node,
-/// and returns the terminal's receipt once it opened and verified. Used by client sends and by
-/// probes; records the entry hop's route health.
+/// Builds an onion route along `path` (the last hop is the terminal) for the message `message`,
+/// sends it from this node, and returns the terminal's receipt once it opened and verified,
+/// within `deadline` (at most [`forward::SENDER_DEADLINE`] from now). Used by client sends and
+/// by probes; records what it learned of each hop's health.
 ///
 /// # Errors
-/// [`SendError`].
+/// [`SendError`]; a failure of the route is [`SendError::Route`] (one route).
 pub(crate) async fn deliver_along(
     ctx: &Context,
     path: Vec<Hop>,
-    payload: Vec<u8>,
+    payload: &[u8],
+    message: MessageId,
     probe: bool,
+    deadline: Instant,
 ) -> Result<Receipt, SendError> {
-    let (Some(first), Some(last)) = (path.first(), path.last()) else {
+    let Some(first) = path.first() else {
         return Err(SendError::NoHops);
     };
-    let (entry, terminal, hops) = (first.node_id, last.node_id, path.len());
+    let entry = first.node_id;
     let now = ctx.clock.unix();
     let url = ctx
         .peers
         .route(&entry, now)
-        .map_err(|_| SendError::NotEnoughPeers(hops))?;
+        .map_err(|_| SendError::NotEnoughPeers(path.len()))?;
     // The sender waits longer than the entry hop's late deadline: its final answer comes first.
-    let deadline = ctx.clock.now() + forward::SENDER_DEADLINE;
+    let deadline = deadline.min(ctx.clock.now() + forward::SENDER_DEADLINE);
     let slot = ctx
         .crypto_slot(ctx.crypto.limit(), ctx.crypto_wait)
         .await
         .ok_or(SendError::Backpressure)?;
     let node = Arc::clone(&ctx.node);
+    let (hops, owned) = (path.clone(), payload.to_vec());
     let (wrapped, commitment) = context::on_crypto_slot(slot, move || {
-        let wrapped = wrap::wrap(&path, &payload, probe, now, node.signing_key())?;
-        Ok::<_, SendError>((wrapped, receipt::commitment(&payload)))
+        let expires_at = wrap::expiry(now);
+        let key = node.signing_key();
+        let wrapped = wrap::wrap_message(&hops, &owned, probe, message, expires_at, key)?;
+        Ok::<_, SendError>((wrapped, receipt::commitment(&owned)))
     })
     .await
     .ok_or(SendError::Internal)??;
@@ -226,28 +387,106 @@ pub(crate) async fn deliver_along(
         turn,
     )
     .await;
-    // The entry hop's health: an answer of a busy peer is what it is, not a transport failure.
-    let now = ctx.clock.unix();
-    match &answer {
-        Forwarded::Accepted { .. } => ctx.health.record_route(&entry, true, now),
-        Forwarded::Refused { status, reason } => {
-            ctx.health.record_refused(&entry, *status, *reason, now);
-        }
-        Forwarded::Exhausted => ctx.health.record_route(&entry, false, now),
-    }
-    let sealed = match answer {
-        Forwarded::Accepted { receipt } => from_hex_vec(&receipt).ok_or(SendError::Refused)?,
-        Forwarded::Refused { .. } => return Err(SendError::Refused),
-        Forwarded::Exhausted => return Err(SendError::Unreachable),
+    let route_failed = |failure| SendError::Route { failure, routes: 1 };
+    let sealed = outcome(ctx, &path, &wrapped.report_keys, answer).map_err(route_failed)?;
+    let failed = |e| {
+        route_failed(HopFailure {
+            position: None,
+            hops: path.len(),
+            node: None,
+            cause: Cause::Receipt(e),
+        })
     };
-    let r = receipt::open(&sealed, &wrapped.receipt_key)?;
-    r.verify(
-        &wrapped.terminal_tag,
-        &commitment,
-        &terminal,
-        ctx.clock.unix(),
-    )?;
+    let r = receipt::open(&sealed, &wrapped.receipt_key).map_err(failed)?;
+    let last = &path[path.len() - 1].node_id;
+    r.verify(&message, &commitment, last, ctx.clock.unix())
+        .map_err(failed)?;
+    let now = ctx.clock.unix();
+    for h in &path[1..] {
+        ctx.health.record_route(&h.node_id, true, now);
+    }
+    for h in &path {
+        ctx.peers.mark_reached(&h.node_id);
+    }
     Ok(r)
+}
+
+/// What the entry hop's `answer` says of the route `path` (whose hops' report keys are
+/// `report_keys`): the sealed receipt, or where it failed. Each hop's health learns its part:
+/// the entry hop's answer, and the failed hop named by a report.
+fn outcome(
+    ctx: &Context,
+    path: &[Hop],
+    report_keys: &[[u8; 32]],
+    answer: Forwarded,
+) -> Result<Vec<u8>, HopFailure> {
+    let now = ctx.clock.unix();
+    let (hops, entry) = (path.len(), &path[0].node_id);
+    let at = |i: usize, cause| HopFailure {
+        position: Some(i + 1),
+        hops,
+        node: path.get(i).map(|h| Prefix(&h.node_id).to_string()),
+        cause,
+    };
+    match answer {
+        Forwarded::Accepted { receipt } => {
+            ctx.health.record_route(entry, true, now);
+            from_hex_vec(&receipt).ok_or(HopFailure {
+                position: None,
+                hops,
+                node: None,
+                cause: Cause::Receipt(ReceiptError::Malformed),
+            })
+        }
+        Forwarded::Exhausted => {
+            ctx.health.record_route(entry, false, now);
+            Err(at(0, Cause::Unreachable))
+        }
+        Forwarded::Refused {
+            status,
+            reason,
+            report: None,
+        } => {
+            ctx.health.record_refused(entry, status, reason, now);
+            Err(at(
+                0,
+                Cause::Refused {
+                    status,
+                    reason: reason.map(|r| r.as_str().to_string()),
+                },
+            ))
+        }
+        Forwarded::Refused {
+            status,
+            reason,
+            report: Some(r),
+        } => {
+            // The entry hop did its part; the report says which hop past it failed.
+            ctx.health.record_refused(entry, status, reason, now);
+            let Some((writer, failure)) = report::open(report_keys, &r) else {
+                return Err(HopFailure {
+                    position: None,
+                    hops,
+                    node: None,
+                    cause: Cause::Garbled,
+                });
+            };
+            let failed = (writer + 1).min(hops - 1);
+            let node = &path[failed].node_id;
+            let cause = match failure {
+                Failure::Unreachable => {
+                    ctx.health.record_route(node, false, now);
+                    Cause::Unreachable
+                }
+                Failure::Refused { status, reason } => {
+                    let known = reason.as_deref().and_then(Reason::from_wire);
+                    ctx.health.record_refused(node, status, known, now);
+                    Cause::Refused { status, reason }
+                }
+            };
+            Err(at(failed, cause))
+        }
+    }
 }
 
 /// The sealed receipt from its hex form; `None` for anything longer than a sealed receipt could
@@ -261,9 +500,6 @@ fn from_hex_vec(s: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
-    use rand::SeedableRng;
-    use rand::rngs::StdRng;
-
     use super::*;
     use crate::clock::Clock;
     use crate::node::{self, Node};
@@ -272,7 +508,7 @@ mod tests {
     const T0: u64 = 1_800_000_000;
 
     fn descriptor(seed: u8) -> Descriptor {
-        crate::proto::descriptor::for_test([seed; 32], format!("https://127.0.0.{seed}:7001"), T0)
+        crate::proto::descriptor::for_test([seed; 32], format!("https://127.{seed}.0.1:7001"), T0)
     }
 
     /// A context over a fresh node: no SQLite, no listener, no HTTP.
@@ -282,34 +518,6 @@ mod tests {
         let node = Arc::new(Node::load(dir.path()).unwrap());
         let peers = Arc::new(Peers::new(vec![], true, clock, *node.id()));
         Arc::new(Context::new(node, peers, clock, crypto_slots))
-    }
-
-    #[test]
-    fn a_path_is_random_middles_then_the_terminal() {
-        let me = descriptor(1).node_id;
-        let terminal = descriptor(2);
-        let routable: Vec<_> = (1..=6).map(descriptor).collect();
-        let mut rng = StdRng::seed_from_u64(7);
-        for hops in 1..=5 {
-            let path = choose_path(&me, &terminal, routable.clone(), hops, &mut rng).unwrap();
-            assert_eq!(path.len(), hops);
-            assert_eq!(path.last(), Some(&hop(&terminal)));
-            let middles = &path[..hops - 1];
-            assert!(
-                middles
-                    .iter()
-                    .all(|h| h.node_id != me && h.node_id != terminal.node_id)
-            );
-            let mut ids: Vec<_> = middles.iter().map(|h| h.node_id).collect();
-            ids.sort_unstable();
-            ids.dedup();
-            assert_eq!(ids.len(), hops - 1, "no middle twice");
-        }
-        // Four candidates (3, 4, 5, 6): a sixth hop would need five middles.
-        assert!(matches!(
-            choose_path(&me, &terminal, routable, 6, &mut rng),
-            Err(SendError::NotEnoughPeers(6))
-        ));
     }
 
     #[tokio::test]
@@ -350,6 +558,71 @@ mod tests {
         assert_eq!(
             (s.verified_client_onion_deliveries, s.retry_attempted),
             (0, 0)
+        );
+    }
+
+    fn failure(position: Option<usize>, cause: Cause) -> HopFailure {
+        HopFailure {
+            position,
+            hops: 4,
+            node: Some("0a0b0c0d".into()),
+            cause,
+        }
+    }
+
+    #[test]
+    fn a_failure_names_the_hop_and_who_to_avoid() {
+        let path: Vec<Hop> = (1..=4).map(|i| hop(&descriptor(i))).collect();
+        let position = |id: NodeId| path.iter().position(|h| h.node_id == id).unwrap() + 1;
+        let ids = |v: Vec<NodeId>| v.into_iter().map(position).collect::<Vec<_>>();
+        let unreachable = |p| failure(Some(p), Cause::Unreachable);
+        assert_eq!(ids(unreachable(1).suspects(&path)), [1]);
+        assert_eq!(ids(unreachable(3).suspects(&path)), [2, 3]);
+        assert_eq!(
+            ids(unreachable(4).suspects(&path)),
+            [3],
+            "the terminal is never avoided"
+        );
+        assert_eq!(
+            ids(failure(None, Cause::Garbled).suspects(&path)),
+            [1, 2, 3]
+        );
+        assert_eq!(
+            unreachable(3).to_string(),
+            "hop 3 of 4 (0a0b0c0d) did not answer"
+        );
+        let full = failure(
+            Some(4),
+            Cause::Refused {
+                status: 507,
+                reason: Some("inbox_full".into()),
+            },
+        );
+        assert_eq!(
+            full.to_string(),
+            "hop 4 of 4 (0a0b0c0d), the terminal, refused the message: inbox_full"
+        );
+        assert!(!full.worth_another_route(), "the terminal's own store");
+        assert!(unreachable(4).worth_another_route());
+        let quarantined = failure(
+            Some(4),
+            Cause::Refused {
+                status: 429,
+                reason: Some("quarantined".into()),
+            },
+        );
+        assert!(quarantined.worth_another_route(), "another hop before it");
+        assert_eq!(
+            failure(None, Cause::Garbled).to_string(),
+            "a hop after the entry hop failed, and its failure report did not open"
+        );
+        let e = SendError::Route {
+            failure: unreachable(2),
+            routes: 3,
+        };
+        assert_eq!(
+            e.to_string(),
+            "hop 2 of 4 (0a0b0c0d) did not answer (3 routes tried)"
         );
     }
 }

@@ -426,7 +426,7 @@ async fn deliver_verified(
     };
     let terminal = path[path.len() - 1].node_id;
     rc.verify(
-        &route.terminal_tag,
+        &route.message_id,
         &receipt::commitment(payload),
         &terminal,
         rc.delivered_at,

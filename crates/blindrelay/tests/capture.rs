@@ -25,6 +25,7 @@ use serde_json::Value;
 struct Sent {
     frame: Vec<u8>,
     tags: Vec<[u8; 16]>,
+    message_id: [u8; 16],
     expires_at: u64,
     receipt_key: [u8; 32],
     packet: Vec<u8>,
@@ -40,17 +41,19 @@ fn build(key: &SigningKey, path: &[&Descriptor], payload: &[u8], class: SizeClas
             expires_at,
         })
         .collect();
-    let receipt_key: [u8; 32] = rand::random();
+    let (receipt_key, message_id): ([u8; 32], [u8; 16]) = (rand::random(), rand::random());
     let delivery = Delivery {
         payload,
         probe: false,
         receipt_key,
+        message_id,
     };
     let built = sphinx::build(&specs, &delivery, class).expect("builds");
     let frame = Frame::sign(built.packet.clone(), key, &path[0].node_id).expect("frames");
     Sent {
         frame: frame.encode(),
         tags: built.replay_tags,
+        message_id,
         expires_at,
         receipt_key,
         packet: built.packet,
@@ -112,7 +115,9 @@ fn assert_absent(wire: &[u8], what: &str, needle: &[u8]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_link_message_of_a_delivery_has_one_length_and_nothing_is_in_clear() {
-    let (net, taps) = Net::start_tapped(5, &["--probe-interval", "0s"]).await;
+    // Gossip off: its exchanges are another protocol on the same links, of other lengths.
+    let (net, taps) =
+        Net::start_tapped(5, &["--probe-interval", "0s", "--gossip-interval", "0s"]).await;
     let ds = descriptors(&net).await;
     let key = SigningKey::from_bytes(&rand::random());
     let mut sent = Vec::new();
@@ -132,12 +137,12 @@ async fn every_link_message_of_a_delivery_has_one_length_and_nothing_is_in_clear
             let mark = tap_mark();
             let (status, answer) = post(&ds[0].endpoint, s.frame.clone()).await;
             assert_eq!(status, 200, "{class:?} over {hops}: {answer}");
-            // The receipt names the terminal's tag and verifies.
+            // The receipt names the message and verifies.
             let sealed = hex::decode(answer["receipt"].as_str().expect("receipt")).expect("hex");
             let r = receipt::open(&sealed, &s.receipt_key).expect("opens");
             let commitment = receipt::commitment(&payload);
             let terminal = path[hops - 1].node_id;
-            r.verify(&s.tags[hops - 1], &commitment, &terminal, unix_now())
+            r.verify(&s.message_id, &commitment, &terminal, unix_now())
                 .expect("verifies");
             let messages = link_messages(&taps, mark, class);
             assert_eq!(messages.len(), hops, "{class:?} over {hops}: {messages:?}");
@@ -250,7 +255,8 @@ fn packets_along(net: &Net, path: &[usize], first: Vec<u8>) -> Vec<Vec<u8>> {
 /// duplicate, answered from the registry.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rewrapped_layer_is_refused_at_every_position_also_after_a_restart() {
-    let (mut net, _taps) = Net::start_tapped(3, &["--probe-interval", "0s"]).await;
+    let (mut net, _taps) =
+        Net::start_tapped(3, &["--probe-interval", "0s", "--gossip-interval", "0s"]).await;
     let ds = descriptors(&net).await;
     let key = SigningKey::from_bytes(&rand::random());
     let path = [0, 1, 2];

@@ -112,7 +112,10 @@ fn stranger(block: u8, host: u8, now: u64) -> Descriptor {
 async fn announce(client: &reqwest::Client, url: &str, descriptor: Descriptor) -> u16 {
     let resp = client
         .post(url)
-        .json(&Announce { descriptor })
+        .json(&Announce {
+            descriptor,
+            news: vec![],
+        })
         .send()
         .await
         .expect("post");

@@ -49,11 +49,12 @@ pub(crate) fn crypto_cost(hops: usize, payload: &[u8], rounds: usize) -> (Durati
                 HopNext::Terminal {
                     payload,
                     receipt_key,
+                    message_id,
                     ..
                 } => {
                     sealed = blindrelay::terminal::seal_receipt(
                         sign,
-                        &c.tag,
+                        &message_id,
                         &receipt_key,
                         &payload,
                         now,
@@ -67,7 +68,7 @@ pub(crate) fn crypto_cost(hops: usize, payload: &[u8], rounds: usize) -> (Durati
         let r = receipt::open(&bytes, &wrapped.receipt_key).expect("opens");
         let terminal = path[hops - 1].node_id;
         r.verify(
-            &wrapped.terminal_tag,
+            &wrapped.message_id,
             &receipt::commitment(payload),
             &terminal,
             now,

@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 
 use crate::proto::answer::ErrorBody;
 use crate::reason::Reason;
-use crate::send::SendError;
+use crate::send::{Cause, SendError};
 
 /// Why a request to either listener failed.
 #[derive(Debug)]
@@ -61,9 +61,13 @@ impl ApiError {
                     SendError::QueueFull => {
                         (StatusCode::SERVICE_UNAVAILABLE, "next_hop_queue_full")
                     }
-                    SendError::Refused => (StatusCode::BAD_GATEWAY, "refused"),
-                    SendError::Unreachable => (StatusCode::BAD_GATEWAY, "unreachable"),
-                    SendError::Receipt(_) => (StatusCode::BAD_GATEWAY, "receipt_invalid"),
+                    SendError::Route { failure, .. } => match failure.cause {
+                        Cause::Unreachable => (StatusCode::BAD_GATEWAY, "unreachable"),
+                        Cause::Refused { .. } | Cause::Garbled => {
+                            (StatusCode::BAD_GATEWAY, "refused")
+                        }
+                        Cause::Receipt(_) => (StatusCode::BAD_GATEWAY, "receipt_invalid"),
+                    },
                     SendError::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
                 };
                 (st, code, Some(Cow::Owned(e.to_string())))
@@ -137,6 +141,7 @@ impl IntoResponse for ApiError {
         let body = ErrorBody {
             error: Cow::Borrowed(error),
             message,
+            report: None,
         };
         (
             status,

@@ -46,6 +46,10 @@ pub struct Cached {
     pub descriptor: Descriptor,
     /// `bootstrap`, `gossip` or `cache`.
     pub source: String,
+    /// This node reached it at its endpoint once (route choice uses only such peers as
+    /// middles); absent in files written before, read as not reached.
+    #[serde(default)]
+    pub reached: bool,
 }
 
 /// A `--peer` URL and the node id pinned to it.
@@ -82,7 +86,7 @@ pub fn restore(peers: &Peers, path: &Path) -> usize {
     }
     file.peers
         .into_iter()
-        .filter(|c| peers.restore(c.descriptor.clone()))
+        .filter(|c| peers.restore(c.descriptor.clone(), c.reached))
         .count()
 }
 
@@ -106,9 +110,10 @@ pub fn snapshot(peers: &Peers) -> PeerFile {
         peers: peers
             .held()
             .into_iter()
-            .map(|(descriptor, source)| Cached {
+            .map(|(descriptor, source, reached)| Cached {
                 descriptor,
                 source: source.as_str().to_string(),
+                reached,
             })
             .collect(),
         pins: peers
@@ -229,10 +234,12 @@ mod tests {
                 Cached {
                     descriptor: descriptor(1),
                     source: "gossip".into(),
+                    reached: true,
                 },
                 Cached {
                     descriptor: forged,
                     source: "gossip".into(),
+                    reached: true,
                 },
             ],
             pins: vec![],

@@ -16,6 +16,9 @@
 //! beyond 8-hex id prefixes: no URL, no address, and `Debug` prints counts only.
 
 pub mod cache;
+mod urls;
+
+pub use urls::PeerSpec;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -25,13 +28,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::Notify;
-use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
 
 use crate::clock::Clock;
-use crate::links::{self, Links};
+use crate::proto::NodeId;
 use crate::proto::descriptor::{self, Descriptor};
-use crate::proto::{NodeId, Prefix};
 
 /// Most peers remembered.
 pub const MAX_PEERS: usize = 1024;
@@ -49,53 +49,6 @@ pub const ROUND: Duration = Duration::from_secs(60);
 pub const MAX_DESCRIPTOR_BODY: usize = 4096;
 /// A descriptor fetch must end within this.
 pub const FETCH_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// One `--peer`: a URL, and the node id it must answer with (`ID@URL`), if pinned.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PeerSpec {
-    /// The node id pinned on the command line.
-    pub pinned: Option<NodeId>,
-    /// The base URL its descriptor is fetched from.
-    pub url: String,
-}
-
-impl PeerSpec {
-    /// Parses `ID@URL` (64 hex, then the URL) or a bare `URL` (trust on first use).
-    ///
-    /// # Errors
-    /// A message for clap when the id is not 64 hex or the URL is empty.
-    pub fn parse(s: &str) -> Result<PeerSpec, String> {
-        let (pinned, url) = match s.split_once('@') {
-            Some((id, url)) if !id.contains('/') => {
-                let id = crate::proto::from_hex::<32>(id)
-                    .ok_or_else(|| "the id before @ must be a node id (64 hex)".to_string())?;
-                (Some(id), url)
-            }
-            _ => (None, s),
-        };
-        if url.is_empty() {
-            return Err("empty peer URL".into());
-        }
-        if !url.starts_with("https://") {
-            return Err("a peer URL must be https:// (links are TLS pinned to the node id)".into());
-        }
-        Ok(PeerSpec {
-            pinned,
-            url: url.trim_end_matches('/').to_string(),
-        })
-    }
-}
-
-/// What a URL's pinned identity says about a descriptor fetched from it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pin {
-    /// The identity it is pinned to.
-    Matches,
-    /// First use: pin it now.
-    First,
-    /// Another identity: refused.
-    Changed,
-}
 
 /// Why a peer cannot be routed to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -133,6 +86,31 @@ pub struct BySource {
     pub cache: usize,
 }
 
+/// A peer route choice may pick as a middle (`crate::send::path`): a routable descriptor and
+/// its endpoint's address.
+#[derive(Debug, Clone)]
+pub struct Candidate {
+    /// Its descriptor.
+    pub d: Descriptor,
+    /// Its endpoint's address.
+    pub ip: Option<IpAddr>,
+    /// This node reached it at that endpoint once ([`Peers::mark_reached`]).
+    pub reached: bool,
+}
+
+/// What the table knows of one peer ([`Peers::provenance`]).
+#[derive(Debug, Clone, Copy)]
+pub struct Provenance {
+    /// Its descriptor's expiry.
+    pub expires_at: u64,
+    /// Where the descriptor came from.
+    pub source: PeerSource,
+    /// When this node last gossiped with it or learned its descriptor by gossip.
+    pub last_gossip: Option<u64>,
+    /// This node reached it at its endpoint once.
+    pub reached: bool,
+}
+
 /// A held descriptor and where it came from.
 #[derive(Debug, Clone)]
 struct Held {
@@ -140,6 +118,16 @@ struct Held {
     source: PeerSource,
     /// The endpoint's address, parsed once when kept.
     ip: Option<IpAddr>,
+    /// This node reached the peer at its endpoint once: its descriptor fetched from its own
+    /// URL, a gossip exchange with it, or a route or probe through it that delivered. Only
+    /// such peers are middles of this node's routes: an identity whose endpoint answers
+    /// nothing never is.
+    reached: bool,
+    /// When this node last learned its descriptor by gossip, or exchanged gossip with it.
+    last_gossip: Option<u64>,
+    /// When this node first kept the identity (this process's time): gossip passes on the
+    /// newest as news.
+    learned_at: u64,
 }
 
 /// Why a gossiped descriptor was not kept.
@@ -222,34 +210,6 @@ impl Peers {
         self.identity_changes.load(Ordering::Relaxed)
     }
 
-    /// Pins `id` to the `--peer` `url` if nothing pins it yet (the peer store's pin of a URL
-    /// trusted on first use, read back at start).
-    pub fn restore_pin(&self, url: &str, id: NodeId) {
-        let mut urls = self.urls.lock().unwrap_or_else(|p| p.into_inner());
-        for spec in urls
-            .iter_mut()
-            .filter(|s| s.url == url && s.pinned.is_none())
-        {
-            spec.pinned = Some(id);
-        }
-    }
-
-    /// Checks `id` against the identity pinned to `--peer` number `i`; pins it on first use.
-    fn pin(&self, i: usize, id: &NodeId) -> Pin {
-        let mut urls = self.urls.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(spec) = urls.get_mut(i) else {
-            return Pin::Changed;
-        };
-        match spec.pinned {
-            Some(p) if p == *id => Pin::Matches,
-            Some(_) => Pin::Changed,
-            None => {
-                spec.pinned = Some(*id);
-                Pin::First
-            }
-        }
-    }
-
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, Held>> {
         self.map.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -260,16 +220,56 @@ impl Peers {
         self.insert_as(d, PeerSource::Bootstrap, |_| true).is_ok()
     }
 
-    /// Adds a descriptor read back from the peer store if it verifies now. True if kept.
-    pub fn restore(&self, d: Descriptor) -> bool {
-        self.insert_as(d, PeerSource::Cache, |_| true).is_ok()
+    /// Adds a descriptor read back from the peer store if it verifies now, reached before or
+    /// not. True if kept.
+    pub fn restore(&self, d: Descriptor, reached: bool) -> bool {
+        let id = d.node_id;
+        let kept = self.insert_as(d, PeerSource::Cache, |_| true).is_ok();
+        if kept && reached {
+            self.mark_reached(&id);
+        }
+        kept
     }
 
-    /// Every descriptor held, with its source.
-    pub fn held(&self) -> Vec<(Descriptor, PeerSource)> {
+    /// Every descriptor held, with its source and whether this node reached it.
+    pub fn held(&self) -> Vec<(Descriptor, PeerSource, bool)> {
         self.lock()
             .values()
-            .map(|h| (h.d.clone(), h.source))
+            .map(|h| (h.d.clone(), h.source, h.reached))
+            .collect()
+    }
+
+    /// Notes that this node reached `id` at its endpoint (see [`Candidate::reached`]).
+    pub fn mark_reached(&self, id: &NodeId) {
+        let mut map = self.lock();
+        if let Some(h) = map.get_mut(id)
+            && !h.reached
+        {
+            h.reached = true;
+            self.generation.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Notes a gossip exchange with `id`, or its descriptor learned by gossip, at `now`.
+    pub fn note_gossip(&self, id: &NodeId, now: u64) {
+        if let Some(h) = self.lock().get_mut(id) {
+            h.last_gossip = Some(h.last_gossip.map_or(now, |t| t.max(now)));
+        }
+    }
+
+    /// What the table knows of each peer, for peer health's rows.
+    pub fn provenance(&self) -> HashMap<NodeId, Provenance> {
+        self.lock()
+            .iter()
+            .map(|(id, h)| {
+                let p = Provenance {
+                    expires_at: h.d.expires_at,
+                    source: h.source,
+                    last_gossip: h.last_gossip,
+                    reached: h.reached,
+                };
+                (*id, p)
+            })
             .collect()
     }
 
@@ -369,7 +369,22 @@ impl Peers {
             }
         }
         let ip = descriptor::parse_endpoint(&d.endpoint).ok().map(|a| a.ip());
-        map.insert(d.node_id, Held { d, source, ip });
+        let old = map.get(&d.node_id);
+        // A fetch from its own URL reaches it; a known peer keeps what it had.
+        let reached = source == PeerSource::Bootstrap || old.is_some_and(|h| h.reached);
+        let last_gossip = old.and_then(|h| h.last_gossip);
+        let learned_at = old.map_or(now, |h| h.learned_at);
+        map.insert(
+            d.node_id,
+            Held {
+                d,
+                source,
+                ip,
+                reached,
+                last_gossip,
+                learned_at,
+            },
+        );
         self.generation.fetch_add(1, Ordering::Relaxed);
         let ips = map.values().filter_map(|h| h.ip).collect();
         drop(map);
@@ -472,126 +487,52 @@ impl Peers {
             .collect()
     }
 
+    /// Every peer that can be routed to now, with its endpoint's address: route choice's
+    /// candidates (`crate::send::path`).
+    pub fn candidates(&self, now: u64) -> Vec<Candidate> {
+        let held: Vec<(NodeId, Option<IpAddr>, bool)> = self
+            .lock()
+            .iter()
+            .map(|(id, h)| (*id, h.ip, h.reached))
+            .collect();
+        held.into_iter()
+            .filter_map(|(id, ip, reached)| Some((self.descriptor(&id, now).ok()?, ip, reached)))
+            .filter(|(d, _, _)| d.protocol == descriptor::PROTOCOL)
+            .map(|(d, ip, reached)| Candidate { d, ip, reached })
+            .collect()
+    }
+
+    /// The identities first kept at `since` or later that can be routed to now, newest first,
+    /// at most `max`: what gossip passes on as news.
+    pub fn news(&self, now: u64, since: u64, max: usize) -> Vec<Descriptor> {
+        let mut fresh: Vec<(u64, NodeId)> = self
+            .lock()
+            .iter()
+            .filter(|(_, h)| h.learned_at >= since)
+            .map(|(id, h)| (h.learned_at, *id))
+            .collect();
+        fresh.sort_unstable_by(|a, b| b.cmp(a));
+        fresh
+            .into_iter()
+            .filter_map(|(_, id)| self.descriptor(&id, now).ok())
+            .filter(|d| d.protocol == descriptor::PROTOCOL)
+            .take(max)
+            .collect()
+    }
+
     /// Every descriptor held, valid or not (status).
     pub fn all(&self) -> Vec<Descriptor> {
         self.lock().values().map(|h| h.d.clone()).collect()
     }
-
-    /// Fetches every `--peer` URL whose pinned identity's descriptor is missing or about to
-    /// expire; refuses a descriptor of another identity than the one pinned to its URL.
-    async fn refresh(&self, links: &Links) -> bool {
-        let mut complete = true;
-        for (i, spec) in self.urls().into_iter().enumerate() {
-            let now = self.clock.unix();
-            let fresh = spec.pinned.is_some_and(|id| {
-                self.lock()
-                    .get(&id)
-                    .is_some_and(|h| h.d.expires_at > now + REFRESH_MARGIN)
-            });
-            if fresh {
-                continue;
-            }
-            let http = links.client(spec.pinned.as_ref());
-            let Some((d, tls_key)) = fetch(&http, &spec.url).await else {
-                complete = false;
-                continue;
-            };
-            let id = d.node_id;
-            if tls_key != Some(id) {
-                self.identity_changes.fetch_add(1, Ordering::Relaxed);
-                warn!(
-                    got = %Prefix(&id),
-                    "a peer's descriptor names another identity than its TLS key; refused"
-                );
-                complete = false;
-                continue;
-            }
-            if d.verify(self.clock.unix()).is_err() {
-                complete = false;
-                continue;
-            }
-            match self.pin(i, &id) {
-                Pin::Matches => {}
-                Pin::First => info!(
-                    peer = %Prefix(&id),
-                    "peer identity trusted on first use (pin it with --peer ID@URL)"
-                ),
-                Pin::Changed => {
-                    self.identity_changes.fetch_add(1, Ordering::Relaxed);
-                    warn!(
-                        expected = %spec.pinned.as_ref().map_or_else(String::new, |p| Prefix(p).to_string()),
-                        got = %Prefix(&id),
-                        "a peer URL answered with another identity than the one pinned to it; refused"
-                    );
-                    complete = false;
-                    continue;
-                }
-            }
-            if self.insert(d) {
-                debug!(peer = %Prefix(&id), "peer descriptor stored");
-            } else if !self.lock().contains_key(&id) {
-                complete = false;
-            }
-        }
-        complete
-    }
-
-    /// Keeps the table fresh until `cancel`.
-    pub async fn run(self: Arc<Self>, http: Links, cancel: CancellationToken) {
-        let mut announced = false;
-        loop {
-            let complete = self.refresh(&http).await;
-            if complete && !self.fetched.swap(true, Ordering::AcqRel) {
-                self.fetched_notify.notify_waiters();
-            }
-            let n = self.urls().len();
-            if complete && !announced && n > 0 {
-                info!("descriptors of all {n} peers fetched");
-                announced = true;
-            }
-            let wait = if complete { ROUND } else { RETRY };
-            tokio::select! {
-                () = cancel.cancelled() => return,
-                () = tokio::time::sleep(wait) => {}
-            }
-        }
-    }
-}
-
-/// Fetches a descriptor: the body read chunk by chunk, dropped as soon as it passes
-/// [`MAX_DESCRIPTOR_BODY`] (declared or not), all within [`FETCH_TIMEOUT`].
-async fn fetch(http: &reqwest::Client, url: &str) -> Option<(Descriptor, Option<NodeId>)> {
-    let read = async {
-        let mut resp = http.get(format!("{url}/v1/descriptor")).send().await.ok()?;
-        let tls_key = resp
-            .extensions()
-            .get::<reqwest::tls::TlsInfo>()
-            .and_then(|t| t.peer_certificate())
-            .and_then(links::peer_key);
-        if !resp.status().is_success()
-            || resp
-                .content_length()
-                .is_some_and(|n| n > MAX_DESCRIPTOR_BODY as u64)
-        {
-            return None;
-        }
-        let mut body = Vec::with_capacity(MAX_DESCRIPTOR_BODY);
-        while let Some(chunk) = resp.chunk().await.ok()? {
-            if body.len() + chunk.len() > MAX_DESCRIPTOR_BODY {
-                return None;
-            }
-            body.extend_from_slice(&chunk);
-        }
-        Some((serde_json::from_slice(&body).ok()?, tls_key))
-    };
-    tokio::time::timeout(FETCH_TIMEOUT, read).await.ok()?
 }
 
 #[cfg(test)]
 mod tests {
     use ed25519_dalek::SigningKey;
+    use tokio_util::sync::CancellationToken;
 
     use super::*;
+    use crate::links::Links;
 
     const T0: u64 = 1_800_000_000;
 

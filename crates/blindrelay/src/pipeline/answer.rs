@@ -6,6 +6,7 @@ use tracing::debug;
 
 use crate::counters::Counters;
 use crate::proto::answer::{Accepted, ErrorBody, Outcome};
+use crate::proto::sphinx::Report;
 use crate::reason::Reason;
 use crate::replay::StoredResponse;
 
@@ -18,6 +19,9 @@ pub enum Answer {
         receipt: String,
         /// Another node's probe: answered, not stored, not user traffic.
         probe: bool,
+        /// A copy of a message stored before (sent again over another route): not stored
+        /// again, answered with the first copy's receipt.
+        copy: bool,
     },
     /// The next hop accepted: its receipt, passed back.
     Forwarded {
@@ -26,6 +30,15 @@ pub enum Answer {
     },
     /// A duplicate of a completed request: its stored answer, as first sent.
     Replayed(StoredResponse),
+    /// Refused because this hop could not pass the packet on (`forward_failed`, or a reason
+    /// about its next hop), with the failure report for the sender
+    /// ([`crate::proto::sphinx::report`]). Counted as the refusal it is.
+    Failed {
+        /// The refusal.
+        reason: Reason,
+        /// This hop's report, or the next hop's masked by this hop.
+        report: Report,
+    },
 }
 
 impl Answer {
@@ -41,6 +54,14 @@ impl Answer {
             }
             Answer::Forwarded { receipt } => (200, accepted(Outcome::Forwarded, receipt).to_json()),
             Answer::Replayed(stored) => (stored.status, stored.body.clone()),
+            Answer::Failed { reason, report } => {
+                let report = hex::encode(report);
+                let body = ErrorBody {
+                    report: Some(report.as_str().into()),
+                    ..ErrorBody::code(reason.as_str())
+                };
+                (reason.status(), body.to_json())
+            }
         }
     }
 }
@@ -63,20 +84,19 @@ pub(super) fn record(c: &Counters, verdict: &Result<Answer, Reason>, now: u64) {
     }
     c.received.inc();
     c.last_event_at.set(now);
+    let refused = match verdict {
+        Err(r) | Ok(Answer::Failed { reason: r, .. }) => Some(*r),
+        Ok(_) => None,
+    };
+    if let Some(r) = refused {
+        record_refusal(c, r, now);
+        return;
+    }
     match verdict {
-        Err(r) => {
-            c.rejected.inc();
-            r.counter(c).inc();
-            match r {
-                Reason::Backpressure => c.last_backpressure_at.set(now),
-                Reason::ForwardFailed => c.last_forward_failed_at.set(now),
-                Reason::InboxFull => c.last_inbox_full_at.set(now),
-                Reason::ReplayCapacity => c.last_replay_full_at.set(now),
-                Reason::NextHopBusy => c.last_next_hop_busy_at.set(now),
-                _ if r.is_protection() => c.last_protection_at.set(now),
-                _ => {}
-            }
-            debug!(reason = r.as_str(), "relay request refused");
+        Ok(Answer::Delivered { copy: true, .. }) => {
+            c.duplicate_message.inc();
+            c.last_accepted_at.set(now);
+            debug!("relay request: a copy of a message delivered here before");
         }
         Ok(Answer::Delivered { .. }) => {
             c.terminal.inc();
@@ -92,5 +112,22 @@ pub(super) fn record(c: &Counters, verdict: &Result<Answer, Reason>, now: u64) {
             c.duplicate_route.inc();
             debug!("duplicate_route: relay request answered from the replay registry");
         }
+        Err(_) | Ok(Answer::Failed { .. }) => {}
     }
+}
+
+/// Counts a refusal `r` at `now` (after `received`).
+fn record_refusal(c: &Counters, r: Reason, now: u64) {
+    c.rejected.inc();
+    r.counter(c).inc();
+    match r {
+        Reason::Backpressure => c.last_backpressure_at.set(now),
+        Reason::ForwardFailed => c.last_forward_failed_at.set(now),
+        Reason::InboxFull => c.last_inbox_full_at.set(now),
+        Reason::ReplayCapacity => c.last_replay_full_at.set(now),
+        Reason::NextHopBusy => c.last_next_hop_busy_at.set(now),
+        _ if r.is_protection() => c.last_protection_at.set(now),
+        _ => {}
+    }
+    debug!(reason = r.as_str(), "relay request refused");
 }

@@ -6,16 +6,20 @@
 //! thread once the slot is given back; [`forward`] runs on the reactor with the next hop's slot
 //! and turn held.
 
+use ed25519_dalek::SigningKey;
+
 use crate::context::Context;
 use crate::forward::{self, Forwarded};
 use crate::health::Bucket;
 use crate::outbound::Turn;
 use crate::proto::NodeId;
 use crate::proto::frame::Frame;
+use crate::proto::receipt;
 use crate::proto::sphinx::ReplayTag;
+use crate::proto::sphinx::report::{self, Failure};
 use crate::reason::Reason;
 use crate::sources::Source;
-use crate::terminal::{self, Terminal, Undelivered};
+use crate::terminal::{self, Once, Stored, Terminal, Undelivered};
 
 use super::answer::Answer;
 use super::route::{self, HopNext};
@@ -29,29 +33,26 @@ pub(super) enum Next {
         next_hop: NodeId,
         frame: Vec<u8>,
     },
-    /// Store `payload` (unless a probe), then release `receipt`.
-    Terminal {
-        payload: Vec<u8>,
-        receipt: String,
-        probe: bool,
-    },
+    /// The next hop cannot be reached from here (`no_route`, `invalid_endpoint`): refused with
+    /// this hop's failure report.
+    Unroutable(Reason),
+    /// Store the payload (unless a probe) once per message, then release the receipt.
+    Terminal(TerminalWork),
 }
 
-/// Step 8's CPU work for the layer tagged `tag`: the next hop's endpoint (the end of step 7)
-/// and the frame signed for it, or the terminal's sealed receipt.
+/// Step 8's CPU work: the next hop's endpoint (the end of step 7) and the frame signed for it,
+/// or the terminal's sealed receipt.
 ///
 /// # Errors
-/// `no_route`, `invalid_endpoint`, or `forward_failed` (the frame cannot be signed).
-pub(super) fn prepare(
-    ctx: &Context,
-    tag: &ReplayTag,
-    next: HopNext,
-    now: u64,
-) -> Result<Next, Reason> {
+/// `forward_failed` (the frame cannot be signed).
+pub(super) fn prepare(ctx: &Context, next: HopNext, now: u64) -> Result<Next, Reason> {
     let node = &ctx.node;
     Ok(match next {
         HopNext::Forward { next_hop, packet } => {
-            let endpoint = route::endpoint(ctx, &next_hop, now)?;
+            let endpoint = match route::endpoint(ctx, &next_hop, now) {
+                Ok(endpoint) => endpoint,
+                Err(r) => return Ok(Next::Unroutable(r)),
+            };
             let frame = Frame::sign(packet, node.signing_key(), &next_hop)
                 .map_err(|_| Reason::ForwardFailed)?;
             Next::Forward {
@@ -64,15 +65,44 @@ pub(super) fn prepare(
             payload,
             probe,
             receipt_key,
-        } => Next::Terminal {
-            receipt: terminal::seal_receipt(node.signing_key(), tag, &receipt_key, &payload, now),
-            probe,
-            payload,
-        },
+            message_id,
+        } => {
+            let commitment = receipt::commitment(&payload);
+            Next::Terminal(TerminalWork {
+                receipt: terminal::reseal_receipt(
+                    node.signing_key(),
+                    &message_id,
+                    &receipt_key,
+                    &commitment,
+                    now,
+                ),
+                probe,
+                payload,
+                once: Once {
+                    message_id,
+                    commitment,
+                },
+                receipt_key,
+            })
+        }
     })
 }
 
-/// The next hop with retries, until `deadline`; its health.
+/// The refusal of a request whose next hop this hop cannot reach or reach now, with this hop's
+/// failure report sealed under the layer's `report_key`.
+pub(super) fn refuse_for_next_hop(reason: Reason, report_key: &[u8; 32]) -> Answer {
+    let failure = Failure::Refused {
+        status: reason.status(),
+        reason: Some(reason.as_str().to_string()),
+    };
+    Answer::Failed {
+        reason,
+        report: report::seal(report_key, &failure),
+    }
+}
+
+/// The next hop with retries, until `deadline`; its health. A failure is answered with a
+/// report: the next hop's, masked with this layer's `report_key`, or this hop's own.
 pub(super) async fn forward(
     ctx: &Context,
     endpoint: &str,
@@ -80,7 +110,8 @@ pub(super) async fn forward(
     frame: Vec<u8>,
     deadline: crate::clock::Instant,
     turn: Turn,
-) -> Result<Answer, Reason> {
+    report_key: &[u8; 32],
+) -> Answer {
     let next_hop = &{ *turn.hop() };
     let outcome = forward::post(
         &ctx.http,
@@ -93,45 +124,112 @@ pub(super) async fn forward(
     )
     .await;
     let now = ctx.clock.unix();
-    match outcome {
+    let report = match outcome {
         Forwarded::Accepted { receipt } => {
             ctx.health.record_route(next_hop, true, now);
-            Ok(Answer::Forwarded { receipt })
+            return Answer::Forwarded { receipt };
         }
-        Forwarded::Refused { status, reason } => {
+        Forwarded::Refused {
+            status,
+            reason,
+            report: passed,
+        } => {
             ctx.health.record_refused(next_hop, status, reason, now);
-            Err(Reason::ForwardFailed)
+            match passed {
+                Some(mut r) => {
+                    report::mask(report_key, &mut r);
+                    r
+                }
+                None => report::seal(
+                    report_key,
+                    &Failure::Refused {
+                        status,
+                        reason: reason.map(|r| r.as_str().to_string()),
+                    },
+                ),
+            }
         }
         Forwarded::Exhausted => {
             ctx.health
                 .record_route_reason(next_hop, false, Bucket::Transport, now);
             ctx.counters.last_retry_exhausted_at.set(now);
-            Err(Reason::ForwardFailed)
+            report::seal(report_key, &Failure::Unreachable)
         }
+    };
+    Answer::Failed {
+        reason: Reason::ForwardFailed,
+        report,
     }
 }
 
-/// At the terminal: the payload committed (a probe's is not stored), then the receipt
-/// released. Blocking (a SQLite commit).
+/// At the terminal: the payload committed once per message (a probe's is not stored), then the
+/// receipt released; a copy of a message stored before gets the first copy's receipt, sealed
+/// again with this copy's receipt key by `key`. Blocking (a SQLite commit).
 ///
 /// # Errors
 /// `inbox_full`, `inbox_share_exceeded` or `state_write_failed`.
 pub(super) fn store(
     terminal: &Terminal,
-    payload: &[u8],
-    receipt: String,
-    probe: bool,
+    key: &SigningKey,
+    next: TerminalWork,
     now: u64,
     source: &Source,
 ) -> Result<Answer, Reason> {
-    if !probe {
-        terminal
-            .store(payload, now, source.key())
-            .map_err(|e| match e {
-                Undelivered::Full => Reason::InboxFull,
-                Undelivered::ShareExceeded => Reason::InboxShareExceeded,
-                Undelivered::Failed => Reason::StateWriteFailed,
-            })?;
+    let TerminalWork {
+        payload,
+        receipt,
+        probe,
+        once,
+        receipt_key,
+    } = next;
+    if probe {
+        return Ok(Answer::Delivered {
+            receipt,
+            probe,
+            copy: false,
+        });
     }
-    Ok(Answer::Delivered { receipt, probe })
+    let stored = terminal
+        .store(&payload, Some(once), now, source.key())
+        .map_err(|e| match e {
+            Undelivered::Full => Reason::InboxFull,
+            Undelivered::ShareExceeded => Reason::InboxShareExceeded,
+            Undelivered::Failed => Reason::StateWriteFailed,
+        })?;
+    Ok(match stored {
+        Stored::New(_) => Answer::Delivered {
+            receipt,
+            probe,
+            copy: false,
+        },
+        Stored::Duplicate {
+            delivered_at,
+            commitment,
+        } => Answer::Delivered {
+            receipt: terminal::reseal_receipt(
+                key,
+                &once.message_id,
+                &receipt_key,
+                &commitment,
+                delivered_at,
+            ),
+            probe,
+            copy: true,
+        },
+    })
+}
+
+/// What the terminal does with a layer: [`store`]'s work.
+#[derive(Debug)]
+pub(super) struct TerminalWork {
+    /// The sender's payload.
+    pub(super) payload: Vec<u8>,
+    /// The receipt sealed for this copy (released once the payload is stored).
+    pub(super) receipt: String,
+    /// Another node's probe: answered, not stored.
+    pub(super) probe: bool,
+    /// The message id and commitment the inbox stores it once under.
+    pub(super) once: Once,
+    /// To seal the first copy's receipt again, for a copy sent again.
+    pub(super) receipt_key: [u8; 32],
 }

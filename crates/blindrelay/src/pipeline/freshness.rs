@@ -18,6 +18,8 @@ use crate::reason::Reason;
 pub struct Opened {
     /// The layer's replay tag.
     pub tag: ReplayTag,
+    /// The layer's failure report key.
+    pub report_key: [u8; 32],
     /// The layer's expiry (Unix seconds).
     pub expires_at: u64,
     /// What the layer tells this node to do.
@@ -43,6 +45,7 @@ pub fn open(secrets: &[&StaticSecret], packet: &mut [u8], now: u64) -> Result<Op
     }
     Ok(Opened {
         tag: peeled.replay_tag,
+        report_key: peeled.report_key,
         expires_at,
         slot: peeled.slot,
     })

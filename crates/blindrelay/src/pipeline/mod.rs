@@ -108,6 +108,8 @@ pub struct HopChecked {
     pub prev: NodeId,
     /// The layer's replay tag: the reservation's key, whatever frame carries the layer.
     pub tag: ReplayTag,
+    /// The layer's failure report key: seals what this hop reports of its next hop.
+    pub report_key: [u8; 32],
     /// SHA-256 of previous hop and packet: a retry of the same frame has the same digest.
     pub digest: Digest,
     /// The layer's expiry (Unix seconds).
@@ -145,6 +147,7 @@ pub fn check_frame(
     Ok(HopChecked {
         prev: from,
         tag: opened.tag,
+        report_key: opened.report_key,
         digest,
         expires_at: opened.expires_at,
         keep_through: opened.expires_at.saturating_add(sphinx::EXPIRY_SKEW),
@@ -159,6 +162,8 @@ struct Checked {
     /// The layer's replay tag and the request's digest: the reservation's key.
     tag: ReplayTag,
     digest: Digest,
+    /// The layer's failure report key.
+    report_key: [u8; 32],
     /// The time the request was checked at.
     now: u64,
     /// The tag is kept reserved through this second (the layer's expiry plus the skew).
@@ -187,6 +192,8 @@ struct Forwarding {
     frame: Vec<u8>,
     /// Its turn under the next hop's previous-hop rate.
     turn: Turn,
+    /// Seals or masks the failure report if the next hop fails.
+    report_key: [u8; 32],
     /// Held until the next hop answered.
     _next_hop_slot: NextHopSlot,
 }
@@ -360,8 +367,16 @@ impl Pipeline {
         // Step 8 (the next hop's slot held to the end), then the replay record.
         trace!(next = %Prefix(f.turn.hop()), "forwarding");
         let until = deadline.checked_sub(FINISH_MARGIN).unwrap_or(deadline);
-        let verdict =
-            deliver::forward(&self.ctx, &f.endpoint, &f.tag, f.frame, until, f.turn).await;
+        let verdict = Ok(deliver::forward(
+            &self.ctx,
+            &f.endpoint,
+            &f.tag,
+            f.frame,
+            until,
+            f.turn,
+            &f.report_key,
+        )
+        .await);
         let completed_at = self.ctx.clock.unix();
         reserve::complete(&self.replay, f.tag, f.digest, wire(&verdict), completed_at).await;
         verdict
@@ -381,10 +396,11 @@ impl Pipeline {
         let guard = |p: &NodeId| self.hops.check(p, instant, &self.ctx.counters);
         let c = check_frame(self.ctx.node.id(), &refs, frame, now, prev, guard)?;
         Ok(Checked {
-            next: deliver::prepare(&self.ctx, &c.tag, c.next, now)?,
+            next: deliver::prepare(&self.ctx, c.next, now)?,
             prev: c.prev,
             tag: c.tag,
             digest: c.digest,
+            report_key: c.report_key,
             now,
             keep_through: c.keep_through,
         })
@@ -403,7 +419,22 @@ impl Pipeline {
         instant: std::time::Instant,
     ) -> Result<Staged, Reason> {
         let c = checked.inspect_err(|r| self.refused(prev, *r, instant))?;
-        let (next_hop_slot, turn) = self.next_hop(&c.next)?;
+        if let Next::Unroutable(r) = c.next {
+            self.refused(Some(c.prev), r, instant);
+            return Ok(Staged::Done(Ok(deliver::refuse_for_next_hop(
+                r,
+                &c.report_key,
+            ))));
+        }
+        let (next_hop_slot, turn) = match self.next_hop(&c.next) {
+            Ok(held) => held,
+            Err(r) => {
+                return Ok(Staged::Done(Ok(deliver::refuse_for_next_hop(
+                    r,
+                    &c.report_key,
+                ))));
+            }
+        };
         let reserved = reserve::reserve(
             &self.replay,
             c.tag,
@@ -440,19 +471,18 @@ impl Pipeline {
                     endpoint,
                     frame,
                     turn,
+                    report_key: c.report_key,
                     _next_hop_slot: slot,
                 }));
             }
-            (Next::Forward { .. }, _, _) => Err(Reason::ForwardFailed),
-            (
-                Next::Terminal {
-                    payload,
-                    receipt,
-                    probe,
-                },
-                _,
-                _,
-            ) => deliver::store(&self.terminal, &payload, receipt, probe, c.now, source),
+            (Next::Forward { .. } | Next::Unroutable(_), _, _) => Err(Reason::ForwardFailed),
+            (Next::Terminal(work), _, _) => deliver::store(
+                &self.terminal,
+                self.ctx.node.signing_key(),
+                work,
+                c.now,
+                source,
+            ),
         };
         reserve::complete_now(&self.replay, c.tag, c.digest, wire(&verdict), c.now);
         Ok(Staged::Done(verdict))

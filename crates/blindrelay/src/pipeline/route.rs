@@ -32,6 +32,8 @@ pub enum HopNext {
         probe: bool,
         /// The sender's receipt key.
         receipt_key: [u8; 32],
+        /// The sender's id of the message.
+        message_id: crate::proto::MessageId,
     },
 }
 
@@ -52,6 +54,7 @@ pub fn next(slot: Slot, packet: Vec<u8>, from: &NodeId, me: &NodeId) -> Result<H
             probe,
             payload_len,
             receipt_key,
+            message_id,
             ..
         } => {
             let end = HEADER_LEN.saturating_add(payload_len as usize);
@@ -60,6 +63,7 @@ pub fn next(slot: Slot, packet: Vec<u8>, from: &NodeId, me: &NodeId) -> Result<H
                 payload: payload.to_vec(),
                 probe,
                 receipt_key,
+                message_id,
             })
         }
     }

@@ -52,6 +52,7 @@ fn packet(route: &[&Hop], payload: &[u8], probe: bool, expires_at: u64) -> Vec<u
         payload,
         probe,
         receipt_key: [7; 32],
+        message_id: [8; 16],
     };
     let class = SizeClass::smallest_for(payload.len()).expect("fits");
     build(&specs, &delivery, class).expect("builds").packet

@@ -72,6 +72,10 @@ pub struct ErrorBody<'a> {
     /// What went wrong, in words (never on relay refusals).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<Cow<'a, str>>,
+    /// A relay refusal of a hop that could not pass the packet on: the hex of its failure
+    /// report for the sender (`crate::proto::sphinx::report`), opaque to every hop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<Cow<'a, str>>,
 }
 
 impl<'a> ErrorBody<'a> {
@@ -80,6 +84,7 @@ impl<'a> ErrorBody<'a> {
         ErrorBody {
             error: Cow::Borrowed(error),
             message: None,
+            report: None,
         }
     }
 
@@ -132,6 +137,7 @@ mod tests {
         let e = ErrorBody {
             error: "not_found".into(),
             message: Some("no such item".into()),
+            report: None,
         };
         assert_eq!(
             e.to_json(),

@@ -235,6 +235,7 @@ mod tests {
             payload: b"hello",
             probe: false,
             receipt_key: [9; 32],
+            message_id: [1; 16],
         };
         build(&[hop], &delivery, class)
             .expect("a one-hop route builds")

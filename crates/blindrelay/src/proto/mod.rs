@@ -13,7 +13,7 @@
 //! - [`answer`]: a hop's JSON answer to a relay request (accepted, or the refusal's reason).
 //!
 //! # Logging ids
-//! Full node ids, route ids, keys and endpoints never go to logs. The only loggable form of a node
+//! Full node ids, route ids, message ids, keys and endpoints never go to logs. The only loggable form of a node
 //! id is its [`Prefix`]; the `Debug` impls of the types here print prefixes and lengths only.
 
 pub mod answer;
@@ -38,8 +38,12 @@ pub use receipt::{
 /// A node's identity: its Ed25519 public key.
 pub type NodeId = [u8; 32];
 
-/// A layer's 16-byte replay tag as the replay registry and receipts carry it.
+/// A layer's 16-byte replay tag as the replay registry carries it.
 pub type RouteId = [u8; 16];
+
+/// A message's 16-byte id, drawn by its sender and sealed in the terminal's layer: the same on
+/// every route the sender tries, so the terminal stores the message once; receipts name it.
+pub type MessageId = [u8; 16];
 
 /// The loggable form of a node id: its first 4 bytes as 8 lowercase hex characters.
 ///

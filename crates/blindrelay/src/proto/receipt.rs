@@ -2,16 +2,17 @@
 //! the sender can read it.
 //!
 //! ```text
-//! signed    = "blindrelay/receipt/v1" ‖ route_id(16) ‖ commitment(32) ‖ terminal_id(32)
+//! signed    = "blindrelay/receipt/v2" ‖ message_id(16) ‖ commitment(32) ‖ terminal_id(32)
 //!             ‖ delivered_at(u64 BE)
-//! receipt   = route_id ‖ commitment ‖ terminal_id ‖ delivered_at ‖ signature(64)  (152 bytes)
+//! receipt   = message_id ‖ commitment ‖ terminal_id ‖ delivered_at ‖ signature(64)  (152 bytes)
 //! sealed    = nonce(24) ‖ XChaCha20-Poly1305(receipt_key, nonce, receipt,
 //!                                            aad = "blindrelay/receipt-seal/v1")
 //! commitment = SHA-256("blindrelay/payload/v1" ‖ payload)
 //! ```
 //!
-//! `route_id` is the terminal's replay tag for its layer (v2): the sender computed it when it
-//! built the packet, and no one else can.
+//! `message_id` is the sender's id of the message, sealed in the terminal's layer: only the
+//! sender and the terminal know it. It is the same on every route the sender tries for the
+//! message, so the receipt of a copy that arrived first verifies for a copy sent again.
 //!
 //! Middle hops pass the sealed bytes back untouched. The sender opens them with the route's
 //! receipt key and checks every field: only the sender ever sees a receipt, so errors say exactly
@@ -24,7 +25,7 @@ use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use sha2::{Digest, Sha256};
 
-use super::{NodeId, Prefix, RouteId};
+use super::{MessageId, NodeId, Prefix};
 
 /// Length of [`Receipt::to_bytes`].
 pub const RECEIPT_LEN: usize = 16 + 32 + 32 + 8 + 64;
@@ -33,7 +34,7 @@ pub const RECEIPT_MAX_AGE: u64 = 120;
 /// A receipt dated more than this many seconds ahead of the verifier's clock is rejected.
 pub const RECEIPT_MAX_SKEW: u64 = 30;
 
-const SIGN_DOMAIN: &[u8] = b"blindrelay/receipt/v1";
+const SIGN_DOMAIN: &[u8] = b"blindrelay/receipt/v2";
 const PAYLOAD_DOMAIN: &[u8] = b"blindrelay/payload/v1";
 const SEAL_AAD: &[u8] = b"blindrelay/receipt-seal/v1";
 const NONCE_LEN: usize = 24;
@@ -50,8 +51,8 @@ pub fn commitment(payload: &[u8]) -> [u8; 32] {
 /// A terminal's signed delivery receipt.
 #[derive(Clone, PartialEq, Eq)]
 pub struct Receipt {
-    /// The terminal's replay tag for its layer (the field kept v1's name and width).
-    pub route_id: RouteId,
+    /// The sender's id of the message.
+    pub message_id: MessageId,
     /// [`commitment`] of the delivered payload.
     pub commitment: [u8; 32],
     /// The terminal's node id, which signed the receipt.
@@ -71,9 +72,9 @@ pub enum ReceiptError {
     /// The opened receipt is not 152 bytes.
     #[error("receipt malformed")]
     Malformed,
-    /// The receipt names another layer's tag.
-    #[error("receipt for another route")]
-    WrongRoute,
+    /// The receipt names another message.
+    #[error("receipt for another message")]
+    WrongMessage,
     /// The receipt commits to another payload.
     #[error("receipt for another payload")]
     WrongPayload,
@@ -94,13 +95,13 @@ pub enum ReceiptError {
 impl Receipt {
     /// Signs a receipt as the terminal `key` for a payload delivered at `delivered_at`.
     pub fn sign(
-        route_id: RouteId,
+        message_id: MessageId,
         commitment: [u8; 32],
         key: &SigningKey,
         delivered_at: u64,
     ) -> Receipt {
         let mut receipt = Receipt {
-            route_id,
+            message_id,
             commitment,
             terminal_id: key.verifying_key().to_bytes(),
             delivered_at,
@@ -118,10 +119,10 @@ impl Receipt {
         out
     }
 
-    /// `route_id ‖ commitment ‖ terminal_id ‖ delivered_at ‖ signature`, 152 bytes.
+    /// `message_id ‖ commitment ‖ terminal_id ‖ delivered_at ‖ signature`, 152 bytes.
     pub fn to_bytes(&self) -> [u8; RECEIPT_LEN] {
         let mut out = [0u8; RECEIPT_LEN];
-        out[0..16].copy_from_slice(&self.route_id);
+        out[0..16].copy_from_slice(&self.message_id);
         out[16..48].copy_from_slice(&self.commitment);
         out[48..80].copy_from_slice(&self.terminal_id);
         out[80..88].copy_from_slice(&self.delivered_at.to_be_bytes());
@@ -136,13 +137,13 @@ impl Receipt {
     pub fn from_bytes(bytes: &[u8]) -> Result<Receipt, ReceiptError> {
         let bytes: &[u8; RECEIPT_LEN] = bytes.try_into().map_err(|_| ReceiptError::Malformed)?;
         let mut receipt = Receipt {
-            route_id: [0; 16],
+            message_id: [0; 16],
             commitment: [0; 32],
             terminal_id: [0; 32],
             delivered_at: 0,
             signature: [0; 64],
         };
-        receipt.route_id.copy_from_slice(&bytes[0..16]);
+        receipt.message_id.copy_from_slice(&bytes[0..16]);
         receipt.commitment.copy_from_slice(&bytes[16..48]);
         receipt.terminal_id.copy_from_slice(&bytes[48..80]);
         let mut at = [0u8; 8];
@@ -159,13 +160,13 @@ impl Receipt {
     /// The first [`ReceiptError`] that applies, in that order.
     pub fn verify(
         &self,
-        route_id: &RouteId,
+        message_id: &MessageId,
         commitment: &[u8; 32],
         terminal_id: &NodeId,
         now: u64,
     ) -> Result<(), ReceiptError> {
-        if &self.route_id != route_id {
-            return Err(ReceiptError::WrongRoute);
+        if &self.message_id != message_id {
+            return Err(ReceiptError::WrongMessage);
         }
         if &self.commitment != commitment {
             return Err(ReceiptError::WrongPayload);
@@ -305,7 +306,7 @@ mod tests {
         );
         assert_eq!(
             &r.signing_bytes()[..],
-            &[&b"blindrelay/receipt/v1"[..], &bytes[..88]].concat()[..]
+            &[&b"blindrelay/receipt/v2"[..], &bytes[..88]].concat()[..]
         );
     }
 
@@ -351,7 +352,7 @@ mod tests {
         let c = commitment(b"hello");
         assert_eq!(
             r.verify(&[0x12; 16], &c, &tid, NOW),
-            Err(ReceiptError::WrongRoute)
+            Err(ReceiptError::WrongMessage)
         );
         assert_eq!(
             r.verify(&[0x11; 16], &commitment(b"hellO"), &tid, NOW),

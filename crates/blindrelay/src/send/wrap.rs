@@ -12,6 +12,7 @@ use ed25519_dalek::SigningKey;
 
 use super::Hop;
 use super::SendError;
+use crate::proto::MessageId;
 use crate::proto::frame::Frame;
 use crate::proto::sphinx::{self, Delivery, HopSpec, ReplayTag, SizeClass};
 
@@ -24,8 +25,12 @@ pub struct Wrapped {
     pub class: SizeClass,
     /// The key the terminal seals its receipt with.
     pub receipt_key: [u8; 32],
-    /// The terminal's replay tag: the receipt names it.
+    /// The message id sealed in the terminal's layer: the receipt names it.
+    pub message_id: MessageId,
+    /// The terminal's replay tag (the entry hop's retry delays are spread by it).
     pub terminal_tag: ReplayTag,
+    /// Every hop's failure report key, first hop first (to open a report).
+    pub report_keys: Vec<[u8; 32]>,
 }
 
 /// Lengths and class only.
@@ -79,6 +84,23 @@ pub fn wrap_expiring(
     expires_at: u64,
     key: &SigningKey,
 ) -> Result<Wrapped, SendError> {
+    let message_id = rand::random();
+    wrap_message(path, payload, probe, message_id, expires_at, key)
+}
+
+/// [`wrap_expiring`] of the message `message_id`: a message sent again over another route
+/// keeps its id, so the terminal stores it once.
+///
+/// # Errors
+/// As [`wrap`].
+pub fn wrap_message(
+    path: &[Hop],
+    payload: &[u8],
+    probe: bool,
+    message_id: MessageId,
+    expires_at: u64,
+    key: &SigningKey,
+) -> Result<Wrapped, SendError> {
     if path.is_empty() {
         return Err(SendError::NoHops);
     }
@@ -97,6 +119,7 @@ pub fn wrap_expiring(
         payload,
         probe,
         receipt_key,
+        message_id,
     };
     let built =
         sphinx::build(&specs, &delivery, class).map_err(|_| SendError::TooLarge(largest))?;
@@ -107,7 +130,9 @@ pub fn wrap_expiring(
         frame: frame.encode(),
         class,
         receipt_key,
+        message_id,
         terminal_tag,
+        report_keys: built.report_keys,
     })
 }
 
@@ -179,12 +204,15 @@ mod tests {
                         payload,
                         probe: flagged,
                         receipt_key,
+                        message_id,
                     } => {
                         assert_eq!(i, 2);
                         assert_eq!(payload, b"hello");
                         assert_eq!(flagged, probe);
                         assert_eq!(receipt_key, w.receipt_key);
+                        assert_eq!(message_id, w.message_id);
                         assert_eq!(c.tag, w.terminal_tag);
+                        assert_eq!(c.report_key, w.report_keys[i]);
                     }
                 }
             }

@@ -186,9 +186,17 @@ pub fn document(relay: &Relay) -> Document {
     let counters = ctx.counters.snapshot();
     let descriptors: HashMap<_, _> = ctx
         .peers
-        .all()
+        .provenance()
         .into_iter()
-        .map(|d| (d.node_id, d.expires_at))
+        .map(|(id, p)| {
+            let known = crate::health::Known {
+                expires_at: p.expires_at,
+                source: p.source.as_str(),
+                last_gossip: p.last_gossip,
+                reached: p.reached,
+            };
+            (id, known)
+        })
         .collect();
     let quarantines = relay.pipeline().hops().quarantines(ctx.clock.instant());
     let peer_health = ctx.health.summary(now, &descriptors, |id| {

@@ -6,6 +6,15 @@
 //! [`BATCH_ITEMS`] items and [`BATCH_BYTES`] bytes), one fsync for all; the others wait for it.
 //! A store returns its id only once its own transaction has committed; if a batch fails, every
 //! member fails and stores nothing. A store alone commits at once.
+//!
+//! **Once per message**: a message carries its sender's message id (sealed in the terminal's
+//! layer, the same on every route the sender tries). The id, the payload's commitment and the
+//! delivery time go in the `delivered` table in the same transaction as the item; a second copy
+//! of the message, over another route, finds its id there and stores nothing
+//! ([`Stored::Duplicate`]: the terminal answers it with the first copy's receipt). An id is kept
+//! [`DEDUP_SECS`] (the longest any copy of the message can still be accepted by a hop), and at
+//! most [`MAX_DELIVERED`] ids are kept (the oldest go first), whether or not the item was taken
+//! from the inbox since.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -20,6 +29,17 @@ use crate::sqlite::{self, SqliteContext, StoreError, sql_time};
 pub const INBOX_MAX_ITEMS: usize = 10_000;
 /// Payload bytes an inbox holds at most (256 MiB).
 pub const INBOX_MAX_BYTES: u64 = 256 * 1024 * 1024;
+
+/// How long a delivered message's id is kept: a copy sent again over another route carries
+/// layers that expire at most [`crate::forward::SEND_DEADLINE`] after the first copy's plus the
+/// layer lifetime, and a hop accepts a layer until [`crate::proto::sphinx::EXPIRY_SKEW`] past
+/// its expiry.
+pub const DEDUP_SECS: u64 = crate::proto::sphinx::MAX_LIFETIME
+    + crate::proto::sphinx::EXPIRY_SKEW
+    + crate::forward::SEND_DEADLINE.as_secs();
+/// Delivered message ids kept at most (about 1.5 MB on disk): more than the request gate's
+/// default admission rate lets in within [`DEDUP_SECS`].
+pub const MAX_DELIVERED: usize = 20_000;
 
 /// Payloads one group commit holds at most.
 pub const BATCH_ITEMS: usize = 256;
@@ -63,11 +83,42 @@ pub struct InboxItem {
     pub size: usize,
 }
 
+/// What makes a stored payload a message stored once: its sender's id and its commitment.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Once {
+    /// The sender's message id (from the terminal slot).
+    pub message_id: crate::proto::MessageId,
+    /// The payload's commitment, which the receipt names.
+    pub commitment: [u8; 32],
+}
+
+/// Never prints the id.
+impl fmt::Debug for Once {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Once").finish_non_exhaustive()
+    }
+}
+
+/// What a store did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stored {
+    /// Stored under this id.
+    New(u64),
+    /// A copy of a message stored before: nothing stored; when, and the commitment, of the first.
+    Duplicate {
+        /// When the first copy was stored (Unix seconds).
+        delivered_at: u64,
+        /// The first copy's commitment.
+        commitment: [u8; 32],
+    },
+}
+
 /// A store waiting for its group commit.
 struct Pending {
     received_at: i64,
     size: i64,
     payload: Vec<u8>,
+    once: Option<Once>,
 }
 
 /// The counts (a lock apart from the connection's and the group commit's, so stores can take
@@ -85,7 +136,7 @@ pub struct Inbox {
     max_items: usize,
     max_bytes: u64,
     /// The connection, and the stores waiting for their commit.
-    writer: GroupCommit<Connection, Pending, u64, StoreError>,
+    writer: GroupCommit<Connection, Pending, Stored, StoreError>,
     state: Mutex<State>,
 }
 
@@ -120,7 +171,13 @@ impl Inbox {
                 size INTEGER NOT NULL,
                 payload BLOB NOT NULL,
                 CHECK (size = length(payload))
-            );",
+            );
+            CREATE TABLE IF NOT EXISTS delivered (
+                message_id BLOB PRIMARY KEY,
+                commitment BLOB NOT NULL,
+                delivered_at INTEGER NOT NULL
+            ) WITHOUT ROWID;
+            CREATE INDEX IF NOT EXISTS delivered_by_time ON delivered (delivered_at);",
         )
         .ctx("create the inbox_items table")?;
         sqlite::settle(&conn)?;
@@ -147,6 +204,24 @@ impl Inbox {
     /// Stores `payload` and returns its id once the row is committed to disk. Fails with
     /// [`InboxError::Full`], storing nothing, when the item or byte cap would be exceeded.
     pub fn store(&self, payload: &[u8], received_at: u64) -> Result<u64, InboxError> {
+        match self.store_once(payload, received_at, None)? {
+            Stored::New(id) => Ok(id),
+            Stored::Duplicate { .. } => Err(InboxError::Store(StoreError::Corrupt {
+                table: TABLE,
+                what: "a duplicate without a message id",
+            })),
+        }
+    }
+
+    /// [`Inbox::store`] of a message stored once: a copy of a message whose id is already in
+    /// the `delivered` table stores nothing and returns [`Stored::Duplicate`]. Returns once its
+    /// transaction is committed to disk.
+    pub fn store_once(
+        &self,
+        payload: &[u8],
+        received_at: u64,
+        once: Option<Once>,
+    ) -> Result<Stored, InboxError> {
         let received_at = sql_time(received_at)?;
         let size = payload.len() as u64;
         let size_sql = i64::try_from(size).map_err(|_| InboxError::Full)?;
@@ -168,11 +243,12 @@ impl Inbox {
             received_at,
             size: size_sql,
             payload: payload.to_vec(),
+            once,
         };
         let (_, result) = self.writer.submit(pending, payload.len(), |conn, batch| {
             write_batch(conn, batch)
         });
-        if result.is_err() {
+        if !matches!(result, Ok(Stored::New(_))) {
             let mut state = self.state();
             state.items = state.items.saturating_sub(1);
             state.bytes = state.bytes.saturating_sub(size);
@@ -318,28 +394,88 @@ impl Inbox {
     }
 }
 
-/// Inserts `batch` in one transaction and commits (`synchronous=FULL`): the rows' ids.
-fn write_batch(conn: &mut Connection, batch: &[Pending]) -> Result<Vec<u64>, StoreError> {
+/// Inserts `batch` in one transaction and commits (`synchronous=FULL`): each row's id, or for
+/// a message already delivered its first copy's record. Message ids older than [`DEDUP_SECS`]
+/// and past [`MAX_DELIVERED`] are forgotten first, in the same transaction.
+fn write_batch(conn: &mut Connection, batch: &[Pending]) -> Result<Vec<Stored>, StoreError> {
     let tx = conn.transaction().ctx("begin an inbox group commit")?;
-    let mut ids = Vec::with_capacity(batch.len());
+    if batch.iter().any(|p| p.once.is_some()) {
+        let newest = batch.iter().map(|p| p.received_at).max().unwrap_or(0);
+        forget_delivered(&tx, newest)?;
+    }
+    let mut out = Vec::with_capacity(batch.len());
     {
-        let mut stmt = tx
+        let mut item = tx
             .prepare_cached(
                 "INSERT INTO inbox_items (received_at, size, payload) VALUES (?1, ?2, ?3)",
             )
             .ctx("prepare storing inbox items")?;
+        let mut first = tx
+            .prepare_cached(
+                "INSERT INTO delivered (message_id, commitment, delivered_at) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (message_id) DO NOTHING",
+            )
+            .ctx("prepare recording delivered messages")?;
+        let mut earlier = tx
+            .prepare_cached("SELECT commitment, delivered_at FROM delivered WHERE message_id = ?1")
+            .ctx("prepare reading delivered messages")?;
         for p in batch {
-            stmt.execute(params![p.received_at, p.size, p.payload])
+            if let Some(once) = &p.once {
+                let fresh = first
+                    .execute(params![once.message_id, once.commitment, p.received_at])
+                    .ctx("record a delivered message")?;
+                if fresh == 0 {
+                    out.push(earlier_copy(&mut earlier, &once.message_id)?);
+                    continue;
+                }
+            }
+            item.execute(params![p.received_at, p.size, p.payload])
                 .ctx("store an inbox item")?;
             let id = u64::try_from(tx.last_insert_rowid()).map_err(|_| StoreError::Corrupt {
                 table: TABLE,
                 what: "negative id",
             })?;
-            ids.push(id);
+            out.push(Stored::New(id));
         }
     }
     tx.commit().ctx("commit an inbox group commit")?;
-    Ok(ids)
+    Ok(out)
+}
+
+/// The record of the first copy of `message_id`.
+fn earlier_copy(
+    stmt: &mut rusqlite::CachedStatement<'_>,
+    message_id: &crate::proto::MessageId,
+) -> Result<Stored, StoreError> {
+    let (commitment, delivered_at): (Vec<u8>, i64) = stmt
+        .query_row([message_id], |row| Ok((row.get(0)?, row.get(1)?)))
+        .ctx("read a delivered message")?;
+    let corrupt = |what| StoreError::Corrupt {
+        table: "delivered",
+        what,
+    };
+    Ok(Stored::Duplicate {
+        delivered_at: u64::try_from(delivered_at).map_err(|_| corrupt("negative time"))?,
+        commitment: commitment
+            .try_into()
+            .map_err(|_| corrupt("commitment not 32 bytes"))?,
+    })
+}
+
+/// Forgets the message ids delivered more than [`DEDUP_SECS`] before `now`, then the oldest
+/// past [`MAX_DELIVERED`] − 1 (room for one more).
+fn forget_delivered(tx: &rusqlite::Transaction<'_>, now: i64) -> Result<(), StoreError> {
+    let cutoff = now.saturating_sub(DEDUP_SECS as i64);
+    tx.prepare_cached("DELETE FROM delivered WHERE delivered_at < ?1")
+        .and_then(|mut s| s.execute([cutoff]))
+        .ctx("forget old delivered messages")?;
+    tx.prepare_cached(
+        "DELETE FROM delivered WHERE message_id IN (SELECT message_id FROM delivered
+           ORDER BY delivered_at DESC LIMIT -1 OFFSET ?1)",
+    )
+    .and_then(|mut s| s.execute([MAX_DELIVERED as i64 - 1]))
+    .ctx("forget delivered messages past the bound")?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -527,7 +663,7 @@ mod tests {
     fn wait_until(
         inbox: &Inbox,
         what: &str,
-        cond: impl Fn(&GroupCommit<Connection, Pending, u64, StoreError>) -> bool,
+        cond: impl Fn(&GroupCommit<Connection, Pending, Stored, StoreError>) -> bool,
     ) {
         let start = crate::clock::now();
         while !cond(&inbox.writer) {

@@ -1,11 +1,17 @@
 //! The terminal hop: what this node does with a layer addressed to it as the last hop.
 //!
 //! 1. [`seal_receipt`], CPU work done while the pipeline holds its crypto slot: the receipt
-//!    (this hop's replay tag for the layer, the payload commitment, this node's id, the time)
-//!    signed by this node and sealed to the sender with the receipt key from the layer's slot;
-//! 2. [`Terminal::deliver`], disk work done with no crypto slot held: the payload committed to
+//!    (the sender's message id from the layer's slot, the payload commitment, this node's id,
+//!    the time) signed by this node and sealed to the sender with the receipt key from the
+//!    layer's slot;
+//! 2. [`Terminal::store`], disk work done with no crypto slot held: the payload committed to
 //!    the [`Inbox`] (SQLite, `synchronous=FULL`), on a blocking thread. Only then is the sealed
 //!    receipt released in the answer; a payload that is not stored gets no receipt.
+//!
+//! A message is stored once ([`Stored::Duplicate`]): a copy the sender sent again over another
+//! route, with the same message id, stores nothing and is answered with the first copy's
+//! receipt (its commitment and time, signed again and sealed with this copy's receipt key:
+//! [`reseal_receipt`]), so the sender verifies the delivery whichever copy's answer reaches it.
 //!
 //! A synthetic probe (the probe flag of its terminal slot, [`crate::proto::sphinx::Slot`]; never
 //! its payload) is answered the same way but not stored.
@@ -23,23 +29,42 @@ use std::time::Duration;
 
 use ed25519_dalek::SigningKey;
 pub use inbox::{
-    BATCH_BYTES, BATCH_ITEMS, INBOX_MAX_BYTES, INBOX_MAX_ITEMS, Inbox, InboxError, InboxItem,
+    BATCH_BYTES, BATCH_ITEMS, DEDUP_SECS, INBOX_MAX_BYTES, INBOX_MAX_ITEMS, Inbox, InboxError,
+    InboxItem, MAX_DELIVERED, Once, Stored,
 };
 
-use crate::proto::RouteId;
+use crate::proto::MessageId;
 use crate::proto::receipt::{self, Receipt};
 use crate::sources::SourceKey;
 
-/// The delivery receipt for `payload` at `now`, naming the terminal layer's replay `tag`, signed
-/// with `key` and sealed with the sender's `receipt_key`, as the hex the answer carries.
+/// The delivery receipt for `payload` at `now`, naming the sender's `message_id`, signed with
+/// `key` and sealed with the sender's `receipt_key`, as the hex the answer carries.
 pub fn seal_receipt(
     key: &SigningKey,
-    tag: &RouteId,
+    message_id: &MessageId,
     receipt_key: &[u8; 32],
     payload: &[u8],
     now: u64,
 ) -> String {
-    let r = Receipt::sign(*tag, receipt::commitment(payload), key, now);
+    reseal_receipt(
+        key,
+        message_id,
+        receipt_key,
+        &receipt::commitment(payload),
+        now,
+    )
+}
+
+/// The receipt of a message delivered at `delivered_at` with `commitment` (the first copy's,
+/// for a copy sent again), signed with `key` and sealed with this copy's `receipt_key`.
+pub fn reseal_receipt(
+    key: &SigningKey,
+    message_id: &MessageId,
+    receipt_key: &[u8; 32],
+    commitment: &[u8; 32],
+    delivered_at: u64,
+) -> String {
+    let r = Receipt::sign(*message_id, *commitment, key, delivered_at);
     hex::encode(receipt::seal(&r, receipt_key))
 }
 
@@ -127,17 +152,29 @@ impl Terminal {
         source: SourceKey,
     ) -> Result<u64, Undelivered> {
         let terminal = self.clone();
-        tokio::task::spawn_blocking(move || terminal.store(&payload, now, source))
-            .await
-            .unwrap_or(Err(Undelivered::Failed))
+        let stored =
+            tokio::task::spawn_blocking(move || terminal.store(&payload, None, now, source))
+                .await
+                .unwrap_or(Err(Undelivered::Failed))?;
+        match stored {
+            Stored::New(id) => Ok(id),
+            Stored::Duplicate { .. } => Err(Undelivered::Failed),
+        }
     }
 
-    /// Commits `payload` from `source` to the inbox and returns once it is on disk (blocking:
-    /// call off the reactor).
+    /// Commits `payload` from `source` to the inbox, once per message when `once` names it, and
+    /// returns once it is on disk (blocking: call off the reactor). A copy of a message stored
+    /// before takes no room and no share.
     ///
     /// # Errors
     /// [`Undelivered`]: nothing is stored.
-    pub fn store(&self, payload: &[u8], now: u64, source: SourceKey) -> Result<u64, Undelivered> {
+    pub fn store(
+        &self,
+        payload: &[u8],
+        once: Option<Once>,
+        now: u64,
+        source: SourceKey,
+    ) -> Result<Stored, Undelivered> {
         let size = payload.len() as u64;
         let (max_items, max_bytes) = self.inbox.limits();
         let pct = u64::from(self.share_percent);
@@ -159,13 +196,19 @@ impl Terminal {
             *items += 1;
             *bytes += size;
         }
-        let stored = catch_unwind(AssertUnwindSafe(|| self.inbox.store(payload, now)))
-            .unwrap_or(Err(InboxError::Interrupted));
+        let stored = catch_unwind(AssertUnwindSafe(|| {
+            self.inbox.store_once(payload, now, once)
+        }))
+        .unwrap_or(Err(InboxError::Interrupted));
         let mut shares = self.shares();
         match stored {
-            Ok(id) => {
+            Ok(Stored::New(id)) => {
                 shares.owner.insert(id, (source, size));
-                Ok(id)
+                Ok(Stored::New(id))
+            }
+            Ok(duplicate) => {
+                shares.unreserve(source, size);
+                Ok(duplicate)
             }
             Err(e) => {
                 shares.unreserve(source, size);
@@ -249,13 +292,70 @@ mod tests {
     }
 
     #[test]
+    fn a_message_is_stored_once_and_its_copies_take_no_room() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inbox.db");
+        let inbox = Inbox::open_with_limits(&path, 8, 1000).unwrap();
+        let t = Terminal::new(Arc::new(inbox), 25);
+        let once = |id: u8| Once {
+            message_id: [id; 16],
+            commitment: receipt::commitment(&[id]),
+        };
+        let first = t.store(b"m", Some(once(1)), 10, key(1)).unwrap();
+        assert!(matches!(first, Stored::New(_)));
+        // The same message over another route, from another source, later: stored once.
+        for (at, source) in [(11, 2), (12, 1), (13, 3)] {
+            assert_eq!(
+                t.store(b"m", Some(once(1)), at, key(source)).unwrap(),
+                Stored::Duplicate {
+                    delivered_at: 10,
+                    commitment: once(1).commitment
+                }
+            );
+        }
+        assert_eq!((t.inbox().len(), t.sources()), (1, 1));
+        // Another message of the same source, and the same message after a reopen.
+        assert!(matches!(
+            t.store(b"n", Some(once(2)), 14, key(1)).unwrap(),
+            Stored::New(_)
+        ));
+        drop(t);
+        let t = Terminal::new(Arc::new(Inbox::open(&path).unwrap()), 25);
+        assert!(matches!(
+            t.store(b"m", Some(once(1)), 20, key(1)).unwrap(),
+            Stored::Duplicate {
+                delivered_at: 10,
+                ..
+            }
+        ));
+        // Taken from the inbox, still known while a copy could still come.
+        let id = t.inbox().list().unwrap()[0].id;
+        t.remove(id).unwrap();
+        assert!(matches!(
+            t.store(b"m", Some(once(1)), 30, key(1)).unwrap(),
+            Stored::Duplicate { .. }
+        ));
+        // Forgotten once no copy can be accepted any more.
+        assert!(matches!(
+            t.store(b"m", Some(once(1)), 10 + DEDUP_SECS, key(1))
+                .unwrap(),
+            Stored::Duplicate { .. }
+        ));
+        assert!(matches!(
+            t.store(b"m", Some(once(1)), 11 + DEDUP_SECS, key(1))
+                .unwrap(),
+            Stored::New(_)
+        ));
+    }
+
+    #[test]
     fn the_sealed_receipt_opens_and_verifies_for_the_sender_only() {
         let key = SigningKey::from_bytes(&[3; 32]);
-        let (route, rk, now) = ([4u8; 16], [5u8; 32], 1_800_000_000);
-        let sealed = hex::decode(seal_receipt(&key, &route, &rk, b"payload", now)).unwrap();
+        let (message, rk, now) = ([4u8; 16], [5u8; 32], 1_800_000_000);
+        let sealed = hex::decode(seal_receipt(&key, &message, &rk, b"payload", now)).unwrap();
         let r = receipt::open(&sealed, &rk).unwrap();
         let terminal = key.verifying_key().to_bytes();
-        r.verify(&route, &receipt::commitment(b"payload"), &terminal, now)
+        r.verify(&message, &receipt::commitment(b"payload"), &terminal, now)
             .unwrap();
         assert!(receipt::open(&sealed, &[6; 32]).is_err());
     }

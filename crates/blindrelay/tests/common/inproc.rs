@@ -27,15 +27,17 @@ use tokio_util::sync::CancellationToken;
 
 pub const T0: u64 = 1_800_000_000;
 
+/// A loopback address in a /16 of its own among this process's last 199 (no two hops of a
+/// route may share a /16): `127.(1 + n % 199).(pid % 256).y`. Listeners bind port 0 on it.
 pub fn fresh_ip() -> Ipv4Addr {
-    static N: AtomicU32 = AtomicU32::new(1);
+    static N: AtomicU32 = AtomicU32::new(0);
     let n = N.fetch_add(1, Ordering::Relaxed);
     let p = std::process::id();
     Ipv4Addr::new(
         127,
-        200 + (p % 50) as u8,
-        (n >> 8) as u8,
-        (n & 0xff) as u8 | 1,
+        1 + (n % 199) as u8,
+        (p % 256) as u8,
+        1 + ((n / 199) % 254) as u8,
     )
 }
 
@@ -270,6 +272,7 @@ pub fn frame_with(by: &SigningKey, path: &[To], payload: &[u8], probe: bool, exp
         payload,
         probe,
         receipt_key: [7; 32],
+        message_id: rand::random(),
     };
     let class = SizeClass::smallest_for(payload.len()).unwrap();
     let built = sphinx::build(&specs, &delivery, class).unwrap();

@@ -1,8 +1,10 @@
 //! Shared helpers for the integration tests: a network of real `blindrelay` processes on fresh
 //! loopback addresses, driven through the real CLI and the operator API.
 //!
-//! - Every node gets its own address `127.(50 + pid % 150).x.y` (never `127.0.0.1`) and the
-//!   fixed ports 7001 (relay) and 7070 (operator) on it, so tests never collide on ports.
+//! - Every node gets its own address `127.(200 + k).x.1`, in a /16 of its own among its
+//!   network's nodes (no two hops of a route may share a /16), never `127.0.0.1`, and the fixed
+//!   ports 7001 (relay) and 7070 (operator) on it, so tests never collide on ports; helpers
+//!   (sinks, attackers) take `127.(50 + pid % 150).x.y`.
 //! - Readiness is never guessed with a sleep: a node is up when it logs `node ready`, and the
 //!   network is up when every node's `GET /v1/status` shows all other nodes routable (polled
 //!   every 20 ms, at most 10 s).
@@ -50,14 +52,17 @@ fn next_ip() -> Ipv4Addr {
 
 static NEXT_NET: AtomicU32 = AtomicU32::new(0);
 
-/// A fresh loopback address with both fixed ports free, in a /16 of its own among this
-/// process's nodes: `127.(200 + k).x.1` for 55 values of `k` (a network whose nodes must
-/// not share an address block: gossip's per-block bound, path diversity).
-pub fn fresh_ip_own_16() -> Ipv4Addr {
+/// A fresh loopback address with both fixed ports free, in a /16 that none of `taken` is in:
+/// `127.(200 + k).x.1` for 55 values of `k` (a network whose nodes must not share an address
+/// block: gossip's per-block bound, path diversity).
+pub fn fresh_ip_own_16(taken: &[Ipv4Addr]) -> Ipv4Addr {
     let pid = std::process::id();
     for _ in 0..55 * 256 {
         let n = NEXT_NET.fetch_add(1, Ordering::Relaxed);
         let ip = Ipv4Addr::new(127, 200 + (n % 55) as u8, ((pid + n / 55) % 256) as u8, 1);
+        if taken.iter().any(|t| t.octets()[1] == ip.octets()[1]) {
+            continue;
+        }
         let free = [RELAY_PORT, OPERATOR_PORT]
             .iter()
             .all(|p| std::net::TcpListener::bind((ip, *p)).is_ok());
@@ -350,8 +355,11 @@ pub fn tap_mark() -> u32 {
 }
 
 impl Tap {
-    async fn start(upstream: SocketAddr) -> Tap {
-        let listener = fresh_listener(RELAY_PORT).await;
+    /// A tap on `ip` (in the node's own /16) in front of `upstream`.
+    async fn start(ip: Ipv4Addr, upstream: SocketAddr) -> Tap {
+        let listener = tokio::net::TcpListener::bind((ip, RELAY_PORT))
+            .await
+            .expect("bind a tap");
         let addr = listener.local_addr().expect("addr");
         let bytes = Arc::new(Mutex::new(Vec::new()));
         let conns: Arc<Mutex<Vec<TapConn>>> = Arc::new(Mutex::new(Vec::new()));
@@ -593,12 +601,15 @@ impl Net {
         taps: &mut Option<Vec<Tap>>,
     ) -> Net {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut nodes = Vec::with_capacity(n);
+        let mut nodes: Vec<Node> = Vec::with_capacity(n);
         for i in 0..n {
-            let ip = fresh_ip();
+            let taken: Vec<Ipv4Addr> = nodes.iter().map(|n| n.ip).collect();
+            let ip = fresh_ip_own_16(&taken);
             let endpoint = match taps {
                 Some(taps) => {
-                    let tap = Tap::start(SocketAddr::from((ip, RELAY_PORT))).await;
+                    let [a, b, c, _] = ip.octets();
+                    let at = Ipv4Addr::new(a, b, c, 2);
+                    let tap = Tap::start(at, SocketAddr::from((ip, RELAY_PORT))).await;
                     let endpoint = format!("https://{}", tap.addr);
                     taps.push(tap);
                     endpoint
@@ -657,7 +668,8 @@ impl Net {
     /// returns its index once it is ready. The others are not restarted.
     pub async fn add_node(&mut self, bootstrap: Vec<usize>) -> usize {
         let i = self.nodes.len();
-        let ip = fresh_ip_own_16();
+        let taken: Vec<Ipv4Addr> = self.nodes.iter().map(|n| n.ip).collect();
+        let ip = fresh_ip_own_16(&taken);
         let dir = self.dir.path().join(format!("node{i}"));
         let node = init_node(&dir, ip, format!("https://{ip}:{RELAY_PORT}")).await;
         self.nodes.push(node);

@@ -66,7 +66,11 @@ async fn the_sender_verifies_the_terminal_receipt() {
         .await
         .unwrap_err();
     assert!(
-        matches!(err, blindrelay::send::SendError::Receipt(_)),
+        matches!(
+            &err,
+            blindrelay::send::SendError::Route { failure, .. }
+                if matches!(failure.cause, blindrelay::send::Cause::Receipt(_))
+        ),
         "{err:?}"
     );
     assert_eq!(

@@ -57,6 +57,8 @@ pub struct Delivery<'a> {
     pub probe: bool,
     /// The key the terminal seals its receipt with.
     pub receipt_key: [u8; 32],
+    /// The sender's id of the message (the same on every route it tries).
+    pub message_id: crate::proto::MessageId,
 }
 
 impl std::fmt::Debug for Delivery<'_> {
@@ -74,8 +76,10 @@ pub struct Built {
     pub packet: Vec<u8>,
     /// The class of the packet.
     pub class: SizeClass,
-    /// Each hop's replay tag, first hop first; the last one names the delivery in a receipt.
+    /// Each hop's replay tag, first hop first.
     pub replay_tags: Vec<ReplayTag>,
+    /// Each hop's failure report key, first hop first ([`super::report::open`]).
+    pub report_keys: Vec<[u8; 32]>,
 }
 
 impl std::fmt::Debug for Built {
@@ -146,6 +150,7 @@ pub fn build_with(
         probe: delivery.probe,
         payload_len,
         receipt_key: delivery.receipt_key,
+        message_id: delivery.message_id,
     };
     let mut beta = terminal_beta(&keys, &terminal_slot, &ephemeral);
 
@@ -176,6 +181,7 @@ pub fn build_with(
         packet,
         class,
         replay_tags: keys.iter().map(|k| k.tag).collect(),
+        report_keys: keys.iter().map(|k| k.report).collect(),
     })
 }
 

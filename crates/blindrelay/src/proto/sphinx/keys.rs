@@ -6,6 +6,7 @@
 //! mu    = Expand(prk, "mu", 32)             payload key (ChaCha20-Poly1305, nonce 0)
 //! blind = Expand(prk, "blind" ‖ alpha, 32)  blinding scalar (clamped by X25519)
 //! tag   = Expand(prk, "replay", 16)         replay tag
+//! report = Expand(prk, "report", 32)        failure report key (seal, and mask on the way back)
 //! ```
 //!
 //! Every key is used for exactly one packet at one hop (alpha is fresh per packet and blinded
@@ -35,6 +36,8 @@ pub struct HopKeys {
     pub blind: [u8; 32],
     /// The replay tag.
     pub tag: ReplayTag,
+    /// The failure report key ([`super::report`]).
+    pub report: [u8; 32],
 }
 
 /// Never prints key material.
@@ -53,6 +56,7 @@ impl HopKeys {
             mu: [0; 32],
             blind: [0; 32],
             tag: [0; TAG_LEN],
+            report: [0; 32],
         };
         let expand = "invariant: HKDF-SHA256 expands up to 8160 bytes";
         hk.expand(b"rho", &mut keys.rho).expect(expand);
@@ -60,6 +64,7 @@ impl HopKeys {
         hk.expand_multi_info(&[b"blind", alpha], &mut keys.blind)
             .expect(expand);
         hk.expand(b"replay", &mut keys.tag).expect(expand);
+        hk.expand(b"report", &mut keys.report).expect(expand);
         keys
     }
 
@@ -78,7 +83,12 @@ impl HopKeys {
 
 /// XORs the ChaCha20 keystream of `key` (nonce 0, counter 0) into `buf`.
 pub fn xor_stream(key: &[u8; 32], buf: &mut [u8]) {
-    let mut cipher = ChaCha20::new(key.into(), &[0u8; 12].into());
+    xor_stream_at(key, &[0u8; 12], buf);
+}
+
+/// XORs the ChaCha20 keystream of `key` under `nonce` (counter 0) into `buf`.
+pub fn xor_stream_at(key: &[u8; 32], nonce: &[u8; 12], buf: &mut [u8]) {
+    let mut cipher = ChaCha20::new(key.into(), nonce.into());
     cipher.apply_keystream(buf);
 }
 

@@ -26,10 +26,13 @@
 //! - [`slot`]: a routing slot (forward or terminal) as 64 bytes.
 //! - [`build`](mod@build): wrapping a payload for a route (sender side), with the filler.
 //! - [`peel`](mod@peel): peeling one layer (hop side), in place or into a new buffer.
+//! - [`report`]: failure reports, sealed by the hop that saw its next hop fail, masked on the
+//!   way back, opened by the sender.
 
 pub mod build;
 pub mod keys;
 pub mod peel;
+pub mod report;
 pub mod slot;
 #[cfg(test)]
 mod tests;
@@ -42,6 +45,7 @@ use super::{NodeId, Prefix};
 
 pub use build::{BuildError, Built, Delivery, HopSpec, build, build_with};
 pub use peel::{Action, InPlace, PeelError, Peeled, peel, peel_in_place};
+pub use report::{Failure, REPORT_LEN, Report};
 pub use slot::Slot;
 
 /// The first bytes of a version 1 envelope (no longer accepted): told apart only to refuse it

@@ -51,6 +51,8 @@ pub enum Action {
         probe: bool,
         /// The key to seal the receipt with.
         receipt_key: [u8; 32],
+        /// The sender's id of the message.
+        message_id: crate::proto::MessageId,
     },
 }
 
@@ -59,6 +61,8 @@ pub enum Action {
 pub struct Peeled {
     /// The layer's replay tag: refuse the layer if the tag was seen before it expired.
     pub replay_tag: ReplayTag,
+    /// The layer's failure report key ([`super::report`]).
+    pub report_key: [u8; 32],
     /// Unix seconds after which the layer is refused ([`super::expiry_acceptable`]).
     pub expires_at: u64,
     /// The packet's size class.
@@ -101,6 +105,8 @@ impl std::fmt::Debug for Peeled {
 pub struct InPlace {
     /// The layer's replay tag.
     pub replay_tag: ReplayTag,
+    /// The layer's failure report key ([`super::report`]).
+    pub report_key: [u8; 32],
     /// The packet's size class.
     pub class: SizeClass,
     /// The hop's slot. For [`Slot::Forward`] the buffer now holds the next hop's packet; for
@@ -143,6 +149,7 @@ pub fn peel(secrets: &[&StaticSecret], packet: &[u8]) -> Result<Peeled, PeelErro
             probe,
             payload_len,
             receipt_key,
+            message_id,
         } => {
             // `peel_in_place` checked the length against the class.
             buf.truncate(HEADER_LEN + payload_len as usize);
@@ -153,12 +160,14 @@ pub fn peel(secrets: &[&StaticSecret], packet: &[u8]) -> Result<Peeled, PeelErro
                     payload: buf,
                     probe,
                     receipt_key,
+                    message_id,
                 },
             )
         }
     };
     Ok(Peeled {
         replay_tag: layer.replay_tag,
+        report_key: layer.report_key,
         expires_at,
         class: layer.class,
         action,
@@ -220,6 +229,7 @@ pub fn peel_in_place(secrets: &[&StaticSecret], packet: &mut [u8]) -> Result<InP
     }
     Ok(InPlace {
         replay_tag: keys.tag,
+        report_key: keys.report,
         class,
         slot,
     })

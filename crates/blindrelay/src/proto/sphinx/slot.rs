@@ -2,23 +2,30 @@
 //!
 //! ```text
 //! forward:  0x01 ‖ expires_at u64 ‖ next_hop(32) ‖ next_mac(16) ‖ 7 zero bytes
-//! terminal: 0x02 ‖ expires_at u64 ‖ flags(1) ‖ payload_len u32 ‖ receipt_key(32) ‖ 18 zero bytes
+//! terminal: 0x02 ‖ expires_at u64 ‖ flags(1) ‖ payload_len u32 ‖ receipt_key(32)
+//!           ‖ message_id(16) ‖ 2 zero bytes
 //! flags: bit 0 = probe; the other bits zero
 //! ```
+//!
+//! The message id is the sender's: the same for every route it tries for one message, so the
+//! terminal stores a message once whichever routes carry it (only the sender and the terminal
+//! ever see it).
 //!
 //! Any other kind, a set reserved bit or a non-zero reserved byte is malformed. Slots are under
 //! the layer's MAC, so only the route's sender could have written a malformed one.
 
 use super::{MAC_LEN, SLOT_LEN};
-use crate::proto::NodeId;
+use crate::proto::{MessageId, NodeId};
 
 const KIND_FORWARD: u8 = 0x01;
 const KIND_TERMINAL: u8 = 0x02;
 const FLAG_PROBE: u8 = 0x01;
 /// End of the forward slot's fields.
 const FORWARD_END: usize = 1 + 8 + 32 + MAC_LEN;
+/// Where the terminal slot's message id starts.
+const MESSAGE_ID_AT: usize = 1 + 8 + 1 + 4 + 32;
 /// End of the terminal slot's fields.
-const TERMINAL_END: usize = 1 + 8 + 1 + 4 + 32;
+const TERMINAL_END: usize = MESSAGE_ID_AT + 16;
 
 /// One decoded slot.
 #[derive(Clone, PartialEq, Eq)]
@@ -42,6 +49,8 @@ pub enum Slot {
         payload_len: u32,
         /// The sender's one-route key for sealing the receipt.
         receipt_key: [u8; 32],
+        /// The sender's id of the message: the same on every route it tries.
+        message_id: MessageId,
     },
 }
 
@@ -84,12 +93,14 @@ impl Slot {
                 probe,
                 payload_len,
                 receipt_key,
+                message_id,
             } => {
                 out[0] = KIND_TERMINAL;
                 out[1..9].copy_from_slice(&expires_at.to_be_bytes());
                 out[9] = if *probe { FLAG_PROBE } else { 0 };
                 out[10..14].copy_from_slice(&payload_len.to_be_bytes());
-                out[14..TERMINAL_END].copy_from_slice(receipt_key);
+                out[14..MESSAGE_ID_AT].copy_from_slice(receipt_key);
+                out[MESSAGE_ID_AT..TERMINAL_END].copy_from_slice(message_id);
             }
         }
         out
@@ -109,7 +120,8 @@ impl Slot {
                     expires_at,
                     probe: bytes[9] & FLAG_PROBE != 0,
                     payload_len: u32::from_be_bytes(array(&bytes[10..14])),
-                    receipt_key: array(&bytes[14..TERMINAL_END]),
+                    receipt_key: array(&bytes[14..MESSAGE_ID_AT]),
+                    message_id: array(&bytes[MESSAGE_ID_AT..TERMINAL_END]),
                 })
             }
             _ => None,
@@ -144,18 +156,20 @@ mod tests {
                 probe: true,
                 payload_len: 2048,
                 receipt_key: [9; 32],
+                message_id: [10; 16],
             },
             Slot::Terminal {
                 expires_at: 5,
                 probe: false,
                 payload_len: 0,
                 receipt_key: [9; 32],
+                message_id: [0; 16],
             },
         ];
         for slot in slots {
             let bytes = slot.encode();
             assert_eq!(Slot::decode(&bytes), Some(slot.clone()));
-            for reserved in [63, if bytes[0] == KIND_FORWARD { 57 } else { 46 }] {
+            for reserved in [63, if bytes[0] == KIND_FORWARD { 57 } else { 62 }] {
                 let mut bad = bytes;
                 bad[reserved] = 1;
                 assert_eq!(Slot::decode(&bad), None);
@@ -177,6 +191,7 @@ mod tests {
             probe: false,
             payload_len: 1,
             receipt_key: [1; 32],
+            message_id: [2; 16],
         }
     }
 }

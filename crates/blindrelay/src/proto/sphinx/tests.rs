@@ -34,6 +34,7 @@ fn delivery(payload: &[u8]) -> Delivery<'_> {
         payload,
         probe: false,
         receipt_key: [0x55; 32],
+        message_id: [0x66; 16],
     }
 }
 
@@ -115,7 +116,8 @@ fn every_route_length_delivers_with_constant_size() {
                 Action::Deliver {
                     payload: payload.clone(),
                     probe,
-                    receipt_key: [0x55; 32]
+                    receipt_key: [0x55; 32],
+                    message_id: [0x66; 16],
                 }
             );
         }

@@ -30,18 +30,18 @@ const VECTORS: &[(&str, &str)] = &[
         "header 0",
         concat!(
             "0200ff2ee45601ec1b67310c7790404585ae697331eee1c1f8cf2419731c1fff3e6b176f62a7d24814d7c0a6",
-            "ce4c97aadcbcced893d12b9ebc4c06c8c910035e70ca6a285fd0b4ed1f9d15089a54d7cc45f5b46bc220a61e",
-            "253c5e5448129ccd6029b3a71d58bc435f6f437822c20111563e5b73071b9894a866e857095a1630e2ce1857",
-            "956524d768aabec308d6c41b422e5d02f4833997c9d1e2e95a36fa9d6c7349c8e4dcdcda4dd2c77d54b5b3e7",
-            "f9e39f873d538cb86f8292be7d14194d0688d485836edd3ad4d70e8b8311ba3f5c69f09a240f0c53789feb6d",
-            "536091657b72a792529bfed4a6a69ad8b55e9d63e22c93368115a9c2a2930c17999f11c66e775eb3bcb82655",
+            "ce4c97aadcbcced893d12b9ebc4c06c8c910035e70ca6a285fd0b4ed1f9d155b1633aadb43a3eb9990685f38",
+            "e4b68c5448129ccd6029b3a71d58bc435f6f437822c20111563e5b73071b9894a866e857095a1630e2ce1857",
+            "956524d768aabe52d9d744edc3e23416b8f09ad33d032fe95a36fa9d6c7349c8e4dcdcda4dd2c77d54b5b3e7",
+            "f9e39f873d538cb86f8292be7d14194d0688d485836edd3ad4d70e8b8311ba3f3a0f96fc42696a351ef98d0b",
+            "3506f7037b72a792529bfed4a6a69ad8b55e9d63e22c93368115a9c2a2930c17999f11c66e775eb3bcb82655",
             "876468c2741dca36e1aa62c94a29dde2aa5d80a5c6b2d4a6bfa7655ea3c411f7ad95b894c4fd374e15199de7",
             "29123f8a46eb3505102a8a1bdc67c8619fec9c0c193cdbcc426d4024207d47fc994ae595bab5e4f79bc57f02",
             "a0287589c65961848a4f21d30a24673bab4ec59ae69e013c042fb42049e5a9ea2df152decd3a0e0a99274632",
             "c1d673959e5a9199da6641e8305e637245cc6ad5da862cbf170e2cb61e416c9f8281601c4db268a85e6eab9b",
             "3771d7c86aefdcd29201927b6903309c458f280db8519b9b16b3e2b466f8f871114800c841e01a468cb67349",
             "9eb265112593423d456dca9e89761605c7b4bfc9834ead431f3fcd8cae2fbcb3dc8b881498e821d406a737cd",
-            "873ac8b751ac100fe45969787ca869eac0a431cd6bc430f8f3c2dfcc2d9d980a4bca",
+            "873ac8b751ac100fe45969787ca869eac0a4d9c5c6f36918824808e544f4d2a14180",
         ),
     ),
     (
@@ -51,53 +51,79 @@ const VECTORS: &[(&str, &str)] = &[
     (
         "frame 0 signing bytes",
         concat!(
-            "626c696e6472656c61792f6672616d652f76320200ff2ee45601ec1b67310c7790404585ae697331eee1",
-            "c1f8cf2419731c1fff3e6b31cd6bc430f8f3c2dfcc2d9d980a4bca79b5562e8fe654f94078b112e8a98b",
-            "a7901f853ae695bed7e0e3910bad049664a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1",
-            "a1a1a1a1a1a1a1",
+            "626c696e6472656c61792f6672616d652f76320200ff2ee45601ec1b67310c7790404585ae697331eee1c1f8",
+            "cf2419731c1fff3e6bd9c5c6f36918824808e544f4d2a1418079b5562e8fe654f94078b112e8a98ba7901f85",
+            "3ae695bed7e0e3910bad049664a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1a1",
+            "a1",
         ),
     ),
     (
         "frame 0 signature",
         concat!(
-            "329cbfb622cedd9622b144c0c0a4dfe387dcd6de8fd7c6f5fd7f654bc6c2bed9e33141520316ccf81a31",
-            "8021a2c5ee3f7efda4b3a636eb32379c6ac5e47d3102",
+            "49efa640a4955c5ac291b4eff55bc33d994a749cd38e92a2778f817b708e48ea560bd9c7d49a3026d3b4f4a3",
+            "63d4b58b20b5d1f32fe1646d6a84720275b7820d",
         ),
     ),
     (
         "frame 0 request digest",
-        "e574d3962593e45c3b03b633fd6bd8beceb20dee670c0a8971aed37c096ac79a",
+        "44b34c61810c50588644e83f1fe188e8f8022feb668caaa0cf63c15a4a674b56",
     ),
     (
         "alpha 0",
         "ff2ee45601ec1b67310c7790404585ae697331eee1c1f8cf2419731c1fff3e6b",
     ),
-    ("gamma 0", "31cd6bc430f8f3c2dfcc2d9d980a4bca"),
+    ("gamma 0", "d9c5c6f36918824808e544f4d2a14180"),
     (
         "packet 0 sha256",
-        "8dafbc19d00fa59a34f9934ec3c57edb43587852fa95b5a7425ef9500874c2bc",
+        "05cd762ae4e2aac2c07ad678905bc780e3f8df2c73469e080f0fb699b0909914",
     ),
     ("replay tag 0", "a8ef66854eb6dd200f241901280ad9b2"),
+    (
+        "report key 0",
+        "ba45364a7cd536391ace4fc8cea89acd375ad635c108d11b68da60c5d8c6904f",
+    ),
     (
         "alpha 1",
         "425887bc8eb16bdd0ea3c990d59c0d51d817d25d56a24fd08dcf3804310b9b52",
     ),
-    ("gamma 1", "54b09820598518ac85018e99a3109814"),
+    ("gamma 1", "073cff5d4e834ef37753c66085d112c6"),
     (
         "packet 1 sha256",
-        "b9ca585e41e49ee59f9f41f10999580815be4ff0ab4855274a56d8fd6f16fbb5",
+        "f2ddc13348757bf6793eec455fd5429c391f6a7e23fef8f7cae29d63f5e68457",
     ),
     ("replay tag 1", "f0c0908b7f703ed151b2770627a1f105"),
+    (
+        "report key 1",
+        "e3a852113967a72344c07452fff90121ab5834cc4cd7df380f222340b900570f",
+    ),
     (
         "alpha 2",
         "3eb1b4a59e555732f82ebb30fda59fdc372ef05867f49ca1e9449c6a829d954d",
     ),
-    ("gamma 2", "cebd3d268d67b61d11249c966751ef6d"),
+    ("gamma 2", "5f6c3ca67be67a740568ef3523a53da0"),
     (
         "packet 2 sha256",
-        "70236be84b14de7cd2420eccb9db04f63f78f4d28c0bd72371bce74a5dfaca47",
+        "535e445e7676109b5a170a0e4d3885906bfa17fc28af0fca5e6d1a3eceff9c5d",
     ),
     ("replay tag 2", "4a3989c6535899c6389d322faf285cee"),
+    (
+        "report key 2",
+        "246f0f59fb219642d8b45a491ab0362827058c91246fdecd994e3042c56403ce",
+    ),
+    (
+        "report unreachable",
+        concat!(
+            "148f105c52788a9612f7d235c92c4eed79e3bbc93b5f6aa679a5d85f30ab50bdd80ab6f9e01a8dd4b1945315",
+            "aba0132b",
+        ),
+    ),
+    (
+        "report refused",
+        concat!(
+            "178eeb563b16e8f96aa8b440a5404eed79e3bbc93b5f6aa679a5d85f30ab50bdf18b68051cb2920f6753d713",
+            "97089065",
+        ),
+    ),
 ];
 
 fn route() -> (Vec<StaticSecret>, Vec<HopSpec>) {
@@ -124,6 +150,7 @@ fn compute() -> Vec<(String, String)> {
         payload: PAYLOAD,
         probe: false,
         receipt_key: [0x55; 32],
+        message_id: [0x66; 16],
     };
     let built = build_with(&specs, &delivery, SizeClass::Small, [0x44; 32]).expect("builds");
     let mut out = Vec::new();
@@ -168,12 +195,32 @@ fn compute() -> Vec<(String, String)> {
         ));
         let peeled = peel(&[secret], &packet).expect("vector peels");
         out.push((format!("replay tag {i}"), hex::encode(peeled.replay_tag)));
+        out.push((format!("report key {i}"), hex::encode(peeled.report_key)));
         assert_eq!(peeled.replay_tag, built.replay_tags[i]);
+        assert_eq!(peeled.report_key, built.report_keys[i]);
         match peeled.action {
             Action::Forward { packet: next, .. } => packet = next,
             Action::Deliver { payload, .. } => assert_eq!(payload, PAYLOAD),
         }
     }
+    // Hop 1 reports its next hop unreachable; hop 0 masks it on the way back.
+    let keys = &built.report_keys;
+    let mut unreachable = report::seal(&keys[1], &Failure::Unreachable);
+    report::mask(&keys[0], &mut unreachable);
+    out.push(("report unreachable".into(), hex::encode(unreachable)));
+    // Hop 2 (the terminal) is not a reporter; hop 1 reports it refused `inbox_full` (507).
+    let refused = Failure::Refused {
+        status: 507,
+        reason: Some("inbox_full".into()),
+    };
+    let mut full = report::seal(&keys[1], &refused);
+    report::mask(&keys[0], &mut full);
+    out.push(("report refused".into(), hex::encode(full)));
+    assert_eq!(
+        report::open(keys, &unreachable),
+        Some((1, Failure::Unreachable))
+    );
+    assert_eq!(report::open(keys, &full), Some((1, refused)));
     out
 }
 
