@@ -54,8 +54,12 @@ pub async fn send(operator: &str, to: &str, hops: usize, file: &str) -> Result<(
         let sent: Sent = resp.json().await.map_err(operator_error)?;
         if sent.delivered {
             let d = sent.delivery;
+            let again = match d.routes {
+                0 | 1 => String::new(),
+                n => format!(" (route {n}: the ones before it failed; stored once)"),
+            };
             say!(
-                "delivered to {} over {} hop{}, receipt verified",
+                "delivered to {} over {} hop{}, receipt verified{again}",
                 d.terminal,
                 d.hops,
                 if d.hops == 1 { "" } else { "s" }

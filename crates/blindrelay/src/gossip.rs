@@ -10,8 +10,11 @@
 //! descriptor travels both ways at every exchange while it is news, and reaches every node in a
 //! few rounds (push and pull, as Lightning's nodes pass on fresh announcements). A descriptor is
 //! signed by its owner, so a node can pass on others' descriptors but never forge one; each is
-//! verified once, when it is kept. Peers this node's own sends avoid (they failed, and no probe
-//! has shown them back) are not passed on.
+//! verified once, when it is kept. Only peers this node reached at their endpoint are passed on
+//! (a descriptor fetched from its URL, a gossip exchange, a probe or a route through it; a
+//! newcomer announced to it is probed within a second, `crate::probe`), and none that its own
+//! sends avoid (they failed, and no probe has shown them back): identities whose endpoints
+//! answer nothing go no further than the node they were announced to.
 //!
 //! Bounds (Sybils, eclipse):
 //! - an answer is read to [`MAX_BODY`] bytes at most, within the fetch timeout, and at most
@@ -131,16 +134,20 @@ pub fn news(ctx: &Context, interval: Duration, now: u64) -> Vec<Descriptor> {
 }
 
 /// This node's answer at `now`: its own descriptor, its news, then routable peers at random, at
-/// most [`MAX_ANSWER`] in all. A peer this node's own sends avoid (it failed and no probe has
-/// shown it back) is not passed on.
+/// most [`MAX_ANSWER`] in all. Only peers this node reached at their endpoint are passed on,
+/// and not one its own sends avoid (it failed and no probe has shown it back).
 pub fn answer(ctx: &Context, interval: Duration, now: u64) -> Answer {
     let mut descriptors = Vec::with_capacity(MAX_ANSWER);
     descriptors.push(ctx.node.descriptor(now));
     descriptors.extend(news(ctx, interval, now));
-    let mut peers = ctx.peers.routable(now);
-    peers.retain(|d| {
-        ctx.health.usable(&d.node_id, now) && !descriptors.iter().any(|n| n.node_id == d.node_id)
-    });
+    let mut peers: Vec<Descriptor> = ctx
+        .peers
+        .candidates(now)
+        .into_iter()
+        .filter(|c| c.reached && ctx.health.usable(&c.d.node_id, now))
+        .map(|c| c.d)
+        .filter(|d| !descriptors.iter().any(|n| n.node_id == d.node_id))
+        .collect();
     peers.shuffle(&mut rand::rng());
     peers.truncate(MAX_ANSWER.saturating_sub(descriptors.len()));
     descriptors.extend(peers);
@@ -315,7 +322,11 @@ mod tests {
         assert_eq!(learn(&ctx, many.clone()), MAX_NEW_PER_ANSWER);
         assert_eq!(ctx.peers.by_source().gossip, MAX_NEW_PER_ANSWER);
         // What is already held is refreshed, not counted; the next new ones come in turn.
-        assert_eq!(learn(&ctx, many), MAX_NEW_PER_ANSWER);
+        assert_eq!(learn(&ctx, many.clone()), MAX_NEW_PER_ANSWER);
+        // Passed on once reached (the reach probes' work).
+        for d in &many {
+            ctx.peers.mark_reached(&d.node_id);
+        }
         let answer = answer(&ctx, DEFAULT_INTERVAL, T0);
         assert_eq!(
             answer.descriptors[0].node_id,
@@ -327,7 +338,41 @@ mod tests {
         for chunk in all.chunks(MAX_ANSWER) {
             learn(&ctx, chunk.to_vec());
         }
+        for d in &all {
+            ctx.peers.mark_reached(&d.node_id);
+        }
         assert_eq!(answer_len(&ctx), MAX_ANSWER, "an answer is bounded");
+    }
+
+    #[test]
+    fn news_is_what_this_node_reached_lately_and_leads_the_answer() {
+        let dir = tempfile::tempdir().unwrap();
+        let ctx = context(&dir);
+        let all: Vec<_> = (1..=8).map(descriptor).collect();
+        assert_eq!(learn(&ctx, all.clone()), 8);
+        assert!(
+            news(&ctx, DEFAULT_INTERVAL, T0).is_empty(),
+            "nothing reached: no news, and nothing passed on"
+        );
+        assert_eq!(answer_len(&ctx), 1);
+        for d in &all[..3] {
+            ctx.peers.mark_reached(&d.node_id);
+        }
+        let mut fresh: Vec<_> = news(&ctx, DEFAULT_INTERVAL, T0)
+            .into_iter()
+            .map(|d| d.node_id)
+            .collect();
+        fresh.sort_unstable();
+        let mut want: Vec<_> = all[..3].iter().map(|d| d.node_id).collect();
+        want.sort_unstable();
+        assert_eq!(fresh, want);
+        let a = answer(&ctx, DEFAULT_INTERVAL, T0);
+        assert_eq!(a.descriptors.len(), 4, "its own, then the three it reached");
+        // A failed peer is not passed on; news grows old after NEWS_ROUNDS intervals.
+        ctx.health.record_route(&all[0].node_id, false, T0);
+        assert_eq!(answer_len(&ctx), 3);
+        let later = T0 + DEFAULT_INTERVAL.as_secs() * u64::from(NEWS_ROUNDS) + 1;
+        assert!(news(&ctx, DEFAULT_INTERVAL, later).is_empty());
     }
 
     fn answer_len(ctx: &Context) -> usize {

@@ -96,7 +96,8 @@ pub enum Cause {
         /// The reason it named, if any.
         reason: Option<String>,
     },
-    /// A hop past the entry failed and its report did not open: a hop garbled it.
+    /// A hop past the entry failed and no report of it opened: a hop garbled it, or none
+    /// came.
     Garbled,
     /// The route answered, but the receipt did not open or verify.
     Receipt(ReceiptError),
@@ -119,7 +120,7 @@ impl fmt::Display for HopFailure {
             (Cause::Receipt(e), _) => write!(f, "the delivery receipt did not verify: {e}"),
             (Cause::Garbled, _) | (_, None) => write!(
                 f,
-                "a hop after the entry hop failed, and its failure report did not open"
+                "a hop after the entry hop failed, and no failure report of it opened"
             ),
             (Cause::Unreachable, Some(p)) => {
                 at(f, p)?;
@@ -444,6 +445,21 @@ fn outcome(
         }
         Forwarded::Refused {
             status,
+            reason: Some(Reason::ForwardFailed),
+            report: None,
+        } => {
+            // A later hop failed, says the entry hop, with no report: not placed.
+            ctx.health
+                .record_refused(entry, status, Some(Reason::ForwardFailed), now);
+            Err(HopFailure {
+                position: None,
+                hops,
+                node: None,
+                cause: Cause::Garbled,
+            })
+        }
+        Forwarded::Refused {
+            status,
             reason,
             report: None,
         } => {
@@ -614,7 +630,7 @@ mod tests {
         assert!(quarantined.worth_another_route(), "another hop before it");
         assert_eq!(
             failure(None, Cause::Garbled).to_string(),
-            "a hop after the entry hop failed, and its failure report did not open"
+            "a hop after the entry hop failed, and no failure report of it opened"
         );
         let e = SendError::Route {
             failure: unreachable(2),

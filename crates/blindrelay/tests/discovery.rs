@@ -169,3 +169,41 @@ async fn identities_announced_by_one_party_are_bounded() {
     assert_eq!(body["error"], "malformed_envelope", "{body}");
     assert_eq!(net.status(0).await.runtime()["peers"], peers);
 }
+
+/// Identities announced to a node whose endpoints answer nothing are probed, never taken as a
+/// middle of its routes and never passed on: its sends over three hops all go through the
+/// first route they try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identities_that_answer_nothing_are_never_middles_nor_passed_on() {
+    let net = Net::start(4, &args()).await;
+    let now = blindrelay::clock::wall_unix();
+    let url = format!("{}/v1/gossip", net.node(0).endpoint);
+    let party = http_from(Ipv4Addr::new(127, 0, 11, 1));
+    for block in 50..58 {
+        assert_eq!(announce(&party, &url, stranger(block, 1, now)).await, 200);
+    }
+    let s = net.status(0).await;
+    assert_eq!(s.runtime()["peers"]["known"], 3 + 8, "{s}");
+    // The reach probes try them within a few rounds.
+    let deadline = std::time::Instant::now() + SPREAD;
+    while common::counter(&net.status(0).await, "probe_failed") < 8 {
+        assert!(std::time::Instant::now() < deadline, "not probed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for k in 0..12 {
+        let (ok, out, err) = net.send(0, 1 + k % 3, 3, b"past the strangers").await;
+        assert!(ok && !out.contains("(route "), "send {k}: {out} {err}");
+    }
+    let s = net.status(0).await;
+    assert_eq!(common::counter(&s, "send_rerouted"), 0, "{s}");
+    let out_of_routes = common::peer_rows(&s)
+        .iter()
+        .filter(|r| r["in_routes"] == false)
+        .count();
+    assert_eq!(out_of_routes, 8, "{s}");
+    // Gossip every second: the others heard from node 0 many times, and learned none of them.
+    for i in 1..4 {
+        let s = net.status(i).await;
+        assert_eq!(s.runtime()["peers"]["known"], 3, "node {i}: {s}");
+    }
+}

@@ -329,8 +329,17 @@ impl Peers {
         }
         let source = {
             let mut map = self.lock();
-            match map.get(&d.node_id) {
-                Some(old) if old.d.issued_at >= d.issued_at => return Err(Refused::Held),
+            match map.get_mut(&d.node_id) {
+                // The same descriptor from the peer's own URL, learned by gossip first: a
+                // bootstrap peer, reached, from now on.
+                Some(old) if old.d.issued_at >= d.issued_at => {
+                    if source == PeerSource::Bootstrap && old.source != PeerSource::Bootstrap {
+                        old.source = PeerSource::Bootstrap;
+                        old.reached = true;
+                        self.generation.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Err(Refused::Held);
+                }
                 // A --peer fetch makes a peer a bootstrap one; gossip or the store keep what
                 // it was, but a cached descriptor refreshed by gossip is gossip's now.
                 Some(old) => match (source, old.source) {
@@ -502,13 +511,13 @@ impl Peers {
             .collect()
     }
 
-    /// The identities first kept at `since` or later that can be routed to now, newest first,
-    /// at most `max`: what gossip passes on as news.
+    /// The identities first kept at `since` or later that this node reached and can route to
+    /// now, newest first, at most `max`: what gossip passes on as news.
     pub fn news(&self, now: u64, since: u64, max: usize) -> Vec<Descriptor> {
         let mut fresh: Vec<(u64, NodeId)> = self
             .lock()
             .iter()
-            .filter(|(_, h)| h.learned_at >= since)
+            .filter(|(_, h)| h.learned_at >= since && h.reached)
             .map(|(id, h)| (h.learned_at, *id))
             .collect();
         fresh.sort_unstable_by(|a, b| b.cmp(a));

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{FETCH_TIMEOUT, MAX_DESCRIPTOR_BODY, Peers, REFRESH_MARGIN, RETRY, ROUND};
+use super::{FETCH_TIMEOUT, MAX_DESCRIPTOR_BODY, PeerSource, Peers, REFRESH_MARGIN, RETRY, ROUND};
 use crate::links::{self, Links};
 use crate::proto::descriptor::Descriptor;
 use crate::proto::{NodeId, Prefix};
@@ -94,10 +94,12 @@ impl Peers {
         let mut complete = true;
         for (i, spec) in self.urls().into_iter().enumerate() {
             let now = self.clock.unix();
+            // Held from its own URL and not about to expire (one gossiped first is fetched
+            // once all the same: the URL is what makes it a bootstrap peer).
             let fresh = spec.pinned.is_some_and(|id| {
-                self.lock()
-                    .get(&id)
-                    .is_some_and(|h| h.d.expires_at > now + REFRESH_MARGIN)
+                self.lock().get(&id).is_some_and(|h| {
+                    h.source == PeerSource::Bootstrap && h.d.expires_at > now + REFRESH_MARGIN
+                })
             });
             if fresh {
                 continue;

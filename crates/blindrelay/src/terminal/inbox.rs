@@ -755,6 +755,46 @@ mod tests {
     }
 
     #[test]
+    fn delivered_message_ids_are_bounded() {
+        let dir = dir();
+        let path = dir.path().join("inbox.db");
+        let inbox = Inbox::open(&path).unwrap();
+        {
+            let mut conn = inbox.conn();
+            let tx = conn.transaction().unwrap();
+            for i in 0..MAX_DELIVERED as u64 + 10 {
+                let mut id = [0u8; 16];
+                id[..8].copy_from_slice(&i.to_be_bytes());
+                tx.execute(
+                    "INSERT INTO delivered VALUES (?1, ?2, ?3)",
+                    params![id, [0u8; 32], 1_000 + (i / 100) as i64],
+                )
+                .unwrap();
+            }
+            tx.commit().unwrap();
+        }
+        let once = Once {
+            message_id: [0xff; 16],
+            commitment: [1; 32],
+        };
+        let now = 1_000 + 300;
+        assert!(matches!(
+            inbox.store_once(b"m", now, Some(once)).unwrap(),
+            Stored::New(_)
+        ));
+        let (rows, newest): (i64, i64) = inbox
+            .conn()
+            .query_row(
+                "SELECT COUNT(*), MAX(delivered_at) FROM delivered",
+                [],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .unwrap();
+        assert_eq!(rows, MAX_DELIVERED as i64, "the oldest went");
+        assert_eq!(newest, now as i64, "the new one is kept");
+    }
+
+    #[test]
     fn inbox_is_send_and_sync() {
         fn check<T: Send + Sync>() {}
         check::<Inbox>();

@@ -987,6 +987,14 @@ impl Net {
         self.wait_routable(i, self.nodes.len() - 1).await;
     }
 
+    /// Starts node `i` again (killed before) with the same state dir and arguments; returns
+    /// once it is ready, whatever it can route to.
+    pub async fn revive(&mut self, i: usize) {
+        self.kill9(i).await;
+        self.spawn(i);
+        self.wait_ready(i).await;
+    }
+
     /// [`Net::restart`] with `extra` arguments added to the node's `run` for this start.
     pub async fn restart_with(&mut self, i: usize, extra: &[&str]) {
         self.kill9(i).await;

@@ -10,6 +10,7 @@
 //! - [`replay`]: every replay outcome, a full registry, reservations across a restart;
 //! - [`status`]: receipts, probes, status transitions, nothing private in status or metrics;
 //! - [`deadlines`]: slow next hops within and beyond the hop's deadline.
+//! - [`routes`]: a message sent again over another route, stored once.
 
 #[path = "../common/doc.rs"]
 #[allow(dead_code, unreachable_pub)]
@@ -21,5 +22,6 @@ mod inproc;
 mod admission;
 mod deadlines;
 mod replay;
+mod routes;
 mod status;
 mod steps;
