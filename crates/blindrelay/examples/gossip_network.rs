@@ -4,16 +4,23 @@
 //! chosen at random), gossip every `--gossip` (2 s). Printed, in order:
 //!
 //! 1. convergence: the time until every node routes to every other;
-//! 2. 200 sends over 3 hops between random pairs (8 at a time): how many were delivered;
-//! 3. 5 new nodes, each knowing one old node: the gossip rounds until every old node routes to
+//! 2. gossip bytes per node per minute at steady state (every node's `gossip_bytes_sent` and
+//!    `gossip_bytes_received` over one minute);
+//! 3. 200 sends over 3 hops between random pairs (8 at a time): how many were delivered, how
+//!    many needed another route, and how many inbox items they left (one per message: nothing
+//!    delivered twice);
+//! 4. 5 new nodes, each knowing one old node: the gossip rounds until every old node routes to
 //!    every new one, with no restart;
-//! 4. every node killed (`kill -9`) once its peer store holds every other, and started again
+//! 5. every node killed (`kill -9`) once its peer store holds every other, and started again
 //!    with no `--peer`: the time until the network has formed again;
-//! 5. 5 000 identities announced to every node from one /24 (by this process, one
-//!    announcement each): how many each node kept;
-//! 6. 10 nodes killed at once, then after `--after` (60 s) 200 sends between live nodes: how
-//!    many were delivered (route choice does not avoid dead peers yet: this is the figure the
-//!    network issue's next part must raise).
+//! 6. 5 000 identities announced to every node from one /24 (by this process, one
+//!    announcement each, endpoints that answer nothing): how many each node kept, and of
+//!    1 000 three-hop routes chosen from each node's peer store (`peers.json`, read back
+//!    into the library's peer table, middles chosen by `send::path::choose` among the peers
+//!    the node reached, as its sends choose them before health rules out more) how many
+//!    include one of them, the worst node's share;
+//! 7. 10 nodes killed at once, then after `--after` (60 s) 200 sends between live nodes: how
+//!    many were delivered, rerouted, and stored (once each).
 //!
 //! Run with `scripts/bench-network` (release build) or
 //! `cargo run --release -p blindrelay --example gossip_network -- [--nodes N] [--gossip S] [--after S]`.
@@ -25,8 +32,13 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use std::collections::HashSet;
+
+use blindrelay::clock::Clock;
 use blindrelay::gossip::Announce;
+use blindrelay::peers::{Peers, cache};
 use blindrelay::proto::descriptor::Descriptor;
+use blindrelay::send::path;
 use ed25519_dalek::SigningKey;
 use rand::Rng;
 use rand::seq::IndexedRandom;
@@ -79,13 +91,65 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         n - 1,
         secs(t)
     );
-    let (ok, tried) = net.sends(200, &(0..n).collect::<Vec<_>>()).await;
-    println!("| 200 sends over 3 hops | {ok}/{tried} delivered |");
+    gossip_bytes(&net).await;
+    let all: Vec<usize> = (0..n).collect();
+    let sent = net.sends(200, &all).await;
+    println!("| 200 sends over 3 hops | {} |", sent.row());
     newcomers(&mut net, n, gossip).await;
     restart(&mut net).await;
     sybil(&net).await;
     dead(&mut net, after).await;
     Ok(())
+}
+
+/// What a batch of sends did.
+struct Sent {
+    ok: usize,
+    tried: usize,
+    rerouted: usize,
+    stored: u64,
+}
+
+impl Sent {
+    fn row(&self) -> String {
+        format!(
+            "{}/{} delivered ({:.1} %), {} over a second or third route, {} inbox items for {} \
+             deliveries ({} delivered twice)",
+            self.ok,
+            self.tried,
+            100.0 * self.ok as f64 / self.tried.max(1) as f64,
+            self.rerouted,
+            self.stored,
+            self.ok,
+            self.stored.saturating_sub(self.ok as u64)
+        )
+    }
+}
+
+/// Gossip bytes per node per minute, sent and received, over one minute at steady state.
+async fn gossip_bytes(net: &Net) {
+    let total = |name: &'static str| async move {
+        let mut sum = 0;
+        for i in 0..net.nodes.len() {
+            sum += net.counter(i, name).await;
+        }
+        sum
+    };
+    let (s0, r0) = (
+        total("gossip_bytes_sent").await,
+        total("gossip_bytes_received").await,
+    );
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    let (s1, r1) = (
+        total("gossip_bytes_sent").await,
+        total("gossip_bytes_received").await,
+    );
+    let n = net.nodes.len() as u64;
+    println!(
+        "| gossip per node per minute, steady state | {} B sent, {} B received |",
+        (s1 - s0) / n,
+        (r1 - r0) / n
+    );
 }
 
 fn flags() -> Result<(usize, u64, u64), Box<dyn std::error::Error>> {
@@ -143,7 +207,8 @@ async fn restart(net: &mut Net) {
     );
 }
 
-/// 5 000 identities from one /24 announced to every node; the most any node kept.
+/// 5 000 identities from one /24 announced to every node; the most any node kept, and the
+/// worst node's share of 1 000 routes that include one.
 async fn sybil(net: &Net) {
     let tls = reqwest::Client::builder()
         .use_preconfigured_tls(blindrelay::links::unpinned_config())
@@ -153,9 +218,11 @@ async fn sybil(net: &Net) {
     let now = blindrelay::clock::wall_unix();
     let before: Vec<u64> = known(net).await;
     let t = Instant::now();
+    let mut sybils = HashSet::new();
     for k in 0..5000u32 {
         let node = &net.nodes[k as usize % net.nodes.len()];
         let key = SigningKey::from_bytes(&rand::random());
+        sybils.insert(key.verifying_key().to_bytes());
         let onion =
             x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(rand::random::<
                 [u8; 32],
@@ -184,6 +251,16 @@ async fn sybil(net: &Net) {
         kept.unwrap_or(0),
         blindrelay::gossip::PER_BLOCK
     );
+    // The reach probes' rounds, and the peer stores written after them.
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    let mut worst = 0;
+    for i in 0..net.nodes.len() {
+        worst = worst.max(net.routes_through(i, &sybils, 1000));
+    }
+    println!(
+        "| of 1 000 routes chosen by an honest node, through one of them | at most {worst} ({:.1} %) |",
+        worst as f64 / 10.0
+    );
 }
 
 /// Every node's count of descriptors held.
@@ -205,8 +282,11 @@ async fn dead(net: &mut Net, after: u64) {
     }
     all.retain(|i| !killed.contains(i));
     tokio::time::sleep(Duration::from_secs(after)).await;
-    let (ok, tried) = net.sends(200, &all).await;
-    println!("| 10 of {n} killed, 200 sends {after} s later | {ok}/{tried} delivered |");
+    let sent = net.sends(200, &all).await;
+    println!(
+        "| 10 of {n} killed, 200 sends {after} s later | {} |",
+        sent.row()
+    );
 }
 
 impl Net {
@@ -328,8 +408,63 @@ impl Net {
         }
     }
 
-    /// `count` sends over 3 hops between random pairs of `among`, 8 at a time: (delivered, sent).
-    async fn sends(&self, count: usize, among: &[usize]) -> (usize, usize) {
+    /// One counter of node `i` (0 if it does not answer).
+    async fn counter(&self, i: usize, name: &str) -> u64 {
+        let s = self.status(i).await.unwrap_or_default();
+        s["system_stats"]["discovery_status"]["peer_store"]["runtime"]["blind_relay"][name]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
+    /// Inbox items held by the nodes of `among`.
+    async fn inbox_items(&self, among: &[usize]) -> u64 {
+        let mut sum = 0;
+        for &i in among {
+            let s = self.status(i).await.unwrap_or_default();
+            sum += s["system_stats"]["discovery_status"]["peer_store"]["runtime"]["inbox"]["items"]
+                .as_u64()
+                .unwrap_or(0);
+        }
+        sum
+    }
+
+    /// Of `count` three-hop routes node `i` would choose now (its peer store read back, middles
+    /// among the peers it reached), how many go through one of `ids`.
+    fn routes_through(&self, i: usize, ids: &HashSet<[u8; 32]>, count: usize) -> usize {
+        let me = blindrelay::proto::from_hex::<32>(&self.nodes[i].id).unwrap_or_default();
+        let peers = Peers::new(vec![], true, Clock::System, me);
+        cache::restore(&peers, &cache::path(&self.nodes[i].dir));
+        let now = Clock::System.unix();
+        let candidates: Vec<_> = peers
+            .candidates(now)
+            .into_iter()
+            .filter(|c| c.reached)
+            .collect();
+        let terminals: Vec<_> = candidates
+            .iter()
+            .filter(|c| !ids.contains(&c.d.node_id))
+            .cloned()
+            .collect();
+        let rules = path::Rules {
+            distinct_blocks: true,
+        };
+        let mut rng = rand::rng();
+        let mut through = 0;
+        for _ in 0..count {
+            let Some(t) = terminals.choose(&mut rng) else {
+                break;
+            };
+            let route = path::choose(&me, &t.d, t.ip, candidates.clone(), 3, rules, &mut rng);
+            if route.is_ok_and(|r| r.iter().any(|h| ids.contains(&h.node_id))) {
+                through += 1;
+            }
+        }
+        through
+    }
+
+    /// `count` sends over 3 hops between random pairs of `among`, 8 at a time.
+    async fn sends(&self, count: usize, among: &[usize]) -> Sent {
+        let stored_before = self.inbox_items(among).await;
         let gate = Arc::new(Semaphore::new(8));
         let mut tasks = Vec::new();
         for k in 0..count {
@@ -352,16 +487,27 @@ impl Net {
                     .send()
                     .await
                     .ok()?;
-                resp.status().is_success().then_some(())
+                if !resp.status().is_success() {
+                    return None;
+                }
+                let sent: serde_json::Value = resp.json().await.ok()?;
+                sent["routes"].as_u64()
             }));
         }
-        let mut ok = 0;
+        let (mut ok, mut rerouted) = (0, 0);
         for t in tasks {
-            if matches!(t.await, Ok(Some(()))) {
+            if let Ok(Some(routes)) = t.await {
                 ok += 1;
+                rerouted += usize::from(routes > 1);
             }
         }
-        (ok, count)
+        let stored = self.inbox_items(among).await - stored_before;
+        Sent {
+            ok,
+            tried: count,
+            rerouted,
+            stored,
+        }
     }
 }
 

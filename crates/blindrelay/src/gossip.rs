@@ -207,49 +207,69 @@ pub async fn round(ctx: &Context, interval: Duration) -> usize {
         let http = ctx.http.client(Some(&peer.node_id));
         let url = format!("{}/v1/gossip", peer.endpoint.trim_end_matches('/'));
         ctx.counters.gossip_bytes_sent.add(body.len() as u64);
-        if let Some(answer) = exchange(ctx, &http, &url, body.clone()).await {
-            let now = ctx.clock.unix();
-            ctx.peers.gossiped(now);
-            // The link is pinned to its id: it answered at its endpoint.
-            ctx.peers.mark_reached(&peer.node_id);
-            ctx.peers.note_gossip(&peer.node_id, now);
-            new += learn(ctx, answer.descriptors);
+        match exchange(ctx, &http, &url, body.clone()).await {
+            Exchanged::Answer(answer) => {
+                let now = ctx.clock.unix();
+                ctx.peers.gossiped(now);
+                // The link is pinned to its id: it answered at its endpoint.
+                ctx.peers.mark_reached(&peer.node_id);
+                ctx.peers.note_gossip(&peer.node_id, now);
+                new += learn(ctx, answer.descriptors);
+            }
+            // No connection or no answer in time: what a route through it would meet.
+            Exchanged::Unreachable => {
+                ctx.health
+                    .record_route(&peer.node_id, false, ctx.clock.unix());
+            }
+            Exchanged::Refused => {}
         }
     }
     new
 }
 
+/// What an exchange got.
+enum Exchanged {
+    /// An answer, read and parsed.
+    Answer(Answer),
+    /// No connection, or no answer within the fetch timeout.
+    Unreachable,
+    /// An answer, but a refusal or one this node does not take (too long, not an answer).
+    Refused,
+}
+
 /// Posts the announcement `body` to `url`; its answer, read chunk by chunk and dropped past
 /// [`MAX_BODY`], all within the fetch timeout. The bytes read are counted.
-async fn exchange(
-    ctx: &Context,
-    http: &reqwest::Client,
-    url: &str,
-    body: Vec<u8>,
-) -> Option<Answer> {
-    let read = async {
-        let mut resp = http
-            .post(url)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .body(body)
-            .send()
-            .await
-            .ok()?;
-        if !resp.status().is_success() || resp.content_length().is_some_and(|n| n > MAX_BODY as u64)
-        {
+async fn exchange(ctx: &Context, http: &reqwest::Client, url: &str, body: Vec<u8>) -> Exchanged {
+    let post = http
+        .post(url)
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .send();
+    let deadline = crate::clock::now() + FETCH_TIMEOUT;
+    let resp = match tokio::time::timeout_at(deadline, post).await {
+        Ok(Ok(resp)) => resp,
+        _ => return Exchanged::Unreachable,
+    };
+    match tokio::time::timeout_at(deadline, read_answer(ctx, resp)).await {
+        Ok(Some(answer)) => Exchanged::Answer(answer),
+        _ => Exchanged::Refused,
+    }
+}
+
+/// The answer of `resp`, read chunk by chunk and dropped past [`MAX_BODY`].
+async fn read_answer(ctx: &Context, mut resp: reqwest::Response) -> Option<Answer> {
+    if !resp.status().is_success() || resp.content_length().is_some_and(|n| n > MAX_BODY as u64) {
+        return None;
+    }
+    let mut body = Vec::new();
+    while let Some(chunk) = resp.chunk().await.ok()? {
+        ctx.counters.gossip_bytes_received.add(chunk.len() as u64);
+        if body.len() + chunk.len() > MAX_BODY {
             return None;
         }
-        let mut body = Vec::new();
-        while let Some(chunk) = resp.chunk().await.ok()? {
-            ctx.counters.gossip_bytes_received.add(chunk.len() as u64);
-            if body.len() + chunk.len() > MAX_BODY {
-                return None;
-            }
-            body.extend_from_slice(&chunk);
-        }
-        serde_json::from_slice(&body).ok()
-    };
-    tokio::time::timeout(FETCH_TIMEOUT, read).await.ok()?
+        body.extend_from_slice(&chunk);
+    }
+    serde_json::from_slice(&body).ok()
 }
 
 /// Gossip rounds until `cancel` (none when `interval` is zero): the first as soon as every

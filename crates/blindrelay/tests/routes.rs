@@ -9,7 +9,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use common::{Doc, Net, counter, peer_rows};
+use common::{Net, counter, peer_rows};
 use serde_json::Value;
 
 /// Node `of`'s peer health row of node `who`, if shown.
