@@ -15,7 +15,9 @@
 //!   recovery wait is over ([`crate::health::Health::recovery_due`]: 5 s after the first
 //!   failure, doubling to 5 min). At most [`REACH_PER_ROUND`] a round, each within
 //!   [`REACH_DEADLINE`], so a table full of identities whose endpoints answer nothing costs a
-//!   few probes a second, and a dead peer fewer and fewer.
+//!   few probes a second, and a dead peer fewer and fewer. A round runs at once when an
+//!   identity this node has not reached is kept (at most one per [`REACH_GAP`]), so a newcomer
+//!   is reached, and passed on by gossip, within moments.
 //!
 //! A probe succeeds only when its receipt opens and verifies. Its outcome moves only the probe
 //! counters (`probe_*`, `two_hop_probe_*`) and the peer's route health, never `received`,
@@ -42,6 +44,9 @@ pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(300);
 pub const REACH_ROUND: Duration = Duration::from_secs(1);
 /// Peers a reach round probes at most.
 pub const REACH_PER_ROUND: usize = 4;
+/// The shortest time between two reach rounds (a flood of newcomers costs at most
+/// [`REACH_PER_ROUND`] probes per this gap).
+pub const REACH_GAP: Duration = Duration::from_millis(250);
 /// How long a reach probe may take.
 pub const REACH_DEADLINE: Duration = Duration::from_secs(5);
 
@@ -121,7 +126,10 @@ fn reach_due(ctx: &Context, now: u64, rng: &mut impl Rng) -> Vec<Descriptor> {
         .into_iter()
         .filter(|c| {
             let failing_due = ctx.health.recovery_due(&c.d.node_id, now);
-            let untried = !c.reached && ctx.health.usable(&c.d.node_id, now);
+            // A --peer's own URL is fetched (and so reached) by the peer table itself.
+            let untried = !c.reached
+                && ctx.health.usable(&c.d.node_id, now)
+                && !ctx.peers.is_pinned(&c.d.node_id);
             failing_due || untried
         })
         .map(|c| c.d)
@@ -142,14 +150,20 @@ pub async fn reach_round(ctx: &Arc<Context>) -> usize {
     probes.join_all().await.into_iter().filter(|ok| *ok).count()
 }
 
-/// Reach rounds every [`REACH_ROUND`] until `cancel`.
+/// Reach rounds every [`REACH_ROUND`], and as soon as an identity this node has not reached is
+/// kept (at most one round per [`REACH_GAP`]), until `cancel`.
 pub async fn reach(ctx: Arc<Context>, cancel: CancellationToken) {
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
             () = tokio::time::sleep(REACH_ROUND) => {}
+            () = ctx.peers.unreached_kept() => {}
         }
         reach_round(&ctx).await;
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(REACH_GAP) => {}
+        }
     }
 }
 

@@ -107,7 +107,11 @@ async fn counters_equal_the_outcomes_of_a_scripted_run() {
         let c = |k: &str| s.counters()[k].as_u64().unwrap();
         assert_eq!(
             c("received"),
-            c("terminal") + c("forwarded") + c("rejected") + c("duplicate_route")
+            c("terminal")
+                + c("forwarded")
+                + c("rejected")
+                + c("duplicate_route")
+                + c("duplicate_message")
         );
     }
     assert_eq!(s0.quality()["proof_scope"], "client_message_delivery");

@@ -26,7 +26,8 @@ fn assert_clean(i: usize, s: &Value) {
         counter(s, "terminal")
             + counter(s, "forwarded")
             + counter(s, "rejected")
-            + counter(s, "duplicate_route"),
+            + counter(s, "duplicate_route")
+            + counter(s, "duplicate_message"),
         "node {i}: one outcome per request: {s}"
     );
     for (name, v) in c {

@@ -154,6 +154,9 @@ pub struct Peers {
     /// Set once a fetch round got every `--peer`'s descriptor; waiters woken then.
     fetched: AtomicBool,
     fetched_notify: Notify,
+    /// Woken when an identity this node has not reached is kept (the reach probes try it at
+    /// once).
+    unreached_notify: Notify,
     /// The addresses of the descriptors' endpoints: known sources (`crate::sources`).
     endpoint_ips: Mutex<HashSet<IpAddr>>,
     /// Each `--peer` and the id it is pinned to (on the command line, or on first use).
@@ -185,6 +188,7 @@ impl Peers {
             generation: AtomicU64::new(0),
             fetched: AtomicBool::new(false),
             fetched_notify: Notify::new(),
+            unreached_notify: Notify::new(),
             endpoint_ips: Mutex::new(HashSet::new()),
             urls: Mutex::new(urls),
             identity_changes: Arc::new(AtomicU64::new(0)),
@@ -383,6 +387,7 @@ impl Peers {
         let reached = source == PeerSource::Bootstrap || old.is_some_and(|h| h.reached);
         let last_gossip = old.and_then(|h| h.last_gossip);
         let learned_at = old.map_or(now, |h| h.learned_at);
+        let new_unreached = old.is_none() && !reached;
         map.insert(
             d.node_id,
             Held {
@@ -398,6 +403,9 @@ impl Peers {
         let ips = map.values().filter_map(|h| h.ip).collect();
         drop(map);
         *self.endpoint_ips.lock().unwrap_or_else(|p| p.into_inner()) = ips;
+        if new_unreached {
+            self.unreached_notify.notify_one();
+        }
         Ok(())
     }
 
@@ -421,6 +429,12 @@ impl Peers {
                 return self.fetched.load(Ordering::Acquire);
             }
         }
+    }
+
+    /// Waits until an identity this node has not reached is kept (at once if one was since the
+    /// last wait).
+    pub async fn unreached_kept(&self) {
+        self.unreached_notify.notified().await;
     }
 
     /// Descriptors held by where they came from.

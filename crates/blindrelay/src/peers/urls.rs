@@ -60,6 +60,11 @@ pub(super) enum Pin {
 }
 
 impl Peers {
+    /// True when a `--peer` URL is pinned to `id`.
+    pub fn is_pinned(&self, id: &NodeId) -> bool {
+        self.urls().iter().any(|s| s.pinned.as_ref() == Some(id))
+    }
+
     /// Pins `id` to the `--peer` `url` if nothing pins it yet (the peer store's pin of a URL
     /// trusted on first use, read back at start).
     pub fn restore_pin(&self, url: &str, id: NodeId) {
