@@ -19,7 +19,7 @@ use crate::context::{self, Context};
 use crate::forward::{self, Forwarded};
 use crate::proto::descriptor::{Descriptor, PROTOCOL};
 use crate::proto::receipt::{self, Receipt, ReceiptError};
-use crate::proto::sphinx::{self, Failure, report};
+use crate::proto::sphinx::{self, Failure, Report, report};
 use crate::proto::{MessageId, NodeId, Prefix};
 use crate::reason::Reason;
 
@@ -479,29 +479,41 @@ fn outcome(
         } => {
             // The entry hop did its part; the report says which hop past it failed.
             ctx.health.record_refused(entry, status, reason, now);
-            let Some((writer, failure)) = report::open(report_keys, &r) else {
-                return Err(HopFailure {
-                    position: None,
-                    hops,
-                    node: None,
-                    cause: Cause::Garbled,
-                });
-            };
-            let failed = (writer + 1).min(hops - 1);
-            let node = &path[failed].node_id;
-            let cause = match failure {
-                Failure::Unreachable => {
-                    ctx.health.record_route(node, false, now);
-                    Cause::Unreachable
-                }
-                Failure::Refused { status, reason } => {
-                    let known = reason.as_deref().and_then(Reason::from_wire);
-                    ctx.health.record_refused(node, status, known, now);
-                    Cause::Refused { status, reason }
-                }
-            };
-            Err(at(failed, cause))
+            Err(reported(ctx, path, report_keys, &r))
         }
+    }
+}
+
+/// Where a failure `report` of the route `path` places the failure, noted in the failed hop's
+/// health.
+fn reported(ctx: &Context, path: &[Hop], report_keys: &[[u8; 32]], r: &Report) -> HopFailure {
+    let (now, hops) = (ctx.clock.unix(), path.len());
+    let Some((writer, failure)) = report::open(report_keys, r) else {
+        return HopFailure {
+            position: None,
+            hops,
+            node: None,
+            cause: Cause::Garbled,
+        };
+    };
+    let failed = (writer + 1).min(hops - 1);
+    let node = &path[failed].node_id;
+    let cause = match failure {
+        Failure::Unreachable => {
+            ctx.health.record_route(node, false, now);
+            Cause::Unreachable
+        }
+        Failure::Refused { status, reason } => {
+            let known = reason.as_deref().and_then(Reason::from_wire);
+            ctx.health.record_refused(node, status, known, now);
+            Cause::Refused { status, reason }
+        }
+    };
+    HopFailure {
+        position: Some(failed + 1),
+        hops,
+        node: Some(Prefix(node).to_string()),
+        cause,
     }
 }
 

@@ -130,6 +130,21 @@ struct Held {
     learned_at: u64,
 }
 
+impl Held {
+    /// `d` from `source` at `now`, replacing `old` if any: a fetch from its own URL reaches it,
+    /// a known peer keeps what it had.
+    fn new(d: Descriptor, source: PeerSource, old: Option<&Held>, now: u64) -> Held {
+        Held {
+            ip: descriptor::parse_endpoint(&d.endpoint).ok().map(|a| a.ip()),
+            reached: source == PeerSource::Bootstrap || old.is_some_and(|h| h.reached),
+            last_gossip: old.and_then(|h| h.last_gossip),
+            learned_at: old.map_or(now, |h| h.learned_at),
+            d,
+            source,
+        }
+    }
+}
+
 /// Why a gossiped descriptor was not kept.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refused {
@@ -381,24 +396,10 @@ impl Peers {
                 return Err(Refused::Block);
             }
         }
-        let ip = descriptor::parse_endpoint(&d.endpoint).ok().map(|a| a.ip());
-        let old = map.get(&d.node_id);
-        // A fetch from its own URL reaches it; a known peer keeps what it had.
-        let reached = source == PeerSource::Bootstrap || old.is_some_and(|h| h.reached);
-        let last_gossip = old.and_then(|h| h.last_gossip);
-        let learned_at = old.map_or(now, |h| h.learned_at);
-        let new_unreached = old.is_none() && !reached;
-        map.insert(
-            d.node_id,
-            Held {
-                d,
-                source,
-                ip,
-                reached,
-                last_gossip,
-                learned_at,
-            },
-        );
+        let id = d.node_id;
+        let held = Held::new(d, source, map.get(&id), now);
+        let new_unreached = !map.contains_key(&id) && !held.reached;
+        map.insert(id, held);
         self.generation.fetch_add(1, Ordering::Relaxed);
         let ips = map.values().filter_map(|h| h.ip).collect();
         drop(map);
