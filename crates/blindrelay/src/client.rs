@@ -264,9 +264,10 @@ fn render_peers(doc: &Status) {
         .last_gossip_at
         .map_or("never".to_string(), |t| t.to_string());
     say!(
-        "STORE  {} routable; {} from --peer, {} from gossip (last answer {gossip_at}), {} from \
-         the peer store",
+        "STORE  {} routable, {} in routes; {} from --peer, {} from gossip (last answer \
+         {gossip_at}), {} from the peer store",
         s.peers.routable,
+        s.peers.in_routes,
         s.peers.bootstrap,
         s.peers.gossip,
         s.peers.cache

@@ -272,27 +272,29 @@ async fn read_answer(ctx: &Context, mut resp: reqwest::Response) -> Option<Answe
     serde_json::from_slice(&body).ok()
 }
 
+/// The shortest time between a news round and the round before it: a quarter of the
+/// interval, at least this.
+pub const NEWS_GAP: Duration = Duration::from_millis(250);
+
 /// Gossip rounds until `cancel` (none when `interval` is zero): the first as soon as every
-/// `--peer`'s descriptor is held (a newcomer announces itself at once), then every `interval`.
+/// `--peer`'s descriptor is held (a newcomer announces itself at once), then every `interval`,
+/// and a *news round* as soon as a peer is reached for the first time (a newcomer passed on at
+/// once rather than at the next round), at most one per quarter interval.
 pub async fn run(ctx: Arc<Context>, interval: Duration, cancel: CancellationToken) {
     if interval.is_zero() {
         return;
     }
-    let mut wait = None;
+    let gap = (interval / 4).max(NEWS_GAP);
+    tokio::select! {
+        () = cancel.cancelled() => return,
+        _ = ctx.peers.fetched(crate::peers::READY_WAIT) => {}
+    }
+    let mut next = crate::clock::now();
     loop {
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            _ = async {
-                match wait {
-                    None => ctx.peers.fetched(crate::peers::READY_WAIT).await,
-                    Some(d) => {
-                        tokio::time::sleep(d).await;
-                        true
-                    }
-                }
-            } => {}
+        let last = crate::clock::now();
+        if last >= next {
+            next = last + interval;
         }
-        wait = Some(interval);
         let new = round(&ctx, interval).await;
         if new > 0 {
             let n = ctx.peers.by_source();
@@ -303,6 +305,14 @@ pub async fn run(ctx: Arc<Context>, interval: Duration, cancel: CancellationToke
                 cache = n.cache,
                 "peers learned by gossip"
             );
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep_until(next) => {}
+            () = async {
+                ctx.peers.news_reached().await;
+                tokio::time::sleep_until((last + gap).max(crate::clock::now())).await;
+            } => {}
         }
     }
 }

@@ -280,6 +280,9 @@ pub struct Summary {
     pub healthy: usize,
     /// No contact yet.
     pub unknown: usize,
+    /// Peers this node's own routes may take as middles now ([`Row::in_routes`]).
+    #[serde(default)]
+    pub in_routes: usize,
     /// Worst first, at most [`MAX_ROWS`].
     pub rows: Vec<Row>,
 }
@@ -451,6 +454,7 @@ impl Health {
             degraded: count(HealthState::Degraded),
             healthy: count(HealthState::Healthy),
             unknown: count(HealthState::Unknown),
+            in_routes: rows.iter().filter(|r| r.in_routes).count(),
             rows: rows.into_iter().take(MAX_ROWS).collect(),
         }
     }

@@ -172,6 +172,8 @@ pub struct Peers {
     /// Woken when an identity this node has not reached is kept (the reach probes try it at
     /// once).
     unreached_notify: Notify,
+    /// Woken when a peer is reached for the first time (gossip passes it on as news).
+    news_notify: Notify,
     /// The addresses of the descriptors' endpoints: known sources (`crate::sources`).
     endpoint_ips: Mutex<HashSet<IpAddr>>,
     /// Each `--peer` and the id it is pinned to (on the command line, or on first use).
@@ -204,6 +206,7 @@ impl Peers {
             fetched: AtomicBool::new(false),
             fetched_notify: Notify::new(),
             unreached_notify: Notify::new(),
+            news_notify: Notify::new(),
             endpoint_ips: Mutex::new(HashSet::new()),
             urls: Mutex::new(urls),
             identity_changes: Arc::new(AtomicU64::new(0)),
@@ -266,7 +269,15 @@ impl Peers {
         {
             h.reached = true;
             self.generation.fetch_add(1, Ordering::Relaxed);
+            drop(map);
+            self.news_notify.notify_one();
         }
+    }
+
+    /// Waits until a peer is reached for the first time: news gossip passes on (at once if one
+    /// was since the last wait).
+    pub async fn news_reached(&self) {
+        self.news_notify.notified().await;
     }
 
     /// Notes a gossip exchange with `id`, or its descriptor learned by gossip, at `now`.

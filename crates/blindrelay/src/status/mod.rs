@@ -52,6 +52,10 @@ pub struct PeersInfo {
     pub known: usize,
     /// Peers with a current descriptor and an allowed endpoint.
     pub routable: usize,
+    /// Of those, the ones this node's own routes may take as middles now: reached once at
+    /// their endpoint, not failing, not quarantined (peer health's `in_routes`).
+    #[serde(default)]
+    pub in_routes: usize,
     /// Descriptors held from `--peer` URLs.
     #[serde(default)]
     pub bootstrap: usize,
@@ -217,6 +221,7 @@ pub fn document(relay: &Relay) -> Document {
         peers: PeersInfo {
             known: descriptors.len(),
             routable: ctx.peers.routable(now).len(),
+            in_routes: peer_health.in_routes,
             bootstrap: by_source.bootstrap,
             gossip: by_source.gossip,
             cache: by_source.cache,
