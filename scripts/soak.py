@@ -296,7 +296,8 @@ class Soak:
         for i, ip in enumerate(BR_IPS):
             args = [br, "run", "--state-dir", self.br_dirs[i], "--listen", f"{ip}:7001",
                     "--operator", f"{ip}:7070", "--allow-private-endpoints",
-                    "--inbox-retention", "60s"]
+                    # The soak keeps every address in one /16: let two hops share it.
+                    "--same-subnet-paths", "--inbox-retention", "60s"]
             for j, other in enumerate(BR_IPS):
                 if j != i:
                     args += ["--peer", f"{ids[j]}@https://{other}:7001"]

@@ -1,5 +1,5 @@
 //! A local demo on loopback that needs nothing installed: three `blindrelay` nodes in this
-//! process on 127.0.0.x, each knowing the other two, and one message from node 0 to node 2
+//! process on 127.21.0.1, 127.22.0.1 and 127.23.0.1 (each in a /16 of its own), each knowing the other two, and one message from node 0 to node 2
 //! through node 1 (two hops) with a delivery receipt that only the sender opens and verifies.
 //!
 //! Run with `cargo run -p blindrelay --example network`.
@@ -29,7 +29,8 @@ async fn build_nodes(
 ) -> Result<(Vec<Built>, Listeners), Box<dyn std::error::Error>> {
     let mut listeners = Vec::new();
     for n in 0..NODES {
-        let ip = Ipv4Addr::new(127, 0, 0, 21 + n);
+        // Each node in a /16 of its own: no two hops of a route may share one.
+        let ip = Ipv4Addr::new(127, 21 + n, 0, 1);
         let public = TcpListener::bind((ip, 0)).await?;
         let operator = TcpListener::bind((ip, 0)).await?;
         listeners.push((public, operator));

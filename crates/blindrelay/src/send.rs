@@ -236,7 +236,14 @@ pub async fn send(
     let mut avoid = HashSet::new();
     let mut routes = 0;
     let failure = loop {
-        let path = match route(ctx, &terminal, hops, &avoid) {
+        let mut chosen = route(ctx, &terminal, hops, &avoid);
+        // Just started: the --peers' descriptors from their own URLs (what makes them middles)
+        // may still be on their way; wait for them, bounded, once.
+        if routes == 0 && chosen.is_err() && !ctx.peers.is_fetched() {
+            ctx.peers.fetched(crate::peers::READY_WAIT).await;
+            chosen = route(ctx, &terminal, hops, &avoid);
+        }
+        let path = match chosen {
             Ok(path) => path,
             Err(e) if routes == 0 => return Err(e),
             Err(_) => break None,
@@ -276,8 +283,10 @@ pub async fn send(
     }
 }
 
-/// A route of `hops` hops to `terminal` now, of peers this node's health lets it use and the
-/// send does not `avoid` ([`path`]).
+/// A route of `hops` hops to `terminal` now, of reached peers the send does not `avoid`
+/// ([`path`]): peers this node's health lets it use, or, when too few of them are left for a
+/// route, the failed ones too (a small network must not refuse a send over one peer's failure
+/// of a moment; the send still goes around what failed for it).
 fn route(
     ctx: &Context,
     terminal: &Descriptor,
@@ -285,28 +294,46 @@ fn route(
     avoid: &HashSet<NodeId>,
 ) -> Result<Vec<Hop>, SendError> {
     let now = ctx.clock.unix();
-    let candidates = ctx
+    let (usable, failed): (Vec<_>, Vec<_>) = ctx
         .peers
         .candidates(now)
         .into_iter()
-        .filter(|c| {
-            c.reached && !avoid.contains(&c.d.node_id) && ctx.health.usable(&c.d.node_id, now)
-        })
-        .collect();
+        .filter(|c| c.reached && !avoid.contains(&c.d.node_id))
+        .partition(|c| ctx.health.usable(&c.d.node_id, now));
     let terminal_ip = crate::proto::parse_endpoint(&terminal.endpoint)
         .ok()
         .map(|a| a.ip());
-    path::choose(
-        ctx.node.id(),
+    let rules = path::Rules {
+        distinct_blocks: ctx.distinct_blocks,
+    };
+    let me = ctx.node.id();
+    let mut rng = rand::rng();
+    let (n_usable, n_failed) = (usable.len(), failed.len());
+    let chosen = match path::choose(
+        me,
         terminal,
         terminal_ip,
-        candidates,
+        usable.clone(),
         hops,
-        path::Rules {
-            distinct_blocks: ctx.distinct_blocks,
-        },
-        &mut rand::rng(),
-    )
+        rules,
+        &mut rng,
+    ) {
+        Err(SendError::NotEnoughPeers(_)) if !failed.is_empty() => {
+            let all = usable.into_iter().chain(failed).collect();
+            path::choose(me, terminal, terminal_ip, all, hops, rules, &mut rng)
+        }
+        chosen => chosen,
+    };
+    if chosen.is_err() {
+        debug!(
+            hops,
+            usable = n_usable,
+            failed = n_failed,
+            avoided = avoid.len(),
+            "no route"
+        );
+    }
+    chosen
 }
 
 /// One hop of a path, as taken from its verified descriptor.

@@ -1,7 +1,8 @@
 //! Verified deliveries per second through real `blindrelay` node processes on loopback, next to
 //! the CPU the v2 cryptography of one delivery costs, measured in the same run.
 //!
-//! Six nodes (`blindrelay run`, the release binary named by `BLINDRELAY_BIN`) on 127.0.0.x, each
+//! Six nodes (`blindrelay run`, the release binary named by `BLINDRELAY_BIN`) on 127.(120 + k).0.1
+//! (a /16 each), each
 //! with the other five as pinned peers, TLS links, SQLite stores in a temporary directory. Node 0
 //! sends (`POST /v1/send` on its operator API: it wraps, posts to the entry hop, and answers once
 //! the terminal's receipt opened and verified); node 5 is the terminal; the middles are picked at

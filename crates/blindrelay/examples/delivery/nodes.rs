@@ -54,11 +54,13 @@ pub(crate) struct Node {
     pub(crate) child: Option<Child>,
 }
 
-/// A loopback address whose relay and operator ports are free now.
+/// A loopback address whose relay and operator ports are free now, in a /16 of its own
+/// (`127.(120 + k).0.1`: no two hops of a route may share a /16).
 pub(crate) fn free_ip(k: &mut u8) -> Ipv4Addr {
     loop {
-        *k = k.wrapping_add(1).max(1);
-        let ip = Ipv4Addr::new(127, 0, 88, *k);
+        assert!(*k < 100, "no free loopback /16 left");
+        *k += 1;
+        let ip = Ipv4Addr::new(127, 120 + *k, 0, 1);
         let free = [RELAY_PORT, OPERATOR_PORT]
             .iter()
             .all(|p| std::net::TcpListener::bind((ip, *p)).is_ok());

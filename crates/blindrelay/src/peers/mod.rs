@@ -426,6 +426,11 @@ impl Peers {
         self.lock().contains_key(id)
     }
 
+    /// True once a fetch round got every `--peer`'s descriptor.
+    pub fn is_fetched(&self) -> bool {
+        self.fetched.load(Ordering::Acquire)
+    }
+
     /// Waits until a fetch round got every `--peer`'s descriptor, at most `within`; true if it
     /// did.
     pub async fn fetched(&self, within: Duration) -> bool {
