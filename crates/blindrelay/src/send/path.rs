@@ -110,6 +110,20 @@ mod tests {
         distinct_blocks: true,
     };
 
+    const ME: NodeId = [0xee; 32];
+
+    /// [`choose`] for this test node to `terminal` among `candidates`.
+    fn pick(
+        terminal: &Candidate,
+        candidates: &[Candidate],
+        hops: usize,
+        rules: Rules,
+        rng: &mut StdRng,
+    ) -> Result<Vec<Hop>, SendError> {
+        let all = candidates.to_vec();
+        choose(&ME, &terminal.d, terminal.ip, all, hops, rules, rng)
+    }
+
     fn at(seed: u8, ip: [u8; 4]) -> Candidate {
         let ip = IpAddr::from(ip);
         Candidate {
@@ -121,21 +135,11 @@ mod tests {
 
     #[test]
     fn a_path_is_middles_from_distinct_blocks_then_the_terminal() {
-        let me = [0xee; 32];
         let terminal = at(2, [10, 2, 0, 1]);
         let candidates: Vec<_> = (3..=8).map(|i| at(i, [10, i, 0, 1])).collect();
         let mut rng = StdRng::seed_from_u64(7);
         for hops in 1..=7 {
-            let path = choose(
-                &me,
-                &terminal.d,
-                terminal.ip,
-                candidates.clone(),
-                hops,
-                DIVERSE,
-                &mut rng,
-            )
-            .unwrap();
+            let path = pick(&terminal, &candidates, hops, DIVERSE, &mut rng).unwrap();
             assert_eq!(path.len(), hops);
             assert_eq!(path.last(), Some(&hop(&terminal.d)));
             let mut ids: Vec<_> = path.iter().map(|h| h.node_id).collect();
@@ -144,22 +148,13 @@ mod tests {
             assert_eq!(ids.len(), hops, "no hop twice");
         }
         assert!(matches!(
-            choose(
-                &me,
-                &terminal.d,
-                terminal.ip,
-                candidates,
-                8,
-                DIVERSE,
-                &mut rng
-            ),
+            pick(&terminal, &candidates, 8, DIVERSE, &mut rng),
             Err(SendError::NotEnoughPeers(8))
         ));
     }
 
     #[test]
     fn no_two_hops_in_one_16_unless_turned_off() {
-        let me = [0xee; 32];
         let terminal = at(1, [10, 1, 0, 1]);
         // Three peers in the terminal's /16, two in another: a 3-hop route has one middle from
         // 10.2/16 and can find no second block.
@@ -168,35 +163,18 @@ mod tests {
         let other_block = [candidates[2].d.node_id, candidates[3].d.node_id];
         let mut rng = StdRng::seed_from_u64(1);
         for _ in 0..50 {
-            let path = choose(
-                &me,
-                &terminal.d,
-                terminal.ip,
-                candidates.clone(),
-                2,
-                DIVERSE,
-                &mut rng,
-            )
-            .unwrap();
+            let path = pick(&terminal, &candidates, 2, DIVERSE, &mut rng).unwrap();
             assert!(other_block.contains(&path[0].node_id));
         }
         assert!(matches!(
-            choose(
-                &me,
-                &terminal.d,
-                terminal.ip,
-                candidates.clone(),
-                3,
-                DIVERSE,
-                &mut rng
-            ),
+            pick(&terminal, &candidates, 3, DIVERSE, &mut rng),
             Err(SendError::NotEnoughPeers(3))
         ));
         let same = Rules {
             distinct_blocks: false,
         };
         assert_eq!(
-            choose(&me, &terminal.d, terminal.ip, candidates, 5, same, &mut rng)
+            pick(&terminal, &candidates, 5, same, &mut rng)
                 .unwrap()
                 .len(),
             5
@@ -207,7 +185,6 @@ mod tests {
     /// drawn like any other block, so its identities are on about one route in ten, not half.
     #[test]
     fn many_identities_in_one_block_get_the_share_of_one_block() {
-        let me = [0xee; 32];
         let terminal = at(1, [10, 1, 0, 1]);
         let mut candidates: Vec<_> = (0..10).map(|i| at(100 + i, [10, 99, i, 1])).collect();
         let crowd: Vec<NodeId> = candidates.iter().map(|c| c.d.node_id).collect();
@@ -216,16 +193,7 @@ mod tests {
         let routes = 2000;
         let through_crowd = (0..routes)
             .filter(|_| {
-                let path = choose(
-                    &me,
-                    &terminal.d,
-                    terminal.ip,
-                    candidates.clone(),
-                    2,
-                    DIVERSE,
-                    &mut rng,
-                )
-                .unwrap();
+                let path = pick(&terminal, &candidates, 2, DIVERSE, &mut rng).unwrap();
                 crowd.contains(&path[0].node_id)
             })
             .count();
