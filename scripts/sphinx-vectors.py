@@ -125,17 +125,14 @@ def main():
                                 b"\x44" * 32)
     assert len(packet) == HEADER + CAPACITY[0]
     print(f"header 0: {packet[:HEADER].hex()}")
-    # The outer frame of the first hop: signed by the Ed25519 key of seed 01 02 … 20, for the
-    # receiver 32 × 0xa1 (hop 0's node id).
-    signer = Ed25519PrivateKey.from_private_bytes(bytes(range(1, 33)))
-    previous_hop = signer.public_key().public_bytes(
+    # The first hop's frame is the packet, posted on the link of the Ed25519 key of seed
+    # 01 02 … 20 (its previous hop).
+    sender = Ed25519PrivateKey.from_private_bytes(bytes(range(1, 33)))
+    previous_hop = sender.public_key().public_bytes(
         serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     bound = packet[:34] + packet[HEADER - MAC:HEADER]
-    signing = b"blindrelay/frame/v2" + bound + previous_hop + route[0][0]
     print(f"frame 0 previous hop: {previous_hop.hex()}")
-    print(f"frame 0 signing bytes: {signing.hex()}")
-    print(f"frame 0 signature: {signer.sign(signing).hex()}")
-    digest = hashlib.sha256(b"blindrelay/request/v2" + previous_hop + bound).hexdigest()
+    digest = hashlib.sha256(b"blindrelay/request/v3" + previous_hop + bound).hexdigest()
     print(f"frame 0 request digest: {digest}")
     for i, s in enumerate(secrets):
         print(f"alpha {i}: {packet[2:34].hex()}")

@@ -141,6 +141,7 @@ impl Context {
                 idle_per_peer: config.per_next_hop,
                 clients: crate::peers::MAX_PEERS + 1,
             },
+            Some(node.signing_key()),
         );
         Context {
             node,

@@ -12,10 +12,14 @@
 //!   (trust on first use) fetches with an unpinned client that requires an Ed25519 key and a
 //!   valid handshake signature, and the descriptor's node id must equal the TLS key
 //!   ([`peer_key`]).
+//! - **Both ways** (mutual TLS): a node's client presents the same kind of certificate, whose
+//!   key is its own identity, and the server checks the client's `CertificateVerify` with that
+//!   key ([`LinkPeer`]): the link names the client's node id, proven by the handshake. A relay
+//!   request's previous hop *is* the link's client, so frames carry no id and no signature of
+//!   their own (`crate::proto::frame`). The server asks every client for a certificate but
+//!   lets one without it connect (a descriptor fetch by a tool); such a link cannot post a
+//!   frame.
 //! - Peer URLs and descriptor endpoints are `https://IP:PORT`; `http://` is refused.
-//!
-//! The envelope's previous-hop signature is kept: the link authenticates who holds the
-//! connection, the signature binds the envelope to its sender; both hold.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -27,7 +31,8 @@ use std::time::Duration;
 use ed25519_dalek::{Signature, SigningKey, VerifyingKey};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
-use rustls::{DigitallySignedStruct, SignatureScheme};
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
+use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use tracing::warn;
 
 use crate::proto::{NodeId, Prefix};
@@ -74,8 +79,10 @@ pub fn peer_key(cert: &[u8]) -> Option<NodeId> {
         .ok()
 }
 
-/// The server side of this node's links.
-pub fn server_config(key: &SigningKey) -> Result<Arc<rustls::ServerConfig>, LinkError> {
+/// The node's link certificate: self-signed, its key the identity key `key`.
+fn identity(
+    key: &SigningKey,
+) -> Result<(CertificateDer<'static>, PrivateKeyDer<'static>), LinkError> {
     let e = |e: &dyn fmt::Display| LinkError(e.to_string());
     let der = pkcs8(key);
     let pair = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(
@@ -86,14 +93,38 @@ pub fn server_config(key: &SigningKey) -> Result<Arc<rustls::ServerConfig>, Link
     let params =
         rcgen::CertificateParams::new(vec!["blindrelay".to_string()]).map_err(|x| e(&x))?;
     let cert = params.self_signed(&pair).map_err(|x| e(&x))?;
+    Ok((
+        cert.der().clone(),
+        PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(der)),
+    ))
+}
+
+/// The node id a link's client proved it holds (mutual TLS), if it presented a certificate:
+/// an extension of every request on the link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkPeer(pub Option<NodeId>);
+
+impl LinkPeer {
+    /// The client's node id on a server-side TLS connection, from the certificate its
+    /// handshake was checked against ([`ClientKey`]).
+    pub fn of(conn: &rustls::ServerConnection) -> LinkPeer {
+        LinkPeer(
+            conn.peer_certificates()
+                .and_then(|certs| certs.first())
+                .and_then(|c| peer_key(c)),
+        )
+    }
+}
+
+/// The server side of this node's links.
+pub fn server_config(key: &SigningKey) -> Result<Arc<rustls::ServerConfig>, LinkError> {
+    let e = |e: &dyn fmt::Display| LinkError(e.to_string());
+    let (cert, private) = identity(key)?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|x| e(&x))?
-        .with_no_client_auth()
-        .with_single_cert(
-            vec![cert.der().clone()],
-            PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(der)),
-        )
+        .with_client_cert_verifier(Arc::new(ClientKey))
+        .with_single_cert(vec![cert], private)
         .map_err(|x| e(&x))?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     // No tickets, no session cache: every link's handshake is a full one, checked against the
@@ -164,15 +195,7 @@ impl ServerCertVerifier for PinnedKey {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        let bad = || rustls::Error::General("bad handshake signature".into());
-        if dss.scheme != SignatureScheme::ED25519 {
-            return Err(bad());
-        }
-        let key = self.expected.or_else(|| peer_key(cert)).ok_or_else(bad)?;
-        let key = VerifyingKey::from_bytes(&key).map_err(|_| bad())?;
-        let sig = Signature::from_slice(dss.signature()).map_err(|_| bad())?;
-        key.verify_strict(message, &sig).map_err(|_| bad())?;
-        Ok(HandshakeSignatureValid::assertion())
+        handshake_signature(message, self.expected.or_else(|| peer_key(cert)), dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
@@ -180,22 +203,113 @@ impl ServerCertVerifier for PinnedKey {
     }
 }
 
-/// The client TLS configuration that accepts exactly `expected` (see [`PinnedKey`]).
-fn client_config(expected: Option<NodeId>, refusals: Arc<AtomicU64>) -> rustls::ClientConfig {
-    let mut config = rustls::ClientConfig::builder_with_provider(provider())
+/// The server's check of a link's client: a certificate is asked for but not required (a tool
+/// may fetch a descriptor without one); one presented must carry an Ed25519 key, and the
+/// client's TLS 1.3 `CertificateVerify` must verify with that key: [`LinkPeer`] is then a key
+/// the client holds.
+#[derive(Debug)]
+struct ClientKey;
+
+impl ClientCertVerifier for ClientKey {
+    fn client_auth_mandatory(&self) -> bool {
+        false
+    }
+
+    fn root_hint_subjects(&self) -> &[DistinguishedName] {
+        &[]
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _now: UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        peer_key(end_entity)
+            .map(|_| ClientCertVerified::assertion())
+            .ok_or_else(|| rustls::Error::General("no Ed25519 key".into()))
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        _message: &[u8],
+        _cert: &CertificateDer<'_>,
+        _dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        Err(rustls::Error::General("TLS 1.2 is not used".into()))
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        handshake_signature(message, peer_key(cert), dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        vec![SignatureScheme::ED25519]
+    }
+}
+
+/// A TLS 1.3 handshake signature `dss` over `message` checked with `key` (strictly: no weak
+/// key, no malleable signature).
+fn handshake_signature(
+    message: &[u8],
+    key: Option<NodeId>,
+    dss: &DigitallySignedStruct,
+) -> Result<HandshakeSignatureValid, rustls::Error> {
+    let bad = || rustls::Error::General("bad handshake signature".into());
+    if dss.scheme != SignatureScheme::ED25519 {
+        return Err(bad());
+    }
+    let key = VerifyingKey::from_bytes(&key.ok_or_else(bad)?).map_err(|_| bad())?;
+    let sig = Signature::from_slice(dss.signature()).map_err(|_| bad())?;
+    key.verify_strict(message, &sig).map_err(|_| bad())?;
+    Ok(HandshakeSignatureValid::assertion())
+}
+
+/// The client TLS configuration that accepts exactly `expected` (see [`PinnedKey`]) and, with
+/// `me`, presents this node's identity.
+fn client_config(
+    expected: Option<NodeId>,
+    refusals: Arc<AtomicU64>,
+    me: Option<&(CertificateDer<'static>, PrivateKeyDer<'static>)>,
+) -> rustls::ClientConfig {
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .expect("invariant: the ring provider supports TLS 1.3")
         .dangerous()
-        .with_custom_certificate_verifier(Arc::new(PinnedKey { expected, refusals }))
-        .with_no_client_auth();
+        .with_custom_certificate_verifier(Arc::new(PinnedKey { expected, refusals }));
+    let mut config = match me {
+        Some((cert, key)) => builder
+            .with_client_auth_cert(vec![cert.clone()], key.clone_key())
+            .expect("invariant: an Ed25519 key of our own certificate is usable"),
+        None => builder.with_no_client_auth(),
+    };
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     config
 }
 
 /// A client configuration that accepts any node (any Ed25519 key whose handshake signature
-/// verifies): for a client that does not know which node it reaches (tests, tools).
+/// verifies) and presents no identity: for a client that does not know which node it reaches
+/// and posts no frame (tests, tools).
 pub fn unpinned_config() -> rustls::ClientConfig {
-    client_config(None, Arc::new(AtomicU64::new(0)))
+    client_config(None, Arc::new(AtomicU64::new(0)), None)
+}
+
+/// [`unpinned_config`] presenting `key`'s identity: the previous hop of every frame it posts
+/// (tests, tools acting as a node).
+///
+/// # Errors
+/// [`LinkError`] when the certificate cannot be made.
+pub fn unpinned_config_as(key: &SigningKey) -> Result<rustls::ClientConfig, LinkError> {
+    Ok(client_config(
+        None,
+        Arc::new(AtomicU64::new(0)),
+        Some(&identity(key)?),
+    ))
 }
 
 /// Connect timeout to a peer.
@@ -214,13 +328,15 @@ pub struct LinkLimits {
     pub clients: usize,
 }
 
-/// The client side of this node's links: a pinned client per peer id, made on first use.
+/// The client side of this node's links: a pinned client per peer id, made on first use,
+/// each presenting this node's identity.
 #[derive(Clone)]
 pub struct Links {
     bind: Option<IpAddr>,
     limits: LinkLimits,
     clients: Arc<Mutex<HashMap<Option<NodeId>, reqwest::Client>>>,
     refusals: Arc<AtomicU64>,
+    me: Option<Arc<(CertificateDer<'static>, PrivateKeyDer<'static>)>>,
 }
 
 /// Counts only.
@@ -233,9 +349,15 @@ impl fmt::Debug for Links {
 }
 
 impl Links {
-    /// Clients whose connections are made from `bind` when given, within `limits`; TLS
-    /// identity refusals are added to `refusals`.
-    pub fn new(bind: Option<IpAddr>, refusals: Arc<AtomicU64>, limits: LinkLimits) -> Self {
+    /// Clients whose connections are made from `bind` when given, within `limits`,
+    /// presenting `me`'s identity (none: they cannot post frames); TLS identity refusals are
+    /// added to `refusals`.
+    pub fn new(
+        bind: Option<IpAddr>,
+        refusals: Arc<AtomicU64>,
+        limits: LinkLimits,
+        me: Option<&SigningKey>,
+    ) -> Self {
         Links {
             bind,
             limits: LinkLimits {
@@ -244,6 +366,7 @@ impl Links {
             },
             clients: Arc::new(Mutex::new(HashMap::new())),
             refusals,
+            me: me.and_then(|k| identity(k).ok()).map(Arc::new),
         }
     }
 
@@ -269,7 +392,7 @@ impl Links {
         }
         let c = http_client(
             self.bind,
-            client_config(key, Arc::clone(&self.refusals)),
+            client_config(key, Arc::clone(&self.refusals), self.me.as_deref()),
             self.limits.idle_per_peer,
         );
         map.insert(key, c.clone());

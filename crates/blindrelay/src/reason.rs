@@ -35,9 +35,12 @@ pub enum Reason {
     MalformedEnvelope,
     /// Over the size limit.
     EnvelopeTooLarge,
-    /// The previous hop is not a valid Ed25519 key.
+    /// The link's client presented no node identity (no TLS client certificate): nothing on
+    /// the link can be a frame of a previous hop.
     InvalidPreviousHop,
-    /// The signature does not verify.
+    /// v2 frames only (their previous hop's signature did not verify): no longer produced,
+    /// since the link authenticates the previous hop and frames carry no signature. Kept so
+    /// the vocabulary and its counter stay stable.
     InvalidSignature,
     /// Over the previous hop's rate: a quarantine starts.
     RateLimited,
@@ -260,31 +263,38 @@ impl Reason {
     }
 
     /// Whose fault a refusal is, once the previous hop is authenticated (`docs/blindrelay.md`,
-    /// "Who is blamed"). A previous hop answers only for what it could have checked itself:
-    /// the frame it signed. What the original sender sealed in a layer (a loop, the hops left)
-    /// only the hop that opens the layer can see: that hop refuses before forwarding, and
-    /// nobody upstream is charged for it.
+    /// "Who is blamed"). A previous hop answers for what it alone produced: the bytes on its
+    /// mutually authenticated link (a frame that is not one, a body over any class's length).
+    /// What the original sender sealed in a layer (a loop, a layer that does not open, its
+    /// expiry) only the hop that opens the layer can see: that hop refuses before forwarding,
+    /// and nobody upstream is scored for it; a layer that does not open is noted in the
+    /// previous hop's health all the same (many of them shrink its crypto share).
     pub fn blame(self) -> Blame {
         use Reason::*;
         match self {
-            // The design's scored list, restricted to what the previous hop signed itself.
-            InvalidPreviousHop | InvalidSignature | SelfLoop => Blame::PreviousHop,
+            // What the link's authenticated client alone produced, on the scored list.
+            MalformedEnvelope | EnvelopeTooLarge | InvalidSignature | SelfLoop => {
+                Blame::PreviousHop
+            }
             // Its own frame, not scored (the design's list does not name them): a layer it
-            // already carried once under the same replay tag (a re-wrap), its rate.
-            ReplayConflict | RateLimited | Quarantined => Blame::PreviousHopUnscored,
+            // already carried once under the same replay tag (a re-wrap), its rate; and a
+            // layer that does not open, which the sender may have sealed: noted, never scored.
+            ReplayConflict | RateLimited | Quarantined | OnionPeelFailed => {
+                Blame::PreviousHopUnscored
+            }
             // Sealed by the original sender inside a layer no previous hop can read (v2 carries
             // the expiry inside the layer, so a stale or future layer is the sender's too).
-            RouteLoop | TtlExhausted | OnionPeelFailed | NoRoute | InvalidEndpoint | WrongHop
-            | TimestampExpired | TimestampInFuture => Blame::Sender,
-            // Replays in flight, expired responses and a v1 envelope have no effect on the
-            // previous hop.
-            RouteInFlight | ReplayResponseExpired | V1NotAccepted => Blame::Nobody,
-            // This node's own state, or a later hop's.
-            Backpressure | MalformedEnvelope | EnvelopeTooLarge | ReplayCapacity
-            | ForwardFailed | SourceLimited | RequestTimeout | NextHopBusy | InboxFull
-            | InboxShareExceeded | ReplayShareExceeded | NextHopQueueFull | StateWriteFailed => {
-                Blame::ThisNode
+            RouteLoop | TtlExhausted | NoRoute | InvalidEndpoint | WrongHop | TimestampExpired
+            | TimestampInFuture => Blame::Sender,
+            // Replays in flight, expired responses, a v1 envelope (an older node, not a bad
+            // one), and a link with no identity (nobody to blame) have no effect.
+            RouteInFlight | ReplayResponseExpired | V1NotAccepted | InvalidPreviousHop => {
+                Blame::Nobody
             }
+            // This node's own state, or a later hop's.
+            Backpressure | ReplayCapacity | ForwardFailed | SourceLimited | RequestTimeout
+            | NextHopBusy | InboxFull | InboxShareExceeded | ReplayShareExceeded
+            | NextHopQueueFull | StateWriteFailed => Blame::ThisNode,
         }
     }
 
@@ -300,16 +310,23 @@ impl Reason {
         Reason::ALL.into_iter().find(|r| r.as_str() == s)
     }
 
-    /// A failure that counts towards the previous hop's quarantine (the design's list). The
-    /// two authentication failures are on it but never charged: a frame that fails
-    /// authentication has no authenticated previous hop to charge, so forged frames cannot
-    /// quarantine the node they name. Timeouts, lost answers, duplicates and replay conflicts
-    /// never score.
+    /// A failure that counts towards the previous hop's quarantine: the design's list, and the
+    /// framing faults of a mutually authenticated link (which took the place of the design's
+    /// signature failures: the link's client alone wrote those bytes). A link with no identity
+    /// (`invalid_previous_hop`) has nobody to charge; loops and expiries the sender sealed are
+    /// on the design's list but not charged ([`Reason::blame`]). Timeouts, lost answers,
+    /// duplicates and replay conflicts never score.
     pub fn is_scored(self) -> bool {
         use Reason::*;
         matches!(
             self,
-            InvalidPreviousHop | InvalidSignature | SelfLoop | RouteLoop | TtlExhausted
+            InvalidPreviousHop
+                | InvalidSignature
+                | SelfLoop
+                | RouteLoop
+                | TtlExhausted
+                | MalformedEnvelope
+                | EnvelopeTooLarge
         )
     }
 }
@@ -323,8 +340,8 @@ mod tests {
     fn the_table_of_the_docs() {
         let table: [(&str, u16, &str, bool); 30] = [
             ("backpressure", 429, "backpressure_dropped", false),
-            ("malformed_envelope", 400, "envelope_too_large", false),
-            ("envelope_too_large", 413, "envelope_too_large", false),
+            ("malformed_envelope", 400, "envelope_too_large", true),
+            ("envelope_too_large", 413, "envelope_too_large", true),
             ("invalid_previous_hop", 400, "invalid_signature", true),
             ("invalid_signature", 400, "invalid_signature", true),
             ("rate_limited", 429, "rate_limited", false),
@@ -353,7 +370,12 @@ mod tests {
             ("v1_not_accepted", 400, "v1_not_accepted", false),
             ("state_write_failed", 503, "state_write_failed", false),
         ];
-        let charged = ["invalid_previous_hop", "invalid_signature", "self_loop"];
+        let charged = [
+            "malformed_envelope",
+            "envelope_too_large",
+            "invalid_signature",
+            "self_loop",
+        ];
         for r in Reason::ALL {
             assert_eq!(r.is_charged(), charged.contains(&r.as_str()), "{r:?}");
         }

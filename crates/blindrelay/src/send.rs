@@ -10,7 +10,6 @@ pub mod wrap;
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::Arc;
 
 use tracing::debug;
 
@@ -391,12 +390,10 @@ pub(crate) async fn deliver_along(
         .crypto_slot(ctx.crypto.limit(), ctx.crypto_wait)
         .await
         .ok_or(SendError::Backpressure)?;
-    let node = Arc::clone(&ctx.node);
     let (hops, owned) = (path.clone(), payload.to_vec());
     let (wrapped, commitment) = context::on_crypto_slot(slot, move || {
         let expires_at = wrap::expiry(now);
-        let key = node.signing_key();
-        let wrapped = wrap::wrap_message(&hops, &owned, probe, message, expires_at, key)?;
+        let wrapped = wrap::wrap_message(&hops, &owned, probe, message, expires_at)?;
         Ok::<_, SendError>((wrapped, receipt::commitment(&owned)))
     })
     .await
@@ -555,6 +552,8 @@ fn from_hex_vec(s: &str) -> Option<Vec<u8>> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
     use crate::clock::Clock;
     use crate::node::{self, Node};

@@ -15,12 +15,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use blindrelay::proto::descriptor::Descriptor;
-use blindrelay::proto::frame::Frame;
 use blindrelay::proto::receipt;
 use blindrelay::proto::sphinx::{self, SizeClass};
 use blindrelay::send::wrap::Wrapped;
 use common::{Doc, Net, counter, http_from};
-use ed25519_dalek::SigningKey;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -56,9 +54,10 @@ impl Seen {
     }
 }
 
-/// Junk at `target` from `sources` addresses, `conns` loops each, until `until`: half of it
-/// not an envelope (refused by framing), half framed with a bad signature (refused by
-/// authentication). Bounded by time and by a count per loop.
+/// Junk at `target` from `sources` addresses (each a client with an identity of its own),
+/// `conns` loops each, until `until`: half of it not an envelope (refused by framing, scored
+/// against the link), half a framed packet whose layer does not open (refused at the peel).
+/// Bounded by time and by a count per loop.
 async fn flood(target: &str, sources: &[Ipv4Addr], conns: usize, until: Instant) -> Seen {
     let url = format!("{target}/v2/relay");
     let mut tasks = Vec::new();
@@ -68,13 +67,8 @@ async fn flood(target: &str, sources: &[Ipv4Addr], conns: usize, until: Instant)
             let (client, url) = (client.clone(), url.clone());
             tasks.push(tokio::spawn(async move {
                 let mut seen = Seen::default();
-                let mut packet = vec![7; SizeClass::Small.packet_len()];
-                packet[..2].copy_from_slice(&[sphinx::VERSION, 0]);
-                let mut framed = Frame::sign(packet, &SigningKey::from_bytes(&[9; 32]), &[1; 32])
-                    .expect("a v2 packet")
-                    .encode();
-                let n = framed.len();
-                framed[n - 1] ^= 1;
+                let mut framed = vec![7; SizeClass::Small.packet_len()];
+                framed[..2].copy_from_slice(&[sphinx::VERSION, 0]);
                 for i in 0..200_000u32 {
                     if Instant::now() >= until {
                         break;
@@ -376,26 +370,21 @@ async fn descriptor(net: &Net, i: usize) -> Descriptor {
         .expect("descriptor JSON")
 }
 
-/// A frame along `path` (this process as the sender, signed by `key`), and what the sender
-/// keeps to check the receipt.
-fn craft(key: &SigningKey, path: &[&Descriptor], payload: &[u8]) -> Wrapped {
-    craft_with(false, key, path, payload)
+/// A frame along `path` (this process as the sender), and what the sender keeps to check the
+/// receipt.
+fn craft(path: &[&Descriptor], payload: &[u8]) -> Wrapped {
+    craft_with(false, path, payload)
 }
 
 /// [`craft`] of a message or a probe (the probe flag, in the 2 KiB class).
-fn craft_with(probe: bool, key: &SigningKey, path: &[&Descriptor], payload: &[u8]) -> Wrapped {
+fn craft_with(probe: bool, path: &[&Descriptor], payload: &[u8]) -> Wrapped {
     let expires = blindrelay::send::wrap::expiry(common::unix_now());
-    common::craft(key, path, payload, probe, expires)
+    common::craft(path, payload, probe, expires)
 }
 
 /// Sends `payload` along `path` and checks the terminal's receipt.
-async fn deliver_verified(
-    client: &reqwest::Client,
-    key: &SigningKey,
-    path: &[&Descriptor],
-    payload: &[u8],
-) -> bool {
-    let route = craft(key, path, payload);
+async fn deliver_verified(client: &reqwest::Client, path: &[&Descriptor], payload: &[u8]) -> bool {
+    let route = craft(path, payload);
     let mut v = Value::Null;
     // Retried as a sender does on a short `429` (crypto admission refuses at once).
     for _ in 0..200 {
@@ -451,13 +440,12 @@ async fn a_hung_next_hop_costs_a_small_bounded_share() {
     );
     // C hangs: the kernel still accepts its connections, nobody answers.
     net.signal(2, "STOP");
-    let key = SigningKey::from_bytes(&rand::random());
     let start = Instant::now();
     // 30 requests through B to C at once, from three sources…
     let mut stuck = Vec::new();
     for i in 0..30 {
         let hung = http_from(attacker(13, 2 + i % 3));
-        let body = craft(&key, &[&b, &c], format!("to the hung node {i}").as_bytes()).frame;
+        let body = craft(&[&b, &c], format!("to the hung node {i}").as_bytes()).frame;
         let (hung, endpoint) = (hung.clone(), b.endpoint.clone());
         stuck.push(tokio::spawn(async move {
             let t = Instant::now();
@@ -470,13 +458,8 @@ async fn a_hung_next_hop_costs_a_small_bounded_share() {
     let mut during = Vec::new();
     for i in 0..10 {
         let t = Instant::now();
-        let ok = deliver_verified(
-            &honest_client,
-            &key,
-            &[&b, &d],
-            format!("honest {i}").as_bytes(),
-        )
-        .await;
+        let ok =
+            deliver_verified(&honest_client, &[&b, &d], format!("honest {i}").as_bytes()).await;
         during.push((t, ok));
     }
     let mut seen = Seen::default();
@@ -536,26 +519,23 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
     )
     .await;
     let d = descriptor(&net, 3).await;
-    let key = SigningKey::from_bytes(&rand::random());
     let party = |k: usize| http_from(attacker(14, k));
     // One party: five items (25 % of 20), then refused with its own reason.
     let p0 = party(0);
     for i in 0..5 {
-        assert!(deliver_verified(&p0, &key, &[&d], format!("p0 {i}").as_bytes()).await);
+        assert!(deliver_verified(&p0, &[&d], format!("p0 {i}").as_bytes()).await);
     }
-    let (status, reason) =
-        common::post(&p0, &d.endpoint, craft(&key, &[&d], b"p0 more").frame).await;
+    let (status, reason) = common::post(&p0, &d.endpoint, craft(&[&d], b"p0 more").frame).await;
     assert_eq!((status, reason.as_str()), (429, "inbox_share_exceeded"));
     assert_eq!(net.status(3).await.runtime()["inbox"]["full"], false);
     // Three more parties fill it; a fifth is refused: the inbox is full, and says so.
     for k in 1..4 {
         let p = party(k);
         for i in 0..5 {
-            assert!(deliver_verified(&p, &key, &[&d], format!("p{k} {i}").as_bytes()).await);
+            assert!(deliver_verified(&p, &[&d], format!("p{k} {i}").as_bytes()).await);
         }
     }
-    let (status, reason) =
-        common::post(&party(4), &d.endpoint, craft(&key, &[&d], b"p4").frame).await;
+    let (status, reason) = common::post(&party(4), &d.endpoint, craft(&[&d], b"p4").frame).await;
     assert_eq!((status, reason.as_str()), (507, "inbox_full"));
     let (ok, _, _) = net.send(0, 3, 2, b"honest while full").await;
     assert!(!ok, "a full inbox refuses honest deliveries too");
@@ -589,7 +569,7 @@ async fn the_inbox_and_replay_registry_cannot_be_filled_by_one_party_and_drain()
     // The replay registry (on C, fresh): 40 live routes, 10 per source. Probe frames (stored
     // nowhere) from one party: 10 reserved, then refused with its own reason.
     let c = descriptor(&net, 2).await;
-    let probe = || craft_with(true, &key, &[&c], b"").frame;
+    let probe = || craft_with(true, &[&c], b"").frame;
     let p5 = party(5);
     let mut reserved = 0;
     for _ in 0..20 {

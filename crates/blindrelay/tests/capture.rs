@@ -13,7 +13,7 @@ mod common;
 
 use blindrelay::node::Node as NodeKeys;
 use blindrelay::proto::descriptor::Descriptor;
-use blindrelay::proto::frame::{Frame, frame_len};
+use blindrelay::proto::frame::frame_len;
 use blindrelay::proto::receipt;
 use blindrelay::proto::sphinx::{self, Action, Delivery, HopSpec, SizeClass};
 use blindrelay::send::wrap::expiry;
@@ -31,7 +31,7 @@ struct Sent {
     packet: Vec<u8>,
 }
 
-fn build(key: &SigningKey, path: &[&Descriptor], payload: &[u8], class: SizeClass) -> Sent {
+fn build(path: &[&Descriptor], payload: &[u8], class: SizeClass) -> Sent {
     let expires_at = expiry(unix_now());
     let specs: Vec<HopSpec> = path
         .iter()
@@ -49,9 +49,8 @@ fn build(key: &SigningKey, path: &[&Descriptor], payload: &[u8], class: SizeClas
         message_id,
     };
     let built = sphinx::build(&specs, &delivery, class).expect("builds");
-    let frame = Frame::sign(built.packet.clone(), key, &path[0].node_id).expect("frames");
     Sent {
-        frame: frame.encode(),
+        frame: built.packet.clone(),
         tags: built.replay_tags,
         message_id,
         expires_at,
@@ -66,9 +65,25 @@ async fn post(endpoint: &str, body: Vec<u8>) -> (u16, Value) {
     post_to(endpoint, "/v2/relay", body).await
 }
 
-/// As [`post`], to `path`.
+/// The test's sender: one identity for every request it posts, so its retry is a retry.
+fn sender() -> &'static reqwest::Client {
+    static SENDER: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
+    SENDER.get_or_init(http)
+}
+
+/// As [`post`], to `path`, as [`sender`].
 async fn post_to(endpoint: &str, path: &str, body: Vec<u8>) -> (u16, Value) {
-    let r = http()
+    post_as(sender(), endpoint, path, body).await
+}
+
+/// As [`post_to`], from `client`.
+async fn post_as(
+    client: &reqwest::Client,
+    endpoint: &str,
+    path: &str,
+    body: Vec<u8>,
+) -> (u16, Value) {
+    let r = client
         .post(format!("{endpoint}{path}"))
         .header(reqwest::header::HOST, blindrelay::forward::LINK_HOST)
         .header("content-type", "application/octet-stream")
@@ -133,7 +148,7 @@ async fn every_link_message_of_a_delivery_has_one_length_and_nothing_is_in_clear
         let mut lengths = Vec::new();
         for hops in [1, 3, 5] {
             let path: Vec<&Descriptor> = ds[..hops].iter().collect();
-            let s = build(&key, &path, &payload, class);
+            let s = build(&path, &payload, class);
             let mark = tap_mark();
             let (status, answer) = post(&ds[0].endpoint, s.frame.clone()).await;
             assert_eq!(status, 200, "{class:?} over {hops}: {answer}");
@@ -258,10 +273,9 @@ async fn a_rewrapped_layer_is_refused_at_every_position_also_after_a_restart() {
     let (mut net, _taps) =
         Net::start_tapped(3, &["--probe-interval", "0s", "--gossip-interval", "0s"]).await;
     let ds = descriptors(&net).await;
-    let key = SigningKey::from_bytes(&rand::random());
     let path = [0, 1, 2];
     let route: Vec<&Descriptor> = path.iter().map(|&i| &ds[i]).collect();
-    let s = build(&key, &route, b"once only", SizeClass::Small);
+    let s = build(&route, b"once only", SizeClass::Small);
     let (status, answer) = post(&ds[0].endpoint, s.frame.clone()).await;
     assert_eq!(
         (status, answer["outcome"].as_str()),
@@ -280,11 +294,10 @@ async fn a_rewrapped_layer_is_refused_at_every_position_also_after_a_restart() {
             }
         }
         for (pos, packet) in packets.iter().enumerate() {
-            let other = SigningKey::from_bytes(&rand::random());
-            let rewrapped = Frame::sign(packet.clone(), &other, &ds[path[pos]].node_id)
-                .expect("frames")
-                .encode();
-            let (status, answer) = post(&ds[path[pos]].endpoint, rewrapped).await;
+            // The same layer from another previous hop: a re-wrap.
+            let other = http();
+            let endpoint = &ds[path[pos]].endpoint;
+            let (status, answer) = post_as(&other, endpoint, "/v2/relay", packet.clone()).await;
             assert_eq!(
                 (status, answer["error"].as_str()),
                 (400, Some("replay_conflict")),

@@ -139,3 +139,118 @@ async fn a_link_observer_sees_no_plaintext() {
         }
     }
 }
+
+/// A client certificate that names `claimed` (another node's id) on a key `signer` holds: what
+/// an impostor can make without the claimed node's secret.
+fn impostor_config(claimed: &[u8; 32], signer: &ed25519_dalek::SigningKey) -> rustls::ClientConfig {
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
+    // PKCS#8 v1 of an Ed25519 seed, and the certificate made on it.
+    let mut pkcs8 = vec![
+        0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22, 0x04,
+        0x20,
+    ];
+    pkcs8.extend_from_slice(signer.as_bytes());
+    let pair = rcgen::KeyPair::from_pkcs8_der_and_sign_algo(
+        &PrivatePkcs8KeyDer::from(pkcs8.clone()),
+        &rcgen::PKCS_ED25519,
+    )
+    .expect("key pair");
+    let cert = rcgen::CertificateParams::new(vec!["blindrelay".into()])
+        .expect("params")
+        .self_signed(&pair)
+        .expect("certificate");
+    // The claimed id put where the signer's key was.
+    let own = signer.verifying_key().to_bytes();
+    let mut der = cert.der().to_vec();
+    let at = der
+        .windows(32)
+        .position(|w| w == own)
+        .expect("the key in it");
+    der[at..at + 32].copy_from_slice(claimed);
+    let provider = rustls::crypto::ring::default_provider();
+    let key = provider
+        .key_provider
+        .load_private_key(PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(pkcs8)))
+        .expect("signing key");
+    let certified = std::sync::Arc::new(rustls::sign::CertifiedKey::new(
+        vec![CertificateDer::from(der)],
+        key,
+    ));
+    #[derive(Debug)]
+    struct Offer(std::sync::Arc<rustls::sign::CertifiedKey>);
+    impl rustls::client::ResolvesClientCert for Offer {
+        fn resolve(
+            &self,
+            _hints: &[&[u8]],
+            _schemes: &[rustls::SignatureScheme],
+        ) -> Option<std::sync::Arc<rustls::sign::CertifiedKey>> {
+            Some(std::sync::Arc::clone(&self.0))
+        }
+        fn has_certs(&self) -> bool {
+            true
+        }
+    }
+    let mut config = blindrelay::links::unpinned_config();
+    config.client_auth_cert_resolver = std::sync::Arc::new(Offer(certified));
+    config
+}
+
+/// A frame needs a link that proves its previous hop: a client with no certificate reads a
+/// descriptor but posts no frame (`invalid_previous_hop`, charged to nobody), one that names
+/// another node's id without its key is refused at the handshake, and a client proving its own
+/// identity is the previous hop of what it posts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frame_needs_a_link_that_proves_its_previous_hop() {
+    let net = Net::start(2, &["--probe-interval", "0s", "--gossip-interval", "0s"]).await;
+    let d1: blindrelay::proto::Descriptor =
+        serde_json::from_value(net.get_json(1, "/v1/descriptor").await).expect("descriptor");
+    let frame = |text: &[u8]| {
+        let expires = blindrelay::send::wrap::expiry(common::unix_now());
+        common::craft(&[&d1], text, false, expires).frame
+    };
+    let anonymous = common::http_anonymous();
+    let r = anonymous
+        .get(format!("{}/v1/descriptor", d1.endpoint))
+        .send()
+        .await
+        .expect("a descriptor with no client certificate");
+    assert_eq!(r.status(), 200);
+    let (status, why) = common::post(&anonymous, &d1.endpoint, frame(b"anonymous")).await;
+    assert_eq!((status, why.as_str()), (400, "invalid_previous_hop"));
+    // Node 0's id on a key node 0 does not hold.
+    let claimed: [u8; 32] = blindrelay::proto::from_hex(&net.node(0).id).expect("id");
+    let impostor = reqwest::Client::builder()
+        .use_preconfigured_tls(impostor_config(
+            &claimed,
+            &ed25519_dalek::SigningKey::from_bytes(&rand::random()),
+        ))
+        .build()
+        .expect("client");
+    let r = impostor
+        .post(format!("{}/v2/relay", d1.endpoint))
+        .body(frame(b"in node 0's name"))
+        .send()
+        .await;
+    assert!(r.is_err(), "an impostor's handshake went through: {r:?}");
+    let (status, why) = common::post(&common::http(), &d1.endpoint, frame(b"mine")).await;
+    assert_eq!((status, why.as_str()), (200, "delivered"));
+    let s = net.status(1).await;
+    assert_eq!(
+        counter(&s, "received"),
+        2,
+        "the impostor reached no handler: {s}"
+    );
+    assert_eq!(counter(&s, "terminal"), 1, "{s}");
+    assert_eq!(counter(&s, "invalid_signature"), 1, "{s}");
+    assert_eq!(counter(&s, "quarantine_started"), 0, "{s}");
+    let named = common::peer_rows(&s)
+        .iter()
+        .find(|r| r["node"] == net.node(0).prefix())
+        .cloned()
+        .expect("node 0's row (a --peer of node 1)");
+    assert_eq!(
+        (named["last_contact"].as_str(), &named["reasons"]),
+        (Some("never"), &serde_json::json!({})),
+        "nothing noted against the node the impostor named: {named}"
+    );
+}

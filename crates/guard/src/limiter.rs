@@ -122,6 +122,32 @@ impl<K: Hash + Eq + Clone, R: Rule> KeyedLimiter<K, R> {
         Some(f(&self.rule, &mut entry.state))
     }
 
+    /// As [`KeyedLimiter::update`], a key not remembered yet first given fresh state (when
+    /// there is room, as [`KeyedLimiter::check`] makes it).
+    ///
+    /// # Errors
+    /// [`Full`] when `key` is new and no room can be made.
+    pub fn upsert<T>(
+        &mut self,
+        key: &K,
+        now: Instant,
+        f: impl FnOnce(&R, &mut R::State) -> T,
+    ) -> Result<T, Full> {
+        if self.entries.get(key).is_none() {
+            if self.entries.len() >= self.limits.max_keys && !self.make_room(now) {
+                return Err(Full);
+            }
+            let entry = Entry {
+                state: self.rule.fresh(now),
+                last_seen: now,
+            };
+            self.entries
+                .insert_new(key.clone(), entry)
+                .map_err(|_| Full)?;
+        }
+        self.update(key, now, f).ok_or(Full)
+    }
+
     /// The state of `key`, if remembered.
     pub fn get(&self, key: &K) -> Option<&R::State> {
         self.entries.get(key).map(|e| &e.state)
@@ -258,6 +284,19 @@ mod tests {
         assert_eq!(l.check(&1, t0 + 2 * S), Ok(true));
         // Another key has its own bucket.
         assert_eq!(l.check(&2, t0), Ok(true));
+    }
+
+    #[test]
+    fn upsert_gives_a_new_key_fresh_state_within_the_bound() {
+        let t0 = Instant::now();
+        let mut l = KeyedLimiter::new(TokenBucket::new(5, Duration::from_secs(100)), limits(2));
+        assert_eq!(l.update(&1u32, t0, |_, _| ()), None, "update needs the key");
+        assert_eq!(l.upsert(&1u32, t0, |r, s| r.check(s, t0)), Ok(true));
+        assert!(l.get(&1).is_some());
+        assert_eq!(l.upsert(&2, t0, |r, s| r.check(s, t0)), Ok(true));
+        // Both hold a used bucket (not at rest): no room for a third.
+        assert_eq!(l.upsert(&3, t0, |_, _| ()), Err(Full));
+        assert_eq!(l.len(), 2);
     }
 
     #[test]

@@ -24,7 +24,8 @@
 //! - Accept errors (a full descriptor table) pause the loop [`Config::accept_backoff`] and go
 //!   to [`Hooks::accept_failed`]; every connection's end goes to [`Hooks::closed`].
 //!
-//! Each request carries its peer's address as axum's [`ConnectInfo<SocketAddr>`] extension.
+//! Each request carries its peer's address as axum's [`ConnectInfo<SocketAddr>`] extension, and
+//! what the wrap step learned of the connection ([`Wrap::Info`]).
 //! Nothing here logs: what to count or log is the caller's ([`Hooks`]).
 
 #![cfg_attr(not(test), deny(clippy::unwrap_used))]
@@ -148,8 +149,14 @@ impl Hooks for () {}
 pub trait Wrap: Send + Sync + 'static {
     /// What HTTP is spoken over.
     type Stream: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+    /// What the step learned of the connection (the key a TLS client authenticated with, say):
+    /// every request on it carries a copy as an extension.
+    type Info: Clone + Send + Sync + 'static;
     /// Wraps `tcp`; bounded by [`Config::header_timeout`] and the stop by the loop.
-    fn wrap(&self, tcp: TcpStream) -> impl Future<Output = io::Result<Self::Stream>> + Send;
+    fn wrap(
+        &self,
+        tcp: TcpStream,
+    ) -> impl Future<Output = io::Result<(Self::Stream, Self::Info)>> + Send;
 }
 
 /// HTTP straight over TCP.
@@ -158,8 +165,9 @@ pub struct Plain;
 
 impl Wrap for Plain {
     type Stream = TcpStream;
-    async fn wrap(&self, tcp: TcpStream) -> io::Result<TcpStream> {
-        Ok(tcp)
+    type Info = ();
+    async fn wrap(&self, tcp: TcpStream) -> io::Result<(TcpStream, ())> {
+        Ok((tcp, ()))
     }
 }
 
@@ -367,13 +375,14 @@ async fn connection<W: Wrap>(
     let served = async {
         let stream = tokio::select! {
             r = tokio::time::timeout(config.header_timeout, wrap.wrap(tcp)) => match r {
-                Ok(Ok(stream)) => stream,
+                Ok(Ok(wrapped)) => wrapped,
                 Ok(Err(e)) => return Closed::WrapFailed(e),
                 Err(_) => return Closed::WrapTimeout,
             },
             () = stop.cancelled() => return Closed::Stopped,
         };
-        http1(stream, peer, router, &config, &stop).await
+        let (stream, info) = stream;
+        http1(stream, (peer, info), router, &config, &stop).await
     };
     match config.conn_deadline {
         Some(deadline) => tokio::time::timeout(deadline, served)
@@ -384,19 +393,21 @@ async fn connection<W: Wrap>(
 }
 
 /// HTTP/1 on `stream` until it closes, `router` answering, each request with its peer's
-/// address ([`ConnectInfo`]).
-async fn http1<S>(
+/// address ([`ConnectInfo`]) and what the wrap step learned (`info`).
+async fn http1<S, I>(
     stream: S,
-    peer: SocketAddr,
+    (peer, info): (SocketAddr, I),
     router: Router,
     config: &Config,
     stop: &CancellationToken,
 ) -> Closed
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    I: Clone + Send + Sync + 'static,
 {
     let service = hyper::service::service_fn(move |mut req: Request<Incoming>| {
         req.extensions_mut().insert(ConnectInfo(peer));
+        req.extensions_mut().insert(info.clone());
         let router = router.clone();
         async move { router.oneshot(req).await }
     });

@@ -72,6 +72,14 @@ fn router(started: Arc<Notify>) -> Router {
     Router::new()
         .route("/ok", get(|| async { "ok" }))
         .route(
+            "/name",
+            get(
+                |axum::Extension(Name(n)): axum::Extension<Name>| async move {
+                    char::from(n).to_string()
+                },
+            ),
+        )
+        .route(
             "/peer",
             get(|ConnectInfo(peer): ConnectInfo<SocketAddr>| async move { peer.ip().to_string() }),
         )
@@ -289,17 +297,23 @@ async fn no_connection_outlives_its_deadline() {
     assert_eq!(r.next().await, Event::Closed("deadline"));
 }
 
-/// A handshake that waits for one byte from the peer, then speaks HTTP on the stream.
+/// A handshake that waits for one byte from the peer (`H`, then the name it gives), then
+/// speaks HTTP on the stream; every request carries the name.
 #[derive(Debug)]
 struct Hello;
 
+/// What [`Hello`] learned of a connection.
+#[derive(Debug, Clone)]
+struct Name(u8);
+
 impl Wrap for Hello {
     type Stream = TcpStream;
-    async fn wrap(&self, mut tcp: TcpStream) -> io::Result<TcpStream> {
-        let mut b = [0u8; 1];
+    type Info = Name;
+    async fn wrap(&self, mut tcp: TcpStream) -> io::Result<(TcpStream, Name)> {
+        let mut b = [0u8; 2];
         tcp.read_exact(&mut b).await?;
         if b[0] == b'H' {
-            Ok(tcp)
+            Ok((tcp, Name(b[1])))
         } else {
             Err(io::Error::new(io::ErrorKind::InvalidData, "no hello"))
         }
@@ -317,13 +331,18 @@ async fn the_wrap_step_is_bounded_by_the_header_deadline() {
     let mut r = start_wrapped(listener, Hello).await;
 
     let mut ok = TcpStream::connect(r.addr).await.unwrap();
-    ok.write_all(b"H").await.unwrap();
+    ok.write_all(b"Hz").await.unwrap();
     assert_eq!(get_on(&mut ok, "/ok").await, "ok");
+    assert_eq!(
+        get_on(&mut ok, "/name").await,
+        "z",
+        "what the wrap step learned"
+    );
     drop(ok);
     assert_eq!(r.next().await, Event::Closed("done"));
 
     let mut wrong = TcpStream::connect(r.addr).await.unwrap();
-    wrong.write_all(b"X").await.unwrap();
+    wrong.write_all(b"Xz").await.unwrap();
     assert!(closed(&mut wrong).await);
     assert_eq!(r.next().await, Event::Closed("wrap failed"));
 

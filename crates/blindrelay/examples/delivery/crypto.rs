@@ -27,14 +27,14 @@ pub(crate) fn crypto_cost(hops: usize, payload: &[u8], rounds: usize) -> (Durati
             onion_key: PublicKey::from(o).to_bytes(),
         })
         .collect();
-    let me = SigningKey::from_bytes(&[77; 32]);
+    let me = SigningKey::from_bytes(&[77; 32]).verifying_key().to_bytes();
     let now = 1_800_000_000;
     let (mut best_sender, mut best_hops) = (Duration::MAX, Duration::MAX);
     for _ in 0..rounds {
         let t = Instant::now();
-        let wrapped = blindrelay::send::wrap::wrap(&path, payload, false, now, &me).expect("wraps");
+        let wrapped = blindrelay::send::wrap::wrap(&path, payload, false, now).expect("wraps");
         let mut sender = t.elapsed();
-        let mut frame = Frame::decode(&wrapped.frame).expect("a frame");
+        let mut frame = Frame::decode(&wrapped.frame, me).expect("a frame");
         let mut on_hops = Duration::ZERO;
         let mut sealed = String::new();
         for (sign, onion) in &keys {
@@ -43,8 +43,9 @@ pub(crate) fn crypto_cost(hops: usize, payload: &[u8], rounds: usize) -> (Durati
             let c = pipeline::check_frame(&id, &[onion], frame.clone(), now, &mut None, |_| Ok(()))
                 .expect("accepted");
             match c.next {
-                HopNext::Forward { next_hop, packet } => {
-                    frame = Frame::sign(packet, sign, &next_hop).expect("frames");
+                HopNext::Forward { packet, .. } => {
+                    let from = sign.verifying_key().to_bytes();
+                    frame = Frame::new(packet, from).expect("frames");
                 }
                 HopNext::Terminal {
                     payload,

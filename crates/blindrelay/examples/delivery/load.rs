@@ -133,11 +133,11 @@ pub(crate) async fn overload(
         node_id: id,
         onion_key: bogus,
     }];
-    let frame = blindrelay::send::wrap::wrap(&path, &[0; 1024], false, now, &prober)
+    let frame = blindrelay::send::wrap::wrap(&path, &[0; 1024], false, now)
         .expect("wraps")
         .frame;
     let http = reqwest::Client::builder()
-        .use_preconfigured_tls(blindrelay::links::unpinned_config())
+        .use_preconfigured_tls(blindrelay::links::unpinned_config_as(&prober).expect("tls"))
         .no_proxy()
         .local_address(Some(from.into()))
         .timeout(Duration::from_secs(10))

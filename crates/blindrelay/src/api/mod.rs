@@ -38,6 +38,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 
 pub use self::error::ApiError;
+use crate::links::LinkPeer;
 use crate::pipeline::Answer;
 use crate::proto::frame::MAX_FRAME;
 use crate::proto::from_hex;
@@ -132,8 +133,10 @@ async fn v1_relay(
 async fn relay_request(
     State(relay): State<Arc<Relay>>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    link: Option<Extension<LinkPeer>>,
     req: Request,
 ) -> Result<Response, ApiError> {
+    let link = link.and_then(|Extension(LinkPeer(id))| id);
     let pipeline = relay.pipeline();
     let ip = peer.map_or(IpAddr::from([0, 0, 0, 0]), |Extension(ConnectInfo(p))| {
         p.ip()
@@ -146,7 +149,7 @@ async fn relay_request(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_FRAME as u64) {
-        return Err(pipeline.refuse(Reason::EnvelopeTooLarge).into());
+        return Err(pipeline.refuse_from(link, Reason::EnvelopeTooLarge).into());
     }
     let deadline = body_deadline(declared.unwrap_or(MAX_FRAME as u64));
     let body = match tokio::time::timeout(
@@ -156,10 +159,10 @@ async fn relay_request(
     .await
     {
         Ok(Ok(body)) => body,
-        Ok(Err(_)) => return Err(pipeline.refuse(Reason::EnvelopeTooLarge).into()),
+        Ok(Err(_)) => return Err(pipeline.refuse_from(link, Reason::EnvelopeTooLarge).into()),
         Err(_) => return Err(pipeline.refuse(Reason::RequestTimeout).into()),
     };
-    let admitted = pipeline.admit(&source, &body)?;
+    let admitted = pipeline.admit(&source, link, &body)?;
     drop(body);
     // The request runs to its end in its own task, within its deadline, even if the client
     // goes away: a reserved route is always completed (its answer stored for duplicates),

@@ -31,6 +31,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::links::LinkPeer;
 use crate::pipeline::Pipeline;
 use crate::sources::{CountLimits, CountTable, Held};
 
@@ -155,13 +156,17 @@ impl Hooks for Counting {
     }
 }
 
-/// The links' TLS 1.3 handshake (`crate::links`).
+/// The links' TLS 1.3 handshake (`crate::links`); every request on the link carries the node
+/// id its client authenticated with ([`LinkPeer`]).
 struct Tls(TlsAcceptor);
 
 impl Wrap for Tls {
     type Stream = TlsStream<TcpStream>;
+    type Info = LinkPeer;
 
-    async fn wrap(&self, tcp: TcpStream) -> std::io::Result<TlsStream<TcpStream>> {
-        self.0.accept(tcp).await
+    async fn wrap(&self, tcp: TcpStream) -> std::io::Result<(TlsStream<TcpStream>, LinkPeer)> {
+        let stream = self.0.accept(tcp).await?;
+        let peer = LinkPeer::of(stream.get_ref().1);
+        Ok((stream, peer))
     }
 }

@@ -719,6 +719,7 @@ mod tests {
                 idle_per_peer: 1,
                 clients: 1,
             },
+            None,
         );
         let cancel = CancellationToken::new();
         let run = tokio::spawn(Arc::clone(&peers).run(links, cancel.clone()));

@@ -13,7 +13,6 @@ use crate::forward::{self, Forwarded};
 use crate::health::Bucket;
 use crate::outbound::Turn;
 use crate::proto::NodeId;
-use crate::proto::frame::Frame;
 use crate::proto::receipt;
 use crate::proto::sphinx::ReplayTag;
 use crate::proto::sphinx::report::{self, Failure};
@@ -40,11 +39,11 @@ pub(super) enum Next {
     Terminal(TerminalWork),
 }
 
-/// Step 8's CPU work: the next hop's endpoint (the end of step 7) and the frame signed for it,
-/// or the terminal's sealed receipt.
+/// Step 8's CPU work: the next hop's endpoint (the end of step 7) and the frame for it (the
+/// peeled packet: the link to the next hop names this node), or the terminal's sealed receipt.
 ///
 /// # Errors
-/// `forward_failed` (the frame cannot be signed).
+/// None today; a `Reason` if preparing ever can fail.
 pub(super) fn prepare(ctx: &Context, next: HopNext, now: u64) -> Result<Next, Reason> {
     let node = &ctx.node;
     Ok(match next {
@@ -53,12 +52,10 @@ pub(super) fn prepare(ctx: &Context, next: HopNext, now: u64) -> Result<Next, Re
                 Ok(endpoint) => endpoint,
                 Err(r) => return Ok(Next::Unroutable(r)),
             };
-            let frame = Frame::sign(packet, node.signing_key(), &next_hop)
-                .map_err(|_| Reason::ForwardFailed)?;
             Next::Forward {
                 endpoint,
                 next_hop,
-                frame: frame.encode(),
+                frame: packet,
             }
         }
         HopNext::Terminal {

@@ -51,6 +51,9 @@ struct HopState {
     rate: FixedWindow,
     /// Scored failures in the current [`FAILURE_WINDOW`].
     failures: FixedWindow,
+    /// Frames whose layer did not open, in the current [`FAILURE_WINDOW`] (never scored: the
+    /// sender may have sealed them; past [`FAILURE_THRESHOLD`] the peer is [`HopGuard::suspect`]).
+    peel_failures: FixedWindow,
     quarantine_until: Option<Instant>,
 }
 
@@ -88,6 +91,7 @@ impl Rule for HopRule {
         HopState {
             rate: FixedWindow::new(now),
             failures: FixedWindow::new(now),
+            peel_failures: FixedWindow::new(now),
             quarantine_until: None,
         }
     }
@@ -109,6 +113,7 @@ impl Rule for HopRule {
         s.quarantine_until.is_none_or(|u| u <= now)
             && s.rate.has_ended(now, self.0.window)
             && (s.failures.count() == 0 || s.failures.has_ended(now, FAILURE_WINDOW))
+            && (s.peel_failures.count() == 0 || s.peel_failures.has_ended(now, FAILURE_WINDOW))
     }
 }
 
@@ -205,6 +210,9 @@ impl HopGuard {
         if r.is_charged() {
             self.charge(prev, instant, counters);
         }
+        if r == Reason::OnionPeelFailed {
+            self.note_peel_failure(prev, instant);
+        }
         match r.blame() {
             Blame::PreviousHop | Blame::PreviousHopUnscored => {
                 health.record_refusal(prev, r, now);
@@ -228,7 +236,7 @@ impl HopGuard {
     /// Scores a failure against `hop`; true when it started a quarantine.
     fn score(&self, hop: &NodeId, now: Instant) -> bool {
         self.lock()
-            .update(hop, now, |_, s| {
+            .upsert(hop, now, |_, s| {
                 if s.failures.hit(now, FAILURE_WINDOW) >= FAILURE_THRESHOLD {
                     s.failures.clear();
                     s.quarantine_until = Some(now + QUARANTINE);
@@ -238,6 +246,30 @@ impl HopGuard {
                 }
             })
             .unwrap_or(false)
+    }
+
+    /// Notes a frame of `hop` whose layer did not open.
+    fn note_peel_failure(&self, hop: &NodeId, now: Instant) {
+        let started = self
+            .lock()
+            .upsert(hop, now, |_, s| {
+                s.peel_failures.hit(now, FAILURE_WINDOW) == FAILURE_THRESHOLD
+            })
+            .unwrap_or(false);
+        if started {
+            debug!(peer = %Prefix(hop), "previous hop's frames keep failing the peel: a stranger's crypto share");
+        }
+    }
+
+    /// True when [`FAILURE_THRESHOLD`] of `hop`'s frames failed the peel within the current
+    /// [`FAILURE_WINDOW`]: its requests take a stranger's share of the crypto slots
+    /// (`pipeline::crypto`) until the window ends. Never a quarantine: a sender can seal a layer
+    /// that fails at a later hop and make an honest forwarder look like this.
+    pub fn suspect(&self, hop: &NodeId, now: Instant) -> bool {
+        self.lock().get(hop).is_some_and(|s| {
+            !s.peel_failures.has_ended(now, FAILURE_WINDOW)
+                && s.peel_failures.count() >= FAILURE_THRESHOLD
+        })
     }
 
     /// Forgets identities at rest and idle.

@@ -9,8 +9,9 @@
 //! 2. [`crypto`]: a crypto slot (inbound requests get all but one, strangers a share of those),
 //!    taken at once or refused at once: `backpressure`, or `source_limited` for a stranger
 //!    over its share;
-//! 3. [`authenticate`]: the frame's framing (a v1 envelope is `v1_not_accepted`), then on the
-//!    crypto slot its previous hop's signature;
+//! 3. [`authenticate`]: the previous hop is the link's client, authenticated by mutual TLS;
+//!    the frame's framing (a v1 envelope is `v1_not_accepted`, any other fault
+//!    `malformed_envelope`, scored against the previous hop);
 //! 4. [`hop_guard`]: the previous-hop rate limit and quarantine, and the blame of what a
 //!    previous hop sent;
 //! 5. [`freshness`]: this node's layer opened (peeled in place, the same length out as in) and
@@ -71,7 +72,7 @@ use crate::proto::sphinx::{self, ReplayTag};
 use crate::proto::{NodeId, Prefix};
 use crate::reason::Reason;
 use crate::replay::{Digest, ReplayRegistry};
-use crate::sources::{Classifier, Grouping, Source};
+use crate::sources::{Classifier, Grouping, Source, SourceKey};
 use crate::terminal::Terminal;
 
 /// Of a request's deadline, what is kept back to record its answer and reply.
@@ -121,13 +122,14 @@ pub struct HopChecked {
     pub next: HopNext,
 }
 
-/// Steps 3–7 up to the reservation for `frame` at node `me` holding `secrets` (current onion key
-/// first), at `now`: CPU work only. `prev` is set once the previous hop is authenticated, so a
-/// refusal after it can be blamed; `guard` (step 4) is asked about it before any other work.
+/// Steps 4–7 up to the reservation for `frame` (its previous hop authenticated by its link) at
+/// node `me` holding `secrets` (current onion key first), at `now`: CPU work only. `prev` is
+/// set to the previous hop, so a refusal can be blamed; `guard` (step 4) is asked about it
+/// before any other work.
 ///
 /// # Errors
-/// `invalid_previous_hop`, `invalid_signature`, the guard's refusal, `self_loop`,
-/// `onion_peel_failed`, `timestamp_expired`, `timestamp_in_future` or `route_loop`.
+/// The guard's refusal, `self_loop`, `onion_peel_failed`, `timestamp_expired`,
+/// `timestamp_in_future` or `route_loop`.
 pub fn check_frame(
     me: &NodeId,
     secrets: &[&StaticSecret],
@@ -136,7 +138,7 @@ pub fn check_frame(
     prev: &mut Option<NodeId>,
     guard: impl FnOnce(&NodeId) -> Result<(), Reason>,
 ) -> Result<HopChecked, Reason> {
-    let from = authenticate::previous_hop(&frame, me)?;
+    let from = frame.previous_hop;
     *prev = Some(from);
     guard(&from)?;
     self_loop::check(&from, me)?;
@@ -273,13 +275,19 @@ impl Pipeline {
             .map_err(|r| self.refuse(r))
     }
 
-    /// Step 3's framing of the body read (size, class), then step 1's admission. Never waits.
+    /// Step 3's framing of the body read (size, class) from the link's client `link`, then
+    /// step 1's admission. Never waits.
     ///
     /// # Errors
-    /// `v1_not_accepted`, `malformed_envelope`, `source_limited` or `backpressure` (already
-    /// counted).
-    pub fn admit(&self, source: &Source, body: &[u8]) -> Result<Admitted, Reason> {
-        let frame = authenticate::frame(body).map_err(|r| self.refuse(r))?;
+    /// `invalid_previous_hop`, `v1_not_accepted`, `malformed_envelope`, `source_limited` or
+    /// `backpressure` (already counted; a malformed frame scored against `link`).
+    pub fn admit(
+        &self,
+        source: &Source,
+        link: Option<NodeId>,
+        body: &[u8],
+    ) -> Result<Admitted, Reason> {
+        let frame = authenticate::frame(body, link).map_err(|r| self.refuse_from(link, r))?;
         let slot = self
             .gate
             .admit(source.key(), self.ctx.clock.instant())
@@ -314,6 +322,13 @@ impl Pipeline {
         r
     }
 
+    /// [`Pipeline::refuse`] of what the link's client `link` sent (a body too large, a frame
+    /// that is not one), blamed on it ([`Reason::blame`]).
+    pub fn refuse_from(&self, link: Option<NodeId>, r: Reason) -> Reason {
+        self.refused(link, r, self.ctx.clock.instant());
+        self.refuse(r)
+    }
+
     fn record(&self, verdict: &Result<Answer, Reason>) {
         answer::record(&self.ctx.counters, verdict, self.ctx.clock.unix());
     }
@@ -344,7 +359,18 @@ impl Pipeline {
         // Step 2, then 3–7 on a blocking thread while the slot (and a stranger's share) is held;
         // then, the slot given back, the reservation on the same thread (and at the terminal,
         // step 8 and the replay record): one hop off the reactor for all of it.
-        let (slot, share) = crypto::admit(&self.ctx, &self.strangers, source.key())?;
+        // A known peer whose frames keep failing the peel takes a stranger's share.
+        let key = match source.key() {
+            SourceKey::Known(ip)
+                if self
+                    .hops
+                    .suspect(&frame.previous_hop, self.ctx.clock.instant()) =>
+            {
+                SourceKey::Net(ip)
+            }
+            key => key,
+        };
+        let (slot, share) = crypto::admit(&self.ctx, &self.strangers, key)?;
         let (now, instant) = (self.ctx.clock.unix(), self.ctx.clock.instant());
         let (me, then) = (Arc::clone(self), Arc::clone(self));
         let source = *source;

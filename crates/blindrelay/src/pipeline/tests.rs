@@ -58,23 +58,20 @@ fn packet(route: &[&Hop], payload: &[u8], probe: bool, expires_at: u64) -> Vec<u
     build(&specs, &delivery, class).expect("builds").packet
 }
 
-fn frame(packet: Vec<u8>, by: &SigningKey, to: &Hop) -> Frame {
-    Frame::sign(packet, by, &to.id()).expect("a v2 packet")
+/// `packet` on `by`'s link.
+fn frame(packet: Vec<u8>, by: &SigningKey) -> Frame {
+    Frame::new(packet, by.verifying_key().to_bytes()).expect("a v2 packet")
 }
 
 /// Runs a route hop by hop: every frame each hop received, and the terminal's payload.
 fn run(sender: &SigningKey, route: &[&Hop], payload: &[u8]) -> (Vec<Frame>, Vec<u8>) {
-    let mut received = vec![frame(
-        packet(route, payload, false, EXPIRES),
-        sender,
-        route[0],
-    )];
+    let mut received = vec![frame(packet(route, payload, false, EXPIRES), sender)];
     for (i, hop) in route.iter().enumerate() {
         let got = received.last().expect("one frame per hop").clone();
         match hop.check(got, NOW).expect("accepted").next {
             HopNext::Forward { next_hop, packet } => {
                 assert_eq!(next_hop, route[i + 1].id());
-                received.push(frame(packet, &hop.sign, route[i + 1]));
+                received.push(frame(packet, &hop.sign));
             }
             HopNext::Terminal { payload, probe, .. } => {
                 assert!(!probe);
@@ -133,13 +130,12 @@ fn assert_nothing_in_clear(frames: &[Frame], route: &[&Hop]) {
 fn a_probe_is_flagged_only_at_the_terminal() {
     let sender = SigningKey::from_bytes(&[1; 32]);
     let (a, b) = (Hop::new(10), Hop::new(11));
-    let first = frame(packet(&[&a, &b], b"probe", true, EXPIRES), &sender, &a);
+    let first = frame(packet(&[&a, &b], b"probe", true, EXPIRES), &sender);
     let HopNext::Forward { packet, .. } = a.check(first, NOW).expect("forwarded").next else {
         panic!("a forwards");
     };
     assert_eq!(packet.len(), SizeClass::Small.packet_len());
-    let HopNext::Terminal { probe, .. } =
-        b.check(frame(packet, &a.sign, &b), NOW).expect("ok").next
+    let HopNext::Terminal { probe, .. } = b.check(frame(packet, &a.sign), NOW).expect("ok").next
     else {
         panic!("b delivers");
     };
@@ -154,36 +150,31 @@ fn refusals() {
     let reason = |r: Result<HopChecked, Reason>| r.map(|_| ()).unwrap_err();
     // Signed by this node itself.
     assert_eq!(
-        reason(a.check(frame(p.clone(), &a.sign, &a), NOW)),
+        reason(a.check(frame(p.clone(), &a.sign), NOW)),
         Reason::SelfLoop
     );
     // For another node.
     assert_eq!(
-        reason(b.check(frame(p.clone(), &sender, &b), NOW)),
+        reason(b.check(frame(p.clone(), &sender), NOW)),
         Reason::OnionPeelFailed
     );
-    // A bad signature.
-    let mut forged = frame(p.clone(), &sender, &a);
-    forged.signature[0] ^= 1;
-    assert_eq!(reason(a.check(forged, NOW)), Reason::InvalidSignature);
     // Expired, and too far ahead.
     assert_eq!(
-        reason(a.check(frame(p, &sender, &a), EXPIRES + sphinx::EXPIRY_SKEW + 1)),
+        reason(a.check(frame(p, &sender), EXPIRES + sphinx::EXPIRY_SKEW + 1)),
         Reason::TimestampExpired
     );
     let ahead = packet(&[&a, &b], b"x", false, NOW + 2000);
     assert_eq!(
-        reason(a.check(frame(ahead, &sender, &a), NOW)),
+        reason(a.check(frame(ahead, &sender), NOW)),
         Reason::TimestampInFuture
     );
     // The previous hop named as next hop: a → b → a refused at b.
     let looped = packet(&[&a, &b, &a], b"x", false, EXPIRES);
-    let HopNext::Forward { packet, .. } = a.check(frame(looped, &sender, &a), NOW).unwrap().next
-    else {
+    let HopNext::Forward { packet, .. } = a.check(frame(looped, &sender), NOW).unwrap().next else {
         panic!("a forwards");
     };
     assert_eq!(
-        reason(b.check(frame(packet, &a.sign, &b), NOW)),
+        reason(b.check(frame(packet, &a.sign), NOW)),
         Reason::RouteLoop
     );
 }
@@ -209,7 +200,7 @@ fn a_rewrapped_layer_is_refused_at_every_position_also_after_a_restart() {
         {
             let reg = ReplayRegistry::open_sqlite(&path, 64, WINDOW_SECS, NOW).expect("open");
             assert_eq!(reserve(&reg, &first, NOW), Outcome::New, "hop {i}");
-            let rewrapped = frame(frames[i].packet.clone(), &attacker, hop);
+            let rewrapped = frame(frames[i].packet.clone(), &attacker);
             let again = hop
                 .check(rewrapped, NOW + 1)
                 .expect("the layer still opens");
@@ -221,7 +212,7 @@ fn a_rewrapped_layer_is_refused_at_every_position_also_after_a_restart() {
         let last = EXPIRES + sphinx::EXPIRY_SKEW;
         for now in [NOW + 2, NOW + WINDOW_SECS + 1, last] {
             let reg = ReplayRegistry::open_sqlite(&path, 64, WINDOW_SECS, now).expect("reopen");
-            let rewrapped = frame(frames[i].packet.clone(), &attacker, hop);
+            let rewrapped = frame(frames[i].packet.clone(), &attacker);
             let again = hop.check(rewrapped, now).expect("still acceptable");
             assert_eq!(
                 reserve(&reg, &again, now),
@@ -229,7 +220,7 @@ fn a_rewrapped_layer_is_refused_at_every_position_also_after_a_restart() {
                 "hop {i} at {now}"
             );
         }
-        let late = frame(frames[i].packet.clone(), &attacker, hop);
+        let late = frame(frames[i].packet.clone(), &attacker);
         assert_eq!(
             hop.check(late, last + 1).map(|_| ()).unwrap_err(),
             Reason::TimestampExpired,
@@ -243,7 +234,7 @@ fn the_tag_is_kept_through_expiry_plus_skew() {
     let sender = SigningKey::from_bytes(&[1; 32]);
     let a = Hop::new(10);
     let c = a
-        .check(frame(packet(&[&a], b"x", false, EXPIRES), &sender, &a), NOW)
+        .check(frame(packet(&[&a], b"x", false, EXPIRES), &sender), NOW)
         .expect("ok");
     assert_eq!(c.expires_at, EXPIRES);
     assert_eq!(c.keep_through, EXPIRES + sphinx::EXPIRY_SKEW);

@@ -4,8 +4,9 @@
 //! The normative description is `docs/blindrelay-protocol.md`; every layout below quotes it.
 //!
 //! # Layout
-//! - [`frame`]: what a hop `POST`s to the next: one v2 packet ‖ previous hop ‖ signature, its
-//!   decoder (a v1 envelope is told apart only to be refused), signature and request digest.
+//! - [`frame`]: what a hop `POST`s to the next: one v2 packet, its previous hop being the
+//!   link's authenticated client; its decoder (a v1 envelope is told apart only to be refused)
+//!   and request digest.
 //! - [`sphinx`]: the v2 onion: fixed-size Sphinx-style packets, built by the sender, peeled in
 //!   place by each hop, with a replay tag per layer.
 //! - [`receipt`]: the terminal's signed delivery receipt, sealed back to the sender.
@@ -30,7 +31,7 @@ pub use descriptor::{
     DESCRIPTOR_MAX_SKEW, DESCRIPTOR_TTL, Descriptor, DescriptorError, EndpointError,
     MAX_ENDPOINT_LEN, endpoint_ip_is_public, is_public, onion_key_is_usable, parse_endpoint,
 };
-pub use frame::{AuthError, Frame};
+pub use frame::Frame;
 pub use receipt::{
     RECEIPT_LEN, RECEIPT_MAX_AGE, RECEIPT_MAX_SKEW, Receipt, ReceiptError, commitment,
 };

@@ -8,18 +8,15 @@
 //! - Every layer expires at the same [`expiry`]: `now` + [`sphinx::MAX_LIFETIME`] rounded down to
 //!   the minute, so the expiry a hop reads tells the send time to within a minute only.
 
-use ed25519_dalek::SigningKey;
-
 use super::Hop;
 use super::SendError;
 use crate::proto::MessageId;
-use crate::proto::frame::Frame;
 use crate::proto::sphinx::{self, Delivery, HopSpec, ReplayTag, SizeClass};
 
 /// The first hop's frame of a wrapped payload, and what the sender keeps to check the receipt.
 #[derive(Clone)]
 pub struct Wrapped {
-    /// The frame to post to the first hop (signed by this node).
+    /// The frame to post to the first hop (over a link that names this node).
     pub frame: Vec<u8>,
     /// The class of the packet.
     pub class: SizeClass,
@@ -58,19 +55,13 @@ pub fn class_for(len: usize, probe: bool) -> Option<SizeClass> {
     }
 }
 
-/// Wraps `payload` for `path` (the last hop is the terminal), signed by `key`, at `now`.
+/// Wraps `payload` for `path` (the last hop is the terminal) at `now`.
 ///
 /// # Errors
 /// [`SendError::NoHops`] for an empty path, [`SendError::TooLarge`] for a payload no class holds
 /// (or a probe over the small class) or a path longer than [`sphinx::MAX_HOPS`].
-pub fn wrap(
-    path: &[Hop],
-    payload: &[u8],
-    probe: bool,
-    now: u64,
-    key: &SigningKey,
-) -> Result<Wrapped, SendError> {
-    wrap_expiring(path, payload, probe, expiry(now), key)
+pub fn wrap(path: &[Hop], payload: &[u8], probe: bool, now: u64) -> Result<Wrapped, SendError> {
+    wrap_expiring(path, payload, probe, expiry(now))
 }
 
 /// [`wrap`] with every layer expiring at `expires_at` (tests and tools: a sender uses [`wrap`]).
@@ -82,10 +73,9 @@ pub fn wrap_expiring(
     payload: &[u8],
     probe: bool,
     expires_at: u64,
-    key: &SigningKey,
 ) -> Result<Wrapped, SendError> {
     let message_id = rand::random();
-    wrap_message(path, payload, probe, message_id, expires_at, key)
+    wrap_message(path, payload, probe, message_id, expires_at)
 }
 
 /// [`wrap_expiring`] of the message `message_id`: a message sent again over another route
@@ -99,7 +89,6 @@ pub fn wrap_message(
     probe: bool,
     message_id: MessageId,
     expires_at: u64,
-    key: &SigningKey,
 ) -> Result<Wrapped, SendError> {
     if path.is_empty() {
         return Err(SendError::NoHops);
@@ -124,10 +113,8 @@ pub fn wrap_message(
     let built =
         sphinx::build(&specs, &delivery, class).map_err(|_| SendError::TooLarge(largest))?;
     let terminal_tag = *built.replay_tags.last().ok_or(SendError::NoHops)?;
-    let entry = &path.first().ok_or(SendError::NoHops)?.node_id;
-    let frame = Frame::sign(built.packet, key, entry).map_err(|_| SendError::Internal)?;
     Ok(Wrapped {
-        frame: frame.encode(),
+        frame: built.packet,
         class,
         receipt_key,
         message_id,
@@ -140,9 +127,12 @@ pub fn wrap_message(
 mod tests {
     use x25519_dalek::{PublicKey, StaticSecret};
 
+    use ed25519_dalek::SigningKey;
+
     use super::*;
     use crate::pipeline::{HopNext, check_frame as check};
     use crate::proto::NodeId;
+    use crate::proto::frame::Frame;
     use crate::proto::frame::frame_len;
 
     const NOW: u64 = 1_800_000_017;
@@ -184,21 +174,22 @@ mod tests {
 
     #[test]
     fn a_wrapped_payload_reaches_the_terminal_whose_tag_the_sender_kept() {
-        let me = SigningKey::from_bytes(&[1; 32]);
+        let me = SigningKey::from_bytes(&[1; 32]).verifying_key().to_bytes();
         let nodes: Vec<_> = (20..23).map(node).collect();
         let path: Vec<Hop> = nodes.iter().map(hop).collect();
         for probe in [false, true] {
-            let w = wrap(&path, b"hello", probe, NOW, &me).expect("wraps");
+            let w = wrap(&path, b"hello", probe, NOW).expect("wraps");
             assert_eq!(w.frame.len(), frame_len(SizeClass::Small));
-            let mut frame = Frame::decode(&w.frame).expect("a frame");
+            let mut frame = Frame::decode(&w.frame, me).expect("a frame");
             for (i, (sign, onion)) in nodes.iter().enumerate() {
                 let id: NodeId = sign.verifying_key().to_bytes();
                 let c =
                     check(&id, &[onion], frame.clone(), NOW, &mut None, |_| Ok(())).expect("ok");
                 assert_eq!(c.expires_at, expiry(NOW));
                 match c.next {
-                    HopNext::Forward { packet, next_hop } => {
-                        frame = Frame::sign(packet, sign, &next_hop).expect("frames");
+                    HopNext::Forward { packet, .. } => {
+                        let from = sign.verifying_key().to_bytes();
+                        frame = Frame::new(packet, from).expect("frames");
                     }
                     HopNext::Terminal {
                         payload,
@@ -221,23 +212,22 @@ mod tests {
 
     #[test]
     fn refusals_before_the_wire() {
-        let me = SigningKey::from_bytes(&[1; 32]);
         let path = vec![hop(&node(20))];
         assert!(matches!(
-            wrap(&[], b"x", false, NOW, &me),
+            wrap(&[], b"x", false, NOW),
             Err(SendError::NoHops)
         ));
         assert!(matches!(
-            wrap(&path, &vec![0; 196_609], false, NOW, &me),
+            wrap(&path, &vec![0; 196_609], false, NOW),
             Err(SendError::TooLarge(_))
         ));
         assert!(matches!(
-            wrap(&path, &vec![0; 4000], true, NOW, &me),
+            wrap(&path, &vec![0; 4000], true, NOW),
             Err(SendError::TooLarge(_))
         ));
         let long: Vec<Hop> = (30..39).map(|n| hop(&node(n))).collect();
         assert!(matches!(
-            wrap(&long, b"x", false, NOW, &me),
+            wrap(&long, b"x", false, NOW),
             Err(SendError::TooLarge(_))
         ));
     }

@@ -59,7 +59,26 @@ impl Drop for Node {
     }
 }
 
-/// A client for a node's public (TLS) and operator (plain) listeners.
+/// A client for a node's public listener that presents `key`'s identity (the previous hop of
+/// the frames it posts).
+pub fn tls_http_as(key: &SigningKey) -> reqwest::Client {
+    blindrelay::links::install_provider();
+    reqwest::Client::builder()
+        .use_preconfigured_tls(blindrelay::links::unpinned_config_as(key).unwrap())
+        .build()
+        .unwrap()
+}
+
+/// Admits `posted` at `n` from `source`, as its link carries it.
+pub fn admit(
+    n: &Node,
+    source: &blindrelay::sources::Source,
+    posted: &Posted,
+) -> Result<blindrelay::pipeline::Admitted, blindrelay::reason::Reason> {
+    n.pipeline.admit(source, posted.from, &posted.bytes)
+}
+
+/// A client for a node's public (TLS) and operator (plain) listeners, presenting no identity.
 pub fn tls_http() -> reqwest::Client {
     blindrelay::links::install_provider();
     reqwest::Client::builder()
@@ -228,29 +247,55 @@ pub struct F {
     pub to: NodeId,
 }
 
+/// A request as a link carries it: its body, and the node id the link's client authenticated
+/// with (none: a client that presented no certificate).
+#[derive(Clone)]
+pub struct Posted {
+    pub from: Option<NodeId>,
+    pub bytes: Vec<u8>,
+}
+
+impl Posted {
+    /// `bytes` on a link of `by`.
+    pub fn by(by: &SigningKey, bytes: Vec<u8>) -> Posted {
+        Posted {
+            from: Some(id(by)),
+            bytes,
+        }
+    }
+
+    /// `bytes` on a link whose client presented no identity.
+    pub fn anonymous(bytes: Vec<u8>) -> Posted {
+        Posted { from: None, bytes }
+    }
+}
+
 impl F {
-    pub fn encode(&self) -> Vec<u8> {
-        self.frame.encode()
+    /// The frame on its previous hop's link.
+    pub fn encode(&self) -> Posted {
+        Posted {
+            from: Some(self.frame.previous_hop),
+            bytes: self.frame.encode(),
+        }
     }
 
     pub fn request_digest(&self) -> [u8; 32] {
         self.frame.request_digest()
     }
 
-    /// The same packet in a frame signed by `by` for `n`: a layer for another node in a frame
-    /// for `n`.
+    /// The same packet sent by `by` to `n`: a layer for another node on a link to `n`.
     pub fn signed_for(&self, by: &SigningKey, n: &Node) -> F {
         F {
-            frame: Frame::sign(self.frame.packet.clone(), by, n.ctx.node.id()).unwrap(),
+            frame: Frame::new(self.frame.packet.clone(), id(by)).unwrap(),
             tag: self.tag,
             to: *n.ctx.node.id(),
         }
     }
 
-    /// The same packet in a fresh frame signed by `by`: a re-wrap.
+    /// The same packet sent again by `by`: a re-wrap.
     pub fn rewrap(&self, by: &SigningKey) -> F {
         F {
-            frame: Frame::sign(self.frame.packet.clone(), by, &self.to).unwrap(),
+            frame: Frame::new(self.frame.packet.clone(), id(by)).unwrap(),
             tag: self.tag,
             to: self.to,
         }
@@ -277,7 +322,7 @@ pub fn frame_with(by: &SigningKey, path: &[To], payload: &[u8], probe: bool, exp
     let class = SizeClass::smallest_for(payload.len()).unwrap();
     let built = sphinx::build(&specs, &delivery, class).unwrap();
     F {
-        frame: Frame::sign(built.packet, by, &path[0].id).unwrap(),
+        frame: Frame::new(built.packet, id(by)).unwrap(),
         tag: built.replay_tags[0],
         to: path[0].id,
     }
@@ -296,7 +341,7 @@ pub fn junk_frame(by: &SigningKey, n: &Node) -> F {
         .collect();
     packet[..2].copy_from_slice(&[sphinx::VERSION, 0]);
     F {
-        frame: Frame::sign(packet, by, n.ctx.node.id()).unwrap(),
+        frame: Frame::new(packet, id(by)).unwrap(),
         tag: [0; 16],
         to: *n.ctx.node.id(),
     }
@@ -317,8 +362,11 @@ pub fn fresh_source(n: &Node) -> blindrelay::sources::Source {
     n.pipeline.classify(IpAddr::from([10, 77, i, 1]))
 }
 
-pub async fn submit(n: &Node, bytes: Vec<u8>) -> Reply {
-    let verdict = match n.pipeline.admit(&fresh_source(n), &bytes) {
+pub async fn submit(n: &Node, posted: Posted) -> Reply {
+    let verdict = match n
+        .pipeline
+        .admit(&fresh_source(n), posted.from, &posted.bytes)
+    {
         Ok(a) => n.pipeline.process(a).await,
         Err(r) => Err(r),
     };
@@ -369,8 +417,8 @@ pub fn counted(list: &[(&str, u64)]) -> Vec<(String, u64)> {
     v
 }
 
-pub async fn submit_from(n: &Node, source: &blindrelay::sources::Source, bytes: Vec<u8>) -> Reply {
-    let verdict = match n.pipeline.admit(source, &bytes) {
+pub async fn submit_from(n: &Node, source: &blindrelay::sources::Source, posted: Posted) -> Reply {
+    let verdict = match n.pipeline.admit(source, posted.from, &posted.bytes) {
         Ok(a) => n.pipeline.process(a).await,
         Err(r) => Err(r),
     };

@@ -104,8 +104,28 @@ pub async fn fresh_listener(port: u16) -> tokio::net::TcpListener {
     panic!("no free loopback address left in this process's range");
 }
 
-/// An HTTP client for the tests: no proxy, bounded time.
+/// An HTTP client for the tests: no proxy, bounded time; on a node's links it presents an
+/// identity of its own (a fresh key: the previous hop of every frame it posts).
 pub fn http() -> reqwest::Client {
+    client(
+        None,
+        &ed25519_dalek::SigningKey::from_bytes(&rand::random()),
+    )
+}
+
+/// An HTTP client whose connections come from `ip`, with an identity of its own (a fresh key).
+pub fn http_from(ip: Ipv4Addr) -> reqwest::Client {
+    http_from_as(ip, &ed25519_dalek::SigningKey::from_bytes(&rand::random()))
+}
+
+/// An HTTP client whose connections come from `ip`, presenting `key`'s identity on a node's
+/// links (the previous hop of every frame it posts).
+pub fn http_from_as(ip: Ipv4Addr, key: &ed25519_dalek::SigningKey) -> reqwest::Client {
+    client(Some(IpAddr::V4(ip)), key)
+}
+
+/// An HTTP client that presents no identity on a node's links: it cannot post a frame.
+pub fn http_anonymous() -> reqwest::Client {
     blindrelay::links::install_provider();
     reqwest::Client::builder()
         .use_preconfigured_tls(blindrelay::links::unpinned_config())
@@ -115,13 +135,12 @@ pub fn http() -> reqwest::Client {
         .expect("http client")
 }
 
-/// An HTTP client whose connections come from `ip`.
-pub fn http_from(ip: Ipv4Addr) -> reqwest::Client {
+fn client(from: Option<IpAddr>, key: &ed25519_dalek::SigningKey) -> reqwest::Client {
     blindrelay::links::install_provider();
     reqwest::Client::builder()
-        .use_preconfigured_tls(blindrelay::links::unpinned_config())
+        .use_preconfigured_tls(blindrelay::links::unpinned_config_as(key).expect("tls"))
         .no_proxy()
-        .local_address(IpAddr::V4(ip))
+        .local_address(from)
         .timeout(Duration::from_secs(20))
         .build()
         .expect("http client")
@@ -147,17 +166,17 @@ pub fn unix_now() -> u64 {
         .as_secs()
 }
 
-/// A v2 frame for `path` (the last descriptor is the terminal) carrying `payload`, signed by
-/// `key`, every layer expiring at `expires_at` (a sender's own is `send::wrap::expiry(now)`).
+/// A v2 frame for `path` (the last descriptor is the terminal) carrying `payload`, every layer
+/// expiring at `expires_at` (a sender's own is `send::wrap::expiry(now)`); its previous hop is
+/// whoever posts it.
 pub fn craft(
-    key: &ed25519_dalek::SigningKey,
     path: &[&blindrelay::proto::Descriptor],
     payload: &[u8],
     probe: bool,
     expires_at: u64,
 ) -> blindrelay::send::wrap::Wrapped {
     let hops: Vec<blindrelay::send::Hop> = path.iter().map(|d| blindrelay::send::hop(d)).collect();
-    blindrelay::send::wrap::wrap_expiring(&hops, payload, probe, expires_at, key).expect("wraps")
+    blindrelay::send::wrap::wrap_expiring(&hops, payload, probe, expires_at).expect("wraps")
 }
 
 /// Random bytes.

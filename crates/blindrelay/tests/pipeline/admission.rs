@@ -19,13 +19,14 @@ async fn the_request_gate_shares_its_totals_per_source() {
     let n = node(&clock, |c| c.window_limit = 60_000).await;
     let peer = node(&clock, |_| {}).await;
     introduce(&n, &peer);
-    let body = junk_frame(&key(), &n).encode();
+    let sender = key();
+    let body = junk_frame(&sender, &n).encode();
     // 64 in flight: at most 16 per source, and the last 16 only for known peers.
     let mut held = Vec::new();
     for i in 0..5u8 {
         let s = n.pipeline.classify(IpAddr::from([10, i, 0, 1]));
         for _ in 0..20 {
-            if let Ok(a) = n.pipeline.admit(&s, &body) {
+            if let Ok(a) = admit(&n, &s, &body) {
                 held.push(a);
             }
         }
@@ -37,18 +38,20 @@ async fn the_request_gate_shares_its_totals_per_source() {
     // Junk costs the cheap checks only: refused before any slot is taken.
     let s = n.pipeline.classify(IpAddr::from([10, 9, 0, 1]));
     assert_eq!(
-        n.pipeline.admit(&s, b"junk").unwrap_err().as_str(),
+        admit(&n, &s, &Posted::by(&sender, b"junk".to_vec()))
+            .unwrap_err()
+            .as_str(),
         "malformed_envelope"
     );
     // A known peer (its descriptor's endpoint) still gets the reserved slots.
     let known = n.pipeline.classify(peer.addr.ip());
     for _ in 0..16 {
-        held.push(n.pipeline.admit(&known, &body).expect("a reserved slot"));
+        held.push(admit(&n, &known, &body).expect("a reserved slot"));
     }
     // Over HTTP too: 429 at once.
-    let r = tls_http()
+    let r = tls_http_as(&sender)
         .post(format!("https://{}/v2/relay", n.addr))
-        .body(body.clone())
+        .body(body.bytes.clone())
         .send()
         .await
         .unwrap();
@@ -62,14 +65,14 @@ async fn the_request_gate_shares_its_totals_per_source() {
     introduce(&n, &peer);
     let flood = n.pipeline.classify(IpAddr::from([10, 1, 0, 1]));
     let got = (0..100)
-        .filter(|_| n.pipeline.admit(&flood, &body).is_ok())
+        .filter(|_| admit(&n, &flood, &body).is_ok())
         .count();
     assert!((1..=3).contains(&got), "{got}");
     let known = n.pipeline.classify(peer.addr.ip());
-    assert!(n.pipeline.admit(&known, &body).is_ok());
+    assert!(admit(&n, &known, &body).is_ok());
     // Recovery follows the load: seconds, not a 60 s window.
     advance(Duration::from_secs(4)).await;
-    assert!(n.pipeline.admit(&flood, &body).is_ok());
+    assert!(admit(&n, &flood, &body).is_ok());
 }
 
 /// Step 2 never waits: with every inbound crypto slot taken a request is refused at once
@@ -152,27 +155,39 @@ async fn crypto_admission_refuses_at_once_and_keeps_a_slot_for_outbound() {
     assert_eq!(blindrelay::context::crypto_slots(64), 8);
 }
 
+/// What a link's authenticated client alone wrote is scored against it: twelve bodies that are
+/// not frames quarantine it. A link with no identity charges nobody, whatever it sends.
 #[tokio::test(start_paused = true)]
-async fn forged_frames_cannot_quarantine_an_honest_node() {
+async fn malformed_frames_are_scored_against_their_link_and_anonymous_ones_against_nobody() {
     let clock = clock();
     let n = node(&clock, |_| {}).await;
     let now = clock.unix();
-    let honest = key();
-    let attacker = key();
+    let sloppy = key();
+    for i in 0..12 {
+        let r = submit(&n, Posted::by(&sloppy, b"not a frame".to_vec())).await;
+        assert_eq!(reason(&r), "malformed_envelope", "{i}");
+    }
+    assert_eq!(
+        n.ctx.counters.snapshot().quarantine_started,
+        1,
+        "twelve scored failures"
+    );
+    let fine = frame(&sloppy, &[to(&n)], b"now fine", expiry(now));
+    assert_eq!(reason(&submit(&n, fine.encode()).await), "quarantined");
     for _ in 0..13 {
-        let mut f = frame(&attacker, &[to(&n)], b"spam", expiry(now));
-        f.frame.previous_hop = id(&honest);
-        assert_eq!(reason(&submit(&n, f.encode()).await), "invalid_signature");
+        let f = frame(&key(), &[to(&n)], b"spam", expiry(now));
+        let r = submit(&n, Posted::anonymous(f.encode().bytes)).await;
+        assert_eq!(reason(&r), "invalid_previous_hop");
+        let r = submit(&n, Posted::anonymous(b"junk".to_vec())).await;
+        assert_eq!(reason(&r), "invalid_previous_hop");
     }
     let s = n.ctx.counters.snapshot();
     assert_eq!(
         (s.invalid_signature, s.quarantine_started, s.rejected),
-        (13, 0, 13)
+        (26, 1, 12 + 1 + 26)
     );
-    assert!(
-        !n.pipeline.hops().remembers(&id(&honest)),
-        "nothing charged to the claimed identity"
-    );
+    assert_eq!(n.pipeline.hops().len(), 1, "nothing charged to anyone else");
+    let honest = key();
     let r = deliver(&n, &honest, now, b"real").await;
     assert_eq!(reason(&r), "delivered");
 }
@@ -274,9 +289,10 @@ async fn five_thousand_fresh_identities_cannot_flush_an_active_quarantine() {
 
 /// What the previous hop could not have prevented leaves its health alone.
 /// Replays in flight and expired responses have no effect on it at all; this node's own
-/// refusals (no route, a disallowed endpoint, a frame for another node, a full replay registry)
-/// note the contact only, never `degraded`, never a score. A replay conflict (its own reuse of
-/// a route id) does mark it, to show the rows tell the difference.
+/// refusals (no route, a disallowed endpoint, a full replay registry) note the contact only,
+/// never `degraded`, never a score. A replay conflict (its own reuse of a route id) does mark
+/// it, to show the rows tell the difference; so does a layer that does not open (the sender may
+/// have sealed it: marked, never scored, and past twelve a stranger's crypto share).
 #[tokio::test(start_paused = true)]
 async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
     let clock = clock();
@@ -342,7 +358,10 @@ async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
         );
     }
     untouched(&row(&n, &no_route), "no_route");
-    untouched(&row(&n, &wrong_hop), "wrong_hop");
+    let r = row(&n, &wrong_hop);
+    assert_eq!(r["health"], "degraded", "a layer that does not open: {r}");
+    assert_eq!(r["reasons"]["layer"], 13, "{r}");
+    assert!(n.pipeline.hops().suspect(&id(&wrong_hop), clock.instant()));
     untouched(&row(&strict, &endpoint), "invalid_endpoint");
     let live = n.relay.replay().live(now);
     for _ in live..64 {

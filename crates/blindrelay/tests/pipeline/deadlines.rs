@@ -67,14 +67,15 @@ async fn a_hop_slower_than_its_deadline_is_waited_for_not_stored_as_a_failure() 
     let clock = clock();
     let b = node(&clock, |_| {}).await;
     let (c, hits) = slow_next_hop(&b, Duration::from_secs(7)).await;
+    let sender = key();
     let f = frame(
-        &key(),
+        &sender,
         &[to(&b), c],
         b"through a slow hop",
         expiry(clock.unix()),
     );
-    let (http, url) = (tls_http(), format!("https://{}/v2/relay", b.addr));
-    let post = |body: Vec<u8>| {
+    let (http, url) = (tls_http_as(&sender), format!("https://{}/v2/relay", b.addr));
+    let post = |Posted { bytes: body, .. }: Posted| {
         let (http, url) = (http.clone(), url.clone());
         async move {
             let r = http.post(url).body(body).send().await.unwrap();

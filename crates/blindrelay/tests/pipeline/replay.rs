@@ -85,7 +85,7 @@ async fn a_forwarded_duplicate_is_not_forwarded_twice() {
     let r2 = submit(&a, f.encode()).await;
     assert_eq!(r2, r1);
     let sb = b.ctx.counters.snapshot();
-    assert_eq!((sb.received, sb.terminal), (1, 1));
+    assert_eq!((sb.received, sb.terminal), (1, 1), "{sb:?}");
     assert_eq!(a.ctx.counters.snapshot().forwarded, 1);
 }
 

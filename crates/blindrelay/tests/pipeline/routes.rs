@@ -47,11 +47,11 @@ async fn a_message_over_two_routes_is_stored_once_and_both_copies_get_its_receip
     let sender = SigningKey::from_bytes(&rand::random());
     let (message, payload) = (rand::random(), b"one message, two routes");
     let exp = expiry(clock.unix());
-    let via_b = wrap_message(&[hop(&b), hop(&t)], payload, false, message, exp, &sender).unwrap();
-    let direct = wrap_message(&[hop(&t)], payload, false, message, exp, &sender).unwrap();
-    let first = submit(&b, via_b.frame.clone()).await;
+    let via_b = wrap_message(&[hop(&b), hop(&t)], payload, false, message, exp).unwrap();
+    let direct = wrap_message(&[hop(&t)], payload, false, message, exp).unwrap();
+    let first = submit(&b, Posted::by(&sender, via_b.frame.clone())).await;
     assert_eq!(first.status, 200, "{}", reason(&first));
-    let again = submit(&t, direct.frame.clone()).await;
+    let again = submit(&t, Posted::by(&sender, direct.frame.clone())).await;
     assert_eq!(again.status, 200, "{}", reason(&again));
     let (r1, r2) = (
         receipt_of(&first, &via_b, payload, &t).expect("the first copy's receipt"),
@@ -63,8 +63,8 @@ async fn a_message_over_two_routes_is_stored_once_and_both_copies_get_its_receip
     let c = t.ctx.counters.snapshot();
     assert_eq!((c.terminal, c.duplicate_message), (1, 1));
     // The same id for another payload: nothing stored, and the receipt names the first one.
-    let other = wrap_message(&[hop(&t)], b"another", false, message, exp, &sender).unwrap();
-    let reply = submit(&t, other.frame.clone()).await;
+    let other = wrap_message(&[hop(&t)], b"another", false, message, exp).unwrap();
+    let reply = submit(&t, Posted::by(&sender, other.frame.clone())).await;
     assert_eq!(reply.status, 200);
     assert_eq!(
         receipt_of(&reply, &other, b"another", &t),
@@ -73,19 +73,20 @@ async fn a_message_over_two_routes_is_stored_once_and_both_copies_get_its_receip
     assert_eq!(t.relay.terminal().inbox().len(), 1);
 }
 
-/// Node `f`'s link behind a proxy that passes every request on to `f` (so the route runs to
-/// the terminal), then loses `f`'s answer: the previous hop gets `502 forward_failed` with no
-/// failure report.
-async fn lossy(f: &Node) -> Descriptor {
+/// Node `f`'s link behind a proxy that passes every request on to `f` on a link of `client`'s
+/// (so the route runs to the terminal), then loses `f`'s answer: the previous hop gets `502
+/// forward_failed` with no failure report.
+async fn lossy(f: &Node, client: &SigningKey) -> Descriptor {
     let listener = TcpListener::bind((fresh_ip(), 0)).await.unwrap();
     let addr = listener.local_addr().unwrap();
     let upstream = format!("https://{}/v2/relay", f.addr);
+    let http = tls_http_as(client);
     let app = axum::Router::new().route(
         "/v2/relay",
         axum::routing::post(move |body: axum::body::Bytes| {
-            let upstream = upstream.clone();
+            let (upstream, http) = (upstream.clone(), http.clone());
             async move {
-                let _ = tls_http().post(upstream).body(body).send().await;
+                let _ = http.post(upstream).body(body).send().await;
                 (
                     axum::http::StatusCode::BAD_GATEWAY,
                     r#"{"error":"forward_failed"}"#,
@@ -115,7 +116,11 @@ async fn a_route_whose_answer_is_lost_is_tried_again_and_the_message_stored_once
     for (x, y) in [(&a, &b), (&a, &t), (&b, &t), (&f, &t)] {
         introduce(x, y);
     }
-    assert!(a.ctx.peers.insert(lossy(&f).await));
+    assert!(
+        a.ctx
+            .peers
+            .insert(lossy(&f, a.ctx.node.signing_key()).await)
+    );
     // A's middle is f or b, a block each: until a send went through f first.
     let mut sends = 0;
     let mut rerouted = 0;
