@@ -161,6 +161,22 @@ pub enum RunError {
     /// A store the node opened before is lost, and the operator did not accept it.
     #[error(transparent)]
     LostState(#[from] stores::LostState),
+    /// A store's file cannot be used: damaged, truncated, not a database, another store's.
+    #[error(
+        "{file} cannot be used: {why}. It holds {holds}. Restore it from a backup of this \
+         node's state dir, or start with --accept-lost-state to set it aside and start on an \
+         empty one ({loss})"
+    )]
+    Damaged {
+        /// The file.
+        file: String,
+        /// What is wrong with it.
+        why: String,
+        /// What it holds.
+        holds: &'static str,
+        /// What starting without it loses.
+        loss: &'static str,
+    },
     /// The state dir cannot be written (a read-only file system, or no permission).
     #[error(
         "the state dir cannot be written ({0}): a node must record every route in replay.db \
@@ -280,23 +296,90 @@ fn open_stores(config: &RunConfig, now: u64) -> Result<(ReplayRegistry, Inbox), 
     for lost in stores::check(&config.state_dir, opening, config.accept_lost_state)? {
         warn!("{lost}; starting anyway (--accept-lost-state)");
     }
+    let accept = config.accept_lost_state;
     let registry = match config.replay_store {
-        ReplayStore::Sqlite => ReplayRegistry::open_sqlite(
-            &config.state_dir.join(REPLAY_DB),
-            relay.replay_capacity,
-            replay::WINDOW_SECS,
-            now,
-        )?,
+        ReplayStore::Sqlite => open_store(&config.state_dir, &REPLAY, accept, now, |p| {
+            ReplayRegistry::open_sqlite(p, relay.replay_capacity, replay::WINDOW_SECS, now)
+        })?,
         ReplayStore::Memory => ReplayRegistry::memory(relay.replay_capacity, replay::WINDOW_SECS),
     }
     .with_source_share(relay.replay_share_percent);
-    let inbox = Inbox::open_with_limits(
-        &config.state_dir.join(INBOX_DB),
-        relay.inbox_max_items,
-        relay.inbox_max_bytes,
-    )?;
+    let inbox = open_store(&config.state_dir, &INBOX, accept, now, |p| {
+        Inbox::open_with_limits(p, relay.inbox_max_items, relay.inbox_max_bytes)
+    })?;
     stores::record(&config.state_dir, opening).map_err(stores::LostState::File)?;
     Ok((registry, inbox))
+}
+
+/// What a store's file holds, and what starting without it loses.
+struct StoreFile {
+    name: &'static str,
+    holds: &'static str,
+    loss: &'static str,
+}
+
+const REPLAY: StoreFile = StoreFile {
+    name: REPLAY_DB,
+    holds: "the layers this node relayed, so that none runs twice",
+    loss: "a layer it relayed before may then be relayed once more",
+};
+
+const INBOX: StoreFile = StoreFile {
+    name: INBOX_DB,
+    holds: "the messages delivered to this node",
+    loss: "the messages in it are gone",
+};
+
+/// The store `store` of `state_dir`, opened by `open`. A file that cannot be used is refused
+/// with its name and the remedy; with `accept` (`--accept-lost-state`) it is set aside as
+/// `<name>.damaged-<now>` (its write-ahead log with it) and the store starts empty, said at
+/// `warn`.
+fn open_store<T, E: std::fmt::Display>(
+    state_dir: &std::path::Path,
+    store: &StoreFile,
+    accept: bool,
+    now: u64,
+    open: impl Fn(&std::path::Path) -> Result<T, E>,
+) -> Result<T, RunError> {
+    let path = state_dir.join(store.name);
+    let why = match open(&path) {
+        Ok(opened) => return Ok(opened),
+        Err(e) => e.to_string(),
+    };
+    let file = path.display().to_string();
+    if !accept {
+        return Err(RunError::Damaged {
+            file,
+            why,
+            holds: store.holds,
+            loss: store.loss,
+        });
+    }
+    let aside = state_dir.join(format!("{}.damaged-{now}", store.name));
+    for suffix in ["", "-wal", "-shm"] {
+        let from = state_dir.join(format!("{}{suffix}", store.name));
+        if from.exists() {
+            let to = aside.with_file_name(format!("{}.damaged-{now}{suffix}", store.name));
+            std::fs::rename(&from, &to).map_err(|e| RunError::Damaged {
+                file: file.clone(),
+                why: format!("{why}; and it cannot be set aside: {e}"),
+                holds: store.holds,
+                loss: store.loss,
+            })?;
+        }
+    }
+    warn!(
+        "{file} cannot be used ({why}); set aside as {}, starting on an empty one \
+         (--accept-lost-state): {}",
+        aside.display(),
+        store.loss
+    );
+    open(&path).map_err(|e| RunError::Damaged {
+        file,
+        why: e.to_string(),
+        holds: store.holds,
+        loss: store.loss,
+    })
 }
 
 /// Raises the descriptor limit (soft up to hard) so both listeners can hold their connections;

@@ -112,6 +112,87 @@ async fn a_node_that_has_run_refuses_to_start_on_lost_state() {
     assert!(ok, "{err}");
 }
 
+/// Every way a store can be damaged but emptied (that is "lost", above) is refused at start
+/// with the file's name, what it holds and the remedy: garbage, a truncated file, another
+/// store's file, a database of something else. With `--accept-lost-state` the file is set
+/// aside (`<name>.damaged-<time>`) and the node starts on an empty one, and says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_store_is_named_with_its_remedy_and_set_aside_only_when_asked() {
+    let mut net = Net::start(2, &["--probe-interval", "0s", "--gossip-interval", "0s"]).await;
+    let (ok, _, err) = net.send(0, 1, 1, b"something to keep").await;
+    assert!(ok, "{err}");
+    let dir = net.node(1).state_dir.clone();
+    net.kill9(1).await;
+    let replay = std::fs::read(dir.join("replay.db")).expect("replay.db");
+    let foreign = dir.join("foreign.db");
+    {
+        let conn = rusqlite::Connection::open(&foreign).expect("a database of something else");
+        conn.execute_batch("CREATE TABLE recipes (name TEXT); INSERT INTO recipes VALUES ('x');")
+            .expect("a table");
+    }
+    let foreign = std::fs::read(&foreign).expect("foreign.db");
+    let damage: [(&str, &str, Vec<u8>); 4] = [
+        (
+            "garbage",
+            "inbox.db",
+            b"this is not a database at all".repeat(200),
+        ),
+        (
+            "truncated",
+            "replay.db",
+            replay[..replay.len().min(3000) / 2].to_vec(),
+        ),
+        ("another store's file", "inbox.db", replay.clone()),
+        ("a database of something else", "replay.db", foreign),
+    ];
+    for (what, file, bytes) in damage {
+        for suffix in ["-wal", "-shm"] {
+            let _ = std::fs::remove_file(dir.join(format!("{file}{suffix}")));
+        }
+        std::fs::write(dir.join(file), &bytes).expect("damage");
+        let out = net.run_to_exit(1).await;
+        assert!(
+            !out.ok,
+            "{what}: started on a damaged {file}: {}",
+            out.stderr
+        );
+        for needle in [
+            file,
+            "cannot be used",
+            "Restore it from a backup",
+            "--accept-lost-state",
+        ] {
+            assert!(
+                out.stderr.contains(needle),
+                "{what}: no {needle:?} in {}",
+                out.stderr
+            );
+        }
+        net.restart_with(1, &["--accept-lost-state"]).await;
+        let set_aside = net
+            .node(1)
+            .lines()
+            .into_iter()
+            .any(|l| l.contains("WARN") && l.contains(file) && l.contains("set aside as"));
+        assert!(set_aside, "{what}: {:?}", net.node(1).lines());
+        let kept = std::fs::read_dir(&dir)
+            .expect("state dir")
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with(&format!("{file}.damaged-"))
+            })
+            .count();
+        assert!(kept >= 1, "{what}: the damaged file is kept aside");
+        net.kill9(1).await;
+    }
+    // The state is whole again: a plain start works and messages flow.
+    net.restart(1).await;
+    let (ok, _, err) = net.send(0, 1, 1, b"after the damage").await;
+    assert!(ok, "{err}");
+}
+
 /// With `--report-url`, the node pushes the status document in the design's layout
 /// to the operator's URL (a loopback listener the test runs), at start and every interval;
 /// without it, nothing is pushed. A URL that does not answer is counted and logged once, not

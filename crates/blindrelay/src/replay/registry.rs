@@ -444,8 +444,13 @@ impl Inner {
     }
 }
 
-/// Creates the registry's table (if new) and settles the file (`sqlite::settle`).
+/// The `application_id` of a replay registry file ("BRRP").
+const APPLICATION_ID: i32 = 0x4252_5250;
+
+/// Claims the file, creates the registry's table (if new) and settles the file
+/// (`sqlite::settle`).
 fn create_table(conn: &Connection) -> Result<(), StoreError> {
+    sqlite::claim(conn, APPLICATION_ID, "replay_routes", "a replay registry")?;
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS replay_routes (
             route_id BLOB PRIMARY KEY NOT NULL CHECK (length(route_id) = 16),

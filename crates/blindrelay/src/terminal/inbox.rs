@@ -47,6 +47,8 @@ pub const BATCH_ITEMS: usize = 256;
 pub const BATCH_BYTES: usize = 4 << 20;
 
 const TABLE: &str = "inbox_items";
+/// The `application_id` of an inbox file ("BRIN").
+const APPLICATION_ID: i32 = 0x4252_494e;
 
 const LIMITS: Limits = Limits {
     writes: BATCH_ITEMS,
@@ -164,6 +166,7 @@ impl Inbox {
         max_bytes: u64,
     ) -> Result<Self, InboxError> {
         let conn = sqlite::open_durable(path)?;
+        sqlite::claim(&conn, APPLICATION_ID, TABLE, "an inbox")?;
         conn.execute_batch(
             "CREATE TABLE IF NOT EXISTS inbox_items (
                 id INTEGER PRIMARY KEY AUTOINCREMENT,
