@@ -234,6 +234,10 @@ pub struct RunArgs {
     /// Time between synthetic probe rounds (humantime, `0s` disables them).
     #[arg(long, default_value_t = humantime::Duration::from(probe::DEFAULT_INTERVAL))]
     pub probe_interval: humantime::Duration,
+    /// Time between two fetches of every `--peer` URL's descriptor (humantime): an identity
+    /// swapped behind a URL is caught within it.
+    #[arg(long, default_value_t = humantime::Duration::from(crate::peers::ROUND))]
+    pub peer_refresh: humantime::Duration,
     /// Time between gossip rounds (humantime, `0s` disables them): the node posts its
     /// descriptor to a few peers and learns the ones they know.
     #[arg(long, default_value_t = humantime::Duration::from(crate::gossip::DEFAULT_INTERVAL))]
@@ -304,6 +308,7 @@ impl RunArgs {
                 bind: Some(self.listen.ip()).filter(|ip| !ip.is_unspecified()),
                 allow_private_endpoints: self.allow_private_endpoints,
                 same_subnet_paths: self.same_subnet_paths,
+                peer_refresh: self.peer_refresh.into(),
                 probe_interval: self.probe_interval.into(),
                 gossip_interval: self.gossip_interval.into(),
                 report: self.report_url.clone().map(|url| report::ReportConfig {

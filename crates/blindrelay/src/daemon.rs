@@ -86,6 +86,8 @@ pub struct RelayConfig {
     /// Two hops of one route may share a /16 (IPv4) or /32 (IPv6): a private network whose
     /// nodes all do.
     pub same_subnet_paths: bool,
+    /// Time between two fetches of every `--peer` URL.
+    pub peer_refresh: Duration,
     /// Time between probe rounds (zero: no periodic probes).
     pub probe_interval: Duration,
     /// Time between gossip rounds (zero: no gossip).
@@ -119,6 +121,7 @@ impl RelayConfig {
             bind: None,
             allow_private_endpoints,
             same_subnet_paths: false,
+            peer_refresh: crate::peers::ROUND,
             probe_interval: probe::DEFAULT_INTERVAL,
             gossip_interval: crate::gossip::DEFAULT_INTERVAL,
             report: None,
@@ -227,12 +230,15 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
     let (registry, inbox) = open_stores(&config, now)?;
     let mut listen = relay.listen;
     fit_descriptors(&mut listen);
-    let peers = Arc::new(Peers::new(
-        config.peers,
-        config.relay.allow_private_endpoints,
-        config.clock,
-        *node.id(),
-    ));
+    let peers = Arc::new(
+        Peers::new(
+            config.peers,
+            config.relay.allow_private_endpoints,
+            config.clock,
+            *node.id(),
+        )
+        .with_refresh(relay.peer_refresh),
+    );
     let peer_store = crate::peers::cache::path(&config.state_dir);
     let restored = crate::peers::cache::restore(&peers, &peer_store);
     if restored > 0 {

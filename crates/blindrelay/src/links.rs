@@ -8,7 +8,8 @@
 //!   accepts exactly that id: the certificate's Ed25519 key must equal it, and the TLS 1.3
 //!   `CertificateVerify` signature (over the handshake transcript) must verify with it. A
 //!   peer holding another key is refused at the handshake, counted (`identity_changes` in
-//!   the status document) and logged at `warn` with 8-hex prefixes. A bare `--peer URL`
+//!   the status document) and logged at `warn` with 8-hex prefixes, at most once a minute
+//!   ([`Refusals`]). A bare `--peer URL`
 //!   (trust on first use) fetches with an unpinned client that requires an Ed25519 key and a
 //!   valid handshake signature, and the descriptor's node id must equal the TLS key
 //!   ([`peer_key`]).
@@ -29,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ed25519_dalek::{Signature, SigningKey, VerifyingKey};
+use guard::throttle::Throttle;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
@@ -135,11 +137,49 @@ pub fn server_config(key: &SigningKey) -> Result<Arc<rustls::ServerConfig>, Link
     Ok(Arc::new(config))
 }
 
+/// At most one `warn` line a minute for identity refusals: a swapped identity behind a URL is
+/// met at every retry (four a second) and at every send to it.
+pub const REFUSAL_WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// Identities refused (a TLS key or a descriptor naming another node than the pinned one):
+/// counted (`identity_changes` in the status document), and logged at most once per
+/// [`REFUSAL_WARN_EVERY`] with the count of those left out.
+#[derive(Debug)]
+pub struct Refusals {
+    count: AtomicU64,
+    warned: Mutex<Throttle>,
+}
+
+impl Default for Refusals {
+    fn default() -> Self {
+        Refusals {
+            count: AtomicU64::new(0),
+            warned: Mutex::new(Throttle::new(REFUSAL_WARN_EVERY)),
+        }
+    }
+}
+
+impl Refusals {
+    /// One refusal: `Some(left_out)` when its line may be written now.
+    pub fn refuse(&self) -> Option<u64> {
+        self.count.fetch_add(1, Ordering::Relaxed);
+        self.warned
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .event(crate::clock::now().into_std())
+    }
+
+    /// Refusals so far.
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+}
+
 /// Accepts exactly `expected` (or, unpinned, any Ed25519 key whose handshake signature
 /// verifies).
 struct PinnedKey {
     expected: Option<NodeId>,
-    refusals: Arc<AtomicU64>,
+    refusals: Arc<Refusals>,
 }
 
 impl fmt::Debug for PinnedKey {
@@ -160,18 +200,24 @@ impl ServerCertVerifier for PinnedKey {
         _now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
         let Some(got) = peer_key(end_entity) else {
-            self.refusals.fetch_add(1, Ordering::Relaxed);
-            warn!("a peer's TLS certificate carries no Ed25519 key; refused");
+            if let Some(left_out) = self.refusals.refuse() {
+                warn!(
+                    left_out,
+                    "a peer's TLS certificate carries no Ed25519 key; refused"
+                );
+            }
             return Err(rustls::Error::General("no Ed25519 key".into()));
         };
         match &self.expected {
             Some(want) if *want != got => {
-                self.refusals.fetch_add(1, Ordering::Relaxed);
-                warn!(
-                    expected = %Prefix(want),
-                    got = %Prefix(&got),
-                    "a peer's TLS key is not the node id pinned to it; refused"
-                );
+                if let Some(left_out) = self.refusals.refuse() {
+                    warn!(
+                        expected = %Prefix(want),
+                        got = %Prefix(&got),
+                        left_out,
+                        "a peer's TLS key is not the node id pinned to it; refused"
+                    );
+                }
                 Err(rustls::Error::General(
                     "TLS key is not the pinned node id".into(),
                 ))
@@ -274,7 +320,7 @@ fn handshake_signature(
 /// `me`, presents this node's identity.
 fn client_config(
     expected: Option<NodeId>,
-    refusals: Arc<AtomicU64>,
+    refusals: Arc<Refusals>,
     me: Option<&(CertificateDer<'static>, PrivateKeyDer<'static>)>,
 ) -> rustls::ClientConfig {
     let builder = rustls::ClientConfig::builder_with_provider(provider())
@@ -296,7 +342,7 @@ fn client_config(
 /// verifies) and presents no identity: for a client that does not know which node it reaches
 /// and posts no frame (tests, tools).
 pub fn unpinned_config() -> rustls::ClientConfig {
-    client_config(None, Arc::new(AtomicU64::new(0)), None)
+    client_config(None, Arc::default(), None)
 }
 
 /// [`unpinned_config`] presenting `key`'s identity: the previous hop of every frame it posts
@@ -305,11 +351,7 @@ pub fn unpinned_config() -> rustls::ClientConfig {
 /// # Errors
 /// [`LinkError`] when the certificate cannot be made.
 pub fn unpinned_config_as(key: &SigningKey) -> Result<rustls::ClientConfig, LinkError> {
-    Ok(client_config(
-        None,
-        Arc::new(AtomicU64::new(0)),
-        Some(&identity(key)?),
-    ))
+    Ok(client_config(None, Arc::default(), Some(&identity(key)?)))
 }
 
 /// Connect timeout to a peer.
@@ -335,7 +377,7 @@ pub struct Links {
     bind: Option<IpAddr>,
     limits: LinkLimits,
     clients: Arc<Mutex<HashMap<Option<NodeId>, reqwest::Client>>>,
-    refusals: Arc<AtomicU64>,
+    refusals: Arc<Refusals>,
     me: Option<Arc<(CertificateDer<'static>, PrivateKeyDer<'static>)>>,
 }
 
@@ -354,7 +396,7 @@ impl Links {
     /// added to `refusals`.
     pub fn new(
         bind: Option<IpAddr>,
-        refusals: Arc<AtomicU64>,
+        refusals: Arc<Refusals>,
         limits: LinkLimits,
         me: Option<&SigningKey>,
     ) -> Self {
@@ -372,7 +414,7 @@ impl Links {
 
     /// Handshakes refused because the peer's TLS key was not the expected one.
     pub fn refusals(&self) -> u64 {
-        self.refusals.load(Ordering::Relaxed)
+        self.refusals.count()
     }
 
     /// The client that talks only to `pinned` (to any Ed25519 key when `None`); connections

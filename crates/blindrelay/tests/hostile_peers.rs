@@ -171,7 +171,7 @@ impl Liar {
             } else {
                 key
             };
-            // Short-lived: refetched every round once within the refresh margin.
+            // Short-lived, and fetched again every round anyway.
             Descriptor::sign(&key, onion, "not routable", now, 602)
         } else if head.starts_with("GET /forever/") {
             Descriptor::sign(&key, onion, "not routable either", now, (1 << 63) - 1 - now)

@@ -51,6 +51,59 @@ async fn a_peer_whose_tls_key_is_not_the_pinned_id_is_refused() {
     net.wait_routable(0, 1).await;
 }
 
+/// A bare `--peer URL` is trusted on first use; when another node answers at that address
+/// later, the next fetch's handshake meets another key: refused, counted and logged at `warn`
+/// (prefixes only) within one `--peer-refresh`, and the line is not repeated at every retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_identity_swapped_behind_a_bare_peer_url_is_caught_within_one_refresh() {
+    const REFRESH: Duration = Duration::from_secs(1);
+    // Scheduling slack on a loaded two-core machine: one fetch and one handshake.
+    const SLACK: Duration = Duration::from_secs(2);
+    let mut net = Net::start_bootstrapped(2, &["--gossip-interval", "0s"], |_| vec![]).await;
+    let url = net.node(1).endpoint.clone();
+    let first = net.node(1).id.clone();
+    net.restart_with(0, &["--peer", &url, "--peer-refresh", "1s"])
+        .await;
+    let needle = "TLS key is not the node id pinned to it";
+    assert_eq!(net.node(0).count(needle), 0);
+    let before = identity_changes(&net.status(0).await);
+    net.swap_identity(1).await;
+    let swapped = Instant::now();
+    let second = net.node(1).id.clone();
+    assert_ne!(first, second);
+    while net.node(0).count(needle) == 0 {
+        assert!(
+            swapped.elapsed() < REFRESH + SLACK,
+            "not caught within {REFRESH:?} + {SLACK:?}:\n{}",
+            net.node(0).lines().join("\n")
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    let caught = swapped.elapsed();
+    assert!(identity_changes(&net.status(0).await) > before);
+    let line = net
+        .node(0)
+        .lines()
+        .into_iter()
+        .find(|l| l.contains(needle))
+        .unwrap();
+    assert!(
+        line.contains(&first[..8])
+            && line.contains(&second[..8])
+            && !line.contains(&first)
+            && !line.contains(&url),
+        "{line}"
+    );
+    // Retries meet the same key four times a second: counted, one line a minute at most.
+    let end = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < end {
+        tokio::time::sleep(POLL).await;
+    }
+    let status = net.status(0).await;
+    assert!(identity_changes(&status) > before + 2, "{status}");
+    assert_eq!(net.node(0).count(needle), 1, "caught after {caught:?}");
+}
+
 /// A TCP connection that starts a TLS handshake and never finishes it is closed within the
 /// header timeout and counted as timed out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,5 @@
-//! Known peers: their signed descriptors, fetched from `--peer` URLs, verified, refreshed
-//! before they expire.
+//! Known peers: their signed descriptors, fetched from `--peer` URLs, verified, fetched again
+//! every `--peer-refresh`.
 //!
 //! Each `--peer` is one identity at one URL: `ID@URL` pins the node id the URL must answer
 //! with; a bare `URL` is trusted on first use (the first verified descriptor's id is pinned
@@ -35,14 +35,14 @@ use crate::proto::descriptor::{self, Descriptor};
 
 /// Most peers remembered.
 pub const MAX_PEERS: usize = 1024;
-/// Fetch again this long before a descriptor expires.
-pub const REFRESH_MARGIN: u64 = 600;
 /// Wait between fetch rounds while a peer has no valid descriptor.
 pub const RETRY: Duration = Duration::from_millis(250);
 /// How long a starting node waits for every `--peer`'s descriptor before it says it is ready
 /// anyway, and how long a send waits for them.
 pub const READY_WAIT: Duration = Duration::from_secs(3);
-/// Wait between fetch rounds once every peer has one.
+/// Wait between fetch rounds once every peer has one, by default (`--peer-refresh`): every
+/// `--peer` URL is fetched again each round, so an identity swapped behind one is caught
+/// within a round (a new TLS handshake with another key, refused).
 pub const ROUND: Duration = Duration::from_secs(60);
 
 /// Largest descriptor body read; a longer one is dropped while it is read.
@@ -179,10 +179,12 @@ pub struct Peers {
     /// Each `--peer` and the id it is pinned to (on the command line, or on first use).
     urls: Mutex<Vec<PeerSpec>>,
     /// Descriptors refused because a URL answered with another identity than its pinned one.
-    identity_changes: Arc<AtomicU64>,
+    identity_changes: Arc<crate::links::Refusals>,
     allow_private: bool,
     clock: Clock,
     self_id: NodeId,
+    /// Every `--peer` URL is fetched again this often ([`ROUND`] unless told otherwise).
+    refresh: Duration,
 }
 
 /// Counts only: no id, no URL.
@@ -209,27 +211,35 @@ impl Peers {
             news_notify: Notify::new(),
             endpoint_ips: Mutex::new(HashSet::new()),
             urls: Mutex::new(urls),
-            identity_changes: Arc::new(AtomicU64::new(0)),
+            identity_changes: Arc::default(),
             allow_private,
             clock,
             self_id,
+            refresh: ROUND,
         }
+    }
+
+    /// The table with every `--peer` URL fetched again every `refresh` (`--peer-refresh`):
+    /// an identity swapped behind a URL is caught within it.
+    #[must_use]
+    pub fn with_refresh(mut self, refresh: Duration) -> Self {
+        self.refresh = refresh.max(RETRY);
+        self
     }
 
     fn urls(&self) -> Vec<PeerSpec> {
         self.urls.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Descriptors refused so far because a URL answered with another identity than the one
-    /// pinned to it.
-    /// The counter of identity refusals, shared with the links' TLS verifier.
-    pub fn identity_counter(&self) -> Arc<AtomicU64> {
+    /// Identity refusals (descriptors and TLS handshakes), shared with the links' TLS
+    /// verifier.
+    pub fn identity_counter(&self) -> Arc<crate::links::Refusals> {
         Arc::clone(&self.identity_changes)
     }
 
     /// Descriptors and TLS handshakes refused for another identity than the pinned one.
     pub fn identity_changes(&self) -> u64 {
-        self.identity_changes.load(Ordering::Relaxed)
+        self.identity_changes.count()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<NodeId, Held>> {

@@ -7,7 +7,7 @@ use std::sync::atomic::Ordering;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::{FETCH_TIMEOUT, MAX_DESCRIPTOR_BODY, PeerSource, Peers, REFRESH_MARGIN, RETRY, ROUND};
+use super::{FETCH_TIMEOUT, MAX_DESCRIPTOR_BODY, Peers, RETRY};
 use crate::links::{self, Links};
 use crate::proto::descriptor::Descriptor;
 use crate::proto::{NodeId, Prefix};
@@ -93,22 +93,12 @@ impl Peers {
         }
     }
 
-    /// Fetches every `--peer` URL whose pinned identity's descriptor is missing or about to
-    /// expire; refuses a descriptor of another identity than the one pinned to its URL.
+    /// Fetches every `--peer` URL (a new handshake with its pinned key whenever the old
+    /// connection is gone); refuses a descriptor of another identity than the one pinned to its
+    /// URL.
     async fn refresh(&self, links: &Links) -> bool {
         let mut complete = true;
         for (i, spec) in self.urls().into_iter().enumerate() {
-            let now = self.clock.unix();
-            // Held from its own URL and not about to expire (one gossiped first is fetched
-            // once all the same: the URL is what makes it a bootstrap peer).
-            let fresh = spec.pinned.is_some_and(|id| {
-                self.lock().get(&id).is_some_and(|h| {
-                    h.source == PeerSource::Bootstrap && h.d.expires_at > now + REFRESH_MARGIN
-                })
-            });
-            if fresh {
-                continue;
-            }
             let http = links.client(spec.pinned.as_ref());
             let Some((d, tls_key)) = fetch(&http, &spec.url).await else {
                 complete = false;
@@ -116,11 +106,13 @@ impl Peers {
             };
             let id = d.node_id;
             if tls_key != Some(id) {
-                self.identity_changes.fetch_add(1, Ordering::Relaxed);
-                warn!(
-                    got = %Prefix(&id),
-                    "a peer's descriptor names another identity than its TLS key; refused"
-                );
+                if let Some(left_out) = self.identity_changes.refuse() {
+                    warn!(
+                        got = %Prefix(&id),
+                        left_out,
+                        "a peer's descriptor names another identity than its TLS key; refused"
+                    );
+                }
                 complete = false;
                 continue;
             }
@@ -135,12 +127,14 @@ impl Peers {
                     "peer identity trusted on first use (pin it with --peer ID@URL)"
                 ),
                 Pin::Changed => {
-                    self.identity_changes.fetch_add(1, Ordering::Relaxed);
-                    warn!(
-                        expected = %spec.pinned.as_ref().map_or_else(String::new, |p| Prefix(p).to_string()),
-                        got = %Prefix(&id),
-                        "a peer URL answered with another identity than the one pinned to it; refused"
-                    );
+                    if let Some(left_out) = self.identity_changes.refuse() {
+                        warn!(
+                            expected = %spec.pinned.as_ref().map_or_else(String::new, |p| Prefix(p).to_string()),
+                            got = %Prefix(&id),
+                            left_out,
+                            "a peer URL answered with another identity than the one pinned to it; refused"
+                        );
+                    }
                     complete = false;
                     continue;
                 }
@@ -167,7 +161,7 @@ impl Peers {
                 info!("descriptors of all {n} peers fetched");
                 announced = true;
             }
-            let wait = if complete { ROUND } else { RETRY };
+            let wait = if complete { self.refresh } else { RETRY };
             tokio::select! {
                 () = cancel.cancelled() => return,
                 () = tokio::time::sleep(wait) => {}

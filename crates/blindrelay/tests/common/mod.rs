@@ -1014,6 +1014,17 @@ impl Net {
         self.wait_ready(i).await;
     }
 
+    /// Kills node `i` and starts, at its address, another node with a new identity (a new
+    /// state dir, `blindrelay init` again); returns once it is ready.
+    pub async fn swap_identity(&mut self, i: usize) {
+        self.kill9(i).await;
+        let (ip, endpoint) = (self.nodes[i].ip, self.nodes[i].endpoint.clone());
+        let dir = self.dir.path().join(format!("node{i}-swapped"));
+        self.nodes[i] = init_node(&dir, ip, endpoint).await;
+        self.spawn(i);
+        self.wait_ready(i).await;
+    }
+
     /// [`Net::restart`] with `extra` arguments added to the node's `run` for this start.
     pub async fn restart_with(&mut self, i: usize, extra: &[&str]) {
         self.kill9(i).await;
