@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 use serde::de::DeserializeOwned;
 
 use crate::api::{Deleted, InboxList, Sent};
-use crate::health::Row;
+use crate::health::Bucket;
 use crate::proto::answer::ErrorBody;
 use crate::status::{Document, Evidence};
 
@@ -297,7 +297,7 @@ fn render_peers(doc: &Status) {
     );
     for r in &h.rows {
         say!(
-            "{:<10} {:<12} {:<10} {:<10} {:<8} {:<8} {:<8} {:<6} {:>6} {:>6} {:>10}  {}",
+            "{:<10} {:<12} {:<10} {:<10} {:<8} {:<8} {:<8} {:<6} {:>6} {:>6} {:>10}  {}{}",
             r.node,
             r.health,
             r.descriptor,
@@ -309,14 +309,36 @@ fn render_peers(doc: &Status) {
             r.route_successes,
             r.route_failures,
             r.quarantine_remaining_secs,
-            reasons(r)
+            reasons(&r.reasons),
+            if r.share_cut {
+                "  (crypto share cut)"
+            } else {
+                ""
+            }
+        );
+    }
+    render_strangers(&h.strangers);
+}
+
+/// Every previous hop that is no known peer, on one line (none: no line).
+fn render_strangers(st: &crate::health::StrangersRow) {
+    if st.identities > 0 {
+        say!(
+            "STRANGERS  {} identities with no descriptor here ({} quarantined, {} with their \
+             share cut), {} refusals, last contact {}  {}",
+            st.identities,
+            st.quarantined,
+            st.share_cut,
+            st.refusals,
+            st.last_contact,
+            reasons(&st.reasons)
         );
     }
 }
 
-/// A row's reason buckets as `name=count`, by name.
-fn reasons(r: &Row) -> String {
-    let mut by_name: Vec<_> = r.reasons.iter().map(|(b, n)| (b.as_str(), n)).collect();
+/// Reason buckets as `name=count`, by name.
+fn reasons(r: &std::collections::BTreeMap<Bucket, u64>) -> String {
+    let mut by_name: Vec<_> = r.iter().map(|(b, n)| (b.as_str(), n)).collect();
     by_name.sort_unstable();
     by_name
         .iter()

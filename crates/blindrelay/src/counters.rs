@@ -90,6 +90,15 @@ guard::counter_set! {
             /// Connections closed because no complete request head arrived in time (new or idle
             /// between requests).
             connections_timed_out: Counter,
+            /// Requests refused (for any reason) whose source is not a known peer (an
+            /// unknown address block); counted besides their reason.
+            strangers_refused: Counter,
+            /// Inbound TLS handshakes completed on the relay listener.
+            tls_handshakes: Counter,
+            /// Inbound TLS handshakes that failed (not TLS 1.3, a certificate that is not an
+            /// identity, the peer went away); a handshake not over within the header timeout is
+            /// `connections_timed_out`.
+            tls_handshake_failed: Counter,
             /// Relay requests retried after a busy answer (`429` of a moment, `503
             /// route_in_flight`) within their deadline.
             busy_retried: Counter,

@@ -465,6 +465,7 @@ pub async fn serve(
         cancel.clone(),
     ));
     let upkeep = tokio::spawn(upkeep(Arc::clone(&relay), inbox_retention, cancel.clone()));
+    let alerts = tokio::spawn(crate::alerts::run(Arc::clone(&relay), cancel.clone()));
     let report = report.map(|r| tokio::spawn(report::run(Arc::clone(&relay), r, cancel.clone())));
     let a = tokio::spawn(serve::serve(
         public,
@@ -493,7 +494,7 @@ pub async fn serve(
         shutdown.await;
     }
     cancel.cancel();
-    for t in [a, b, peers, gossip, store, upkeep, probes, reach]
+    for t in [a, b, peers, gossip, store, upkeep, probes, reach, alerts]
         .into_iter()
         .chain(report)
     {

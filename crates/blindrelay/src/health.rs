@@ -122,8 +122,10 @@ named_enum! {
 
 named_enum! {
     /// A coarse age: never an exact time.
+    #[derive(Default)]
     pub enum Age {
         /// Never happened.
+        #[default]
         Never = "never",
         /// Under a minute ago.
         Minute = "<1m",
@@ -261,14 +263,46 @@ pub struct Row {
     pub quarantined: bool,
     /// Seconds of quarantine left.
     pub quarantine_remaining_secs: u64,
+    /// Its frames keep failing to open (12 in 300 s): its requests take a stranger's share of
+    /// the crypto slots while it lasts (never a quarantine: a sender could have sealed them).
+    #[serde(default)]
+    pub share_cut: bool,
     /// Refusals of its frames and failures to it, by coarse bucket (zero buckets left out).
     pub reasons: BTreeMap<Bucket, u64>,
 }
 
-/// The peer health summary.
+/// Every previous hop that is not a known peer (no descriptor here, never a success to it), as
+/// one row: throwaway identities are counted, never listed one by one.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StrangersRow {
+    /// Identities tracked.
+    pub identities: usize,
+    /// Of which quarantined now.
+    pub quarantined: usize,
+    /// Of which with their share of crypto slots cut ([`Row::share_cut`]).
+    pub share_cut: usize,
+    /// Refusals of their frames, all of them.
+    pub refusals: u64,
+    /// …by coarse bucket (zero buckets left out).
+    pub reasons: BTreeMap<Bucket, u64>,
+    /// Age of the last contact of any of them, coarse.
+    #[serde(default = "never")]
+    pub last_contact: Age,
+}
+
+/// What this node's guard holds against a peer now ([`Health::summary`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Standing {
+    /// Seconds of quarantine left (0: none).
+    pub quarantine_secs: u64,
+    /// Its requests take a stranger's share of the crypto slots.
+    pub share_cut: bool,
+}
+
+/// The peer health summary: a row per known peer, strangers in one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Summary {
-    /// Peers known (tracked or with a descriptor).
+    /// Known peers (a descriptor here, or a success to it); the counts below are of them.
     pub total_peers: usize,
     /// Of which quarantined.
     pub quarantined: usize,
@@ -283,8 +317,11 @@ pub struct Summary {
     /// Peers this node's own routes may take as middles now ([`Row::in_routes`]).
     #[serde(default)]
     pub in_routes: usize,
-    /// Worst first, at most [`MAX_ROWS`].
+    /// Worst first, at most [`MAX_ROWS`]: known peers only.
     pub rows: Vec<Row>,
+    /// Every other previous hop, as one row.
+    #[serde(default)]
+    pub strangers: StrangersRow,
 }
 
 impl Health {
@@ -413,39 +450,48 @@ impl Health {
         })
     }
 
-    /// The summary: tracked peers and peers with a descriptor, worst first, at most
-    /// [`MAX_ROWS`] rows. `descriptors` tells what the peer table knows of each peer with one;
-    /// `quarantine` its remaining quarantine seconds. The table is copied first: no other lock
-    /// is taken while this one is held.
+    /// The summary: a row per known peer (tracked with a success, or with a descriptor),
+    /// worst first, at most [`MAX_ROWS`] rows, and every other tracked identity in one
+    /// [`StrangersRow`]. `descriptors` tells what the peer table knows of each peer with one;
+    /// `standing` what the guard holds against it. The table is copied first: no other lock is
+    /// taken while this one is held.
     pub fn summary(
         &self,
         now: u64,
         descriptors: &HashMap<NodeId, Known>,
-        quarantine: impl Fn(&NodeId) -> u64,
+        standing: impl Fn(&NodeId) -> Standing,
     ) -> Summary {
         let map = self.lock().clone();
         let mut ids: Vec<NodeId> = map.keys().chain(descriptors.keys()).copied().collect();
         ids.sort_unstable();
         ids.dedup();
-        // Known peers (a descriptor here, or a success to it) before strangers of the same
-        // health: a flood of throwaway identities does not push the neighbours out of the rows.
-        let mut rows: Vec<(bool, Row)> = ids
-            .iter()
-            .map(|id| {
-                let s = map.get(id).cloned().unwrap_or_default();
-                let k = descriptors.get(id).copied();
-                let known = s.known || k.is_some();
-                (known, row(id, &s, k, quarantine(id), now))
-            })
-            .collect();
-        rows.sort_by(|(ka, a), (kb, b)| {
+        let mut rows = Vec::new();
+        let mut strangers = StrangersRow::default();
+        let mut last_stranger = None;
+        for id in &ids {
+            let s = map.get(id).cloned().unwrap_or_default();
+            let k = descriptors.get(id).copied();
+            let row = row(id, &s, k, standing(id), now);
+            if s.known || k.is_some() {
+                rows.push(row);
+                continue;
+            }
+            strangers.identities += 1;
+            strangers.quarantined += usize::from(row.quarantined);
+            strangers.share_cut += usize::from(row.share_cut);
+            for (b, n) in row.reasons {
+                strangers.refusals += n;
+                *strangers.reasons.entry(b).or_default() += n;
+            }
+            last_stranger = last_stranger.max(s.last_contact);
+        }
+        strangers.last_contact = Age::of(last_stranger, now);
+        rows.sort_by(|a, b| {
             a.health
                 .cmp(&b.health)
-                .then(kb.cmp(ka))
                 .then(b.route_failures.cmp(&a.route_failures))
                 .then(a.node.cmp(&b.node))
         });
-        let rows: Vec<Row> = rows.into_iter().map(|(_, r)| r).collect();
         let count = |h: HealthState| rows.iter().filter(|r| r.health == h).count();
         Summary {
             total_peers: rows.len(),
@@ -456,6 +502,7 @@ impl Health {
             unknown: count(HealthState::Unknown),
             in_routes: rows.iter().filter(|r| r.in_routes).count(),
             rows: rows.into_iter().take(MAX_ROWS).collect(),
+            strangers,
         }
     }
 
@@ -468,7 +515,8 @@ impl Health {
 
 /// One peer's row: its health, first match wins (quarantined, failing, degraded, healthy,
 /// unknown).
-fn row(id: &NodeId, s: &Stats, known: Option<Known>, quarantine: u64, now: u64) -> Row {
+fn row(id: &NodeId, s: &Stats, known: Option<Known>, standing: Standing, now: u64) -> Row {
+    let quarantine = standing.quarantine_secs;
     let descriptor = match known.map(|k| k.expires_at) {
         None => DescriptorState::None,
         Some(exp) if exp <= now => DescriptorState::Expired,
@@ -511,6 +559,7 @@ fn row(id: &NodeId, s: &Stats, known: Option<Known>, quarantine: u64, now: u64) 
         route_failures: s.route_failures,
         quarantined: quarantine > 0,
         quarantine_remaining_secs: quarantine,
+        share_cut: standing.share_cut,
         reasons: Bucket::ALL
             .iter()
             .zip(s.reasons)
@@ -524,6 +573,24 @@ fn row(id: &NodeId, s: &Stats, known: Option<Known>, quarantine: u64, now: u64) 
 mod tests {
     use super::*;
 
+    fn quarantined(secs: u64) -> Standing {
+        Standing {
+            quarantine_secs: secs,
+            share_cut: false,
+        }
+    }
+
+    /// `ids` as peers with a descriptor from gossip, valid long.
+    fn known(ids: &[NodeId]) -> HashMap<NodeId, Known> {
+        let k = Known {
+            expires_at: u64::MAX,
+            source: "gossip",
+            last_gossip: None,
+            reached: true,
+        };
+        ids.iter().map(|id| (*id, k)).collect()
+    }
+
     #[test]
     fn bounded_and_sorted_worst_first() {
         let h = Health::default();
@@ -531,6 +598,7 @@ mod tests {
         for i in 0..100u8 {
             let mut id = [0u8; 32];
             id[0] = i;
+            h.record_known_contact(&id, now);
             h.record_route(&id, i % 2 == 0, now);
         }
         let mut failing = [0u8; 32];
@@ -538,7 +606,9 @@ mod tests {
         for _ in 0..3 {
             h.record_route(&failing, false, now);
         }
-        let s = h.summary(now, &HashMap::new(), |id| if id[0] == 7 { 42 } else { 0 });
+        let s = h.summary(now, &HashMap::new(), |id| {
+            quarantined(if id[0] == 7 { 42 } else { 0 })
+        });
         assert_eq!(s.total_peers, 100);
         assert_eq!(s.rows.len(), MAX_ROWS);
         assert_eq!(s.rows[0].health.as_str(), "quarantined");
@@ -569,9 +639,10 @@ mod tests {
     fn a_sybil_flood_never_evicts_a_quarantine_or_an_active_known_peer() {
         let h = Health::default();
         let now = 10_000;
-        let (quarantined, neighbour) = ([0xaa; 32], [0xbb; 32]);
-        h.record_refusal(&quarantined, Reason::RateLimited, now);
-        h.record_quarantine(&quarantined, now + 300, now);
+        let (bad, neighbour) = ([0xaa; 32], [0xbb; 32]);
+        h.record_known_contact(&bad, now);
+        h.record_refusal(&bad, Reason::RateLimited, now);
+        h.record_quarantine(&bad, now + 300, now);
         h.record_known_contact(&neighbour, now);
         for i in 0..(MAX_TRACKED as u32 + 256) {
             let mut id = [0u8; 32];
@@ -581,9 +652,14 @@ mod tests {
         }
         assert_eq!(h.len(), MAX_TRACKED);
         let later = now + 100;
-        let left = |id: &NodeId| if *id == quarantined { 200 } else { 0 };
+        let left = |id: &NodeId| quarantined(if *id == bad { 200 } else { 0 });
         let s = h.summary(later, &HashMap::new(), left);
         assert_eq!(s.quarantined, 1, "{:?}", &s.rows[..2]);
+        // The throwaways are one row, counted, never one row each.
+        assert_eq!(s.total_peers, 2);
+        assert_eq!(s.rows.len(), 2);
+        assert_eq!(s.strangers.identities, MAX_TRACKED - 2);
+        assert_eq!(s.strangers.last_contact, Age::Minute);
         assert_eq!(s.rows[0].node, "aaaaaaaa");
         assert!(
             s.rows
@@ -598,7 +674,7 @@ mod tests {
         let much_later = now + RECENT_SECS + 400;
         h.record_contact(&[0xcc; 32], much_later);
         h.record_contact(&[0xcd; 32], much_later);
-        assert!(!h.lock().contains_key(&quarantined));
+        assert!(!h.lock().contains_key(&bad));
         assert!(!h.lock().contains_key(&neighbour));
     }
 
@@ -608,18 +684,19 @@ mod tests {
         let id = [3u8; 32];
         h.record_refused(&id, 429, None, 100);
         h.record_refused(&id, 503, Some(Reason::StateWriteFailed), 100);
-        let s = h.summary(100, &HashMap::new(), |_| 0);
+        let peers = known(&[id]);
+        let s = h.summary(100, &peers, |_| Standing::default());
         let r = &s.rows[0];
         assert_eq!((r.health, r.route_failures), (HealthState::Healthy, 0));
         assert_eq!(r.reasons, BTreeMap::from([(Bucket::Busy, 2)]));
         // A later hop's failure, passed on: not this peer's.
         h.record_refused(&id, 502, Some(Reason::ForwardFailed), 100);
-        let s = h.summary(100, &HashMap::new(), |_| 0);
+        let s = h.summary(100, &peers, |_| Standing::default());
         let r = &s.rows[0];
         assert_eq!((r.health, r.route_failures), (HealthState::Healthy, 0));
         assert_eq!(r.reasons.get(&Bucket::Beyond), Some(&1));
         h.record_refused(&id, 502, Some(Reason::NoRoute), 100);
-        let s = h.summary(100, &HashMap::new(), |_| 0);
+        let s = h.summary(100, &peers, |_| Standing::default());
         assert_eq!(s.rows[0].route_failures, 1);
         assert_eq!(s.rows[0].reasons.get(&Bucket::Refused), Some(&1));
     }
@@ -655,6 +732,39 @@ mod tests {
     }
 
     #[test]
+    fn strangers_are_one_row_and_a_known_peer_with_its_share_cut_says_so() {
+        let h = Health::default();
+        let (peer, now) = ([1u8; 32], 500);
+        for i in 0..50u8 {
+            let id = [i + 100; 32];
+            h.record_refusal(&id, Reason::OnionPeelFailed, now);
+            h.record_refusal(&id, Reason::RateLimited, now);
+        }
+        for _ in 0..12 {
+            h.record_refusal(&peer, Reason::OnionPeelFailed, now);
+        }
+        let standing = |id: &NodeId| Standing {
+            quarantine_secs: if id[0] == 100 { 300 } else { 0 },
+            share_cut: id[0] == 1 || id[0] == 101,
+        };
+        let s = h.summary(now, &known(&[peer]), standing);
+        assert_eq!((s.total_peers, s.rows.len(), s.degraded), (1, 1, 1));
+        let row = &s.rows[0];
+        assert!(row.share_cut, "{row:?}");
+        assert_eq!(row.reasons.get(&Bucket::Layer), Some(&12));
+        let st = &s.strangers;
+        assert_eq!(
+            (st.identities, st.quarantined, st.share_cut, st.refusals),
+            (50, 1, 1, 100)
+        );
+        assert_eq!(st.reasons.get(&Bucket::Layer), Some(&50));
+        assert_eq!(st.reasons.get(&Bucket::RateLimit), Some(&50));
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["strangers"]["identities"], 50);
+        assert_eq!(json["rows"][0]["share_cut"], true);
+    }
+
+    #[test]
     fn ages_are_coarse() {
         assert_eq!(Age::of(None, 100).as_str(), "never");
         assert_eq!(Age::of(Some(90), 100).as_str(), "<1m");
@@ -674,7 +784,7 @@ mod tests {
             last_gossip: Some(90),
             reached: true,
         };
-        let s = h.summary(100, &HashMap::from([(id, k)]), |_| 0);
+        let s = h.summary(100, &HashMap::from([(id, k)]), |_| Standing::default());
         let json = serde_json::to_value(&s).unwrap();
         assert_eq!(json["rows"][0]["health"], "degraded");
         assert_eq!(json["rows"][0]["descriptor"], "expiring");

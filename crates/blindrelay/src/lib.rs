@@ -32,6 +32,8 @@
 //!   on a lost one.
 //! - [`send`]: the client side: choose a route, send, verify the receipt.
 //! - [`probe`]: synthetic single-hop and two-hop probes.
+//! - [`alerts`]: log lines for attacks (handshake floods, strangers refused, quarantines,
+//!   share cuts, backpressure), at most one a minute per kind.
 //! - [`report`]: the optional periodic push of the status document to the operator's URL.
 //! - [`node`]: identity, onion keys, descriptor.
 //! - [`peers`]: known peers' descriptors, verified once when accepted.
@@ -99,6 +101,7 @@ macro_rules! named_enum {
     };
 }
 
+pub mod alerts;
 pub mod api;
 pub mod cli;
 pub mod client;

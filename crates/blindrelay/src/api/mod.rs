@@ -124,7 +124,7 @@ async fn v1_relay(
     });
     let source = pipeline.classify(ip);
     pipeline.cheap(&source)?;
-    Err(pipeline.refuse(Reason::V1NotAccepted).into())
+    Err(pipeline.refuse(&source, None, Reason::V1NotAccepted).into())
 }
 
 /// `POST /v2/relay`: the source's cheap budget before the body is read; the declared length
@@ -149,7 +149,9 @@ async fn relay_request(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > MAX_FRAME as u64) {
-        return Err(pipeline.refuse_from(link, Reason::EnvelopeTooLarge).into());
+        return Err(pipeline
+            .refuse_from(&source, link, Reason::EnvelopeTooLarge)
+            .into());
     }
     let deadline = body_deadline(declared.unwrap_or(MAX_FRAME as u64));
     let body = match tokio::time::timeout(
@@ -159,8 +161,16 @@ async fn relay_request(
     .await
     {
         Ok(Ok(body)) => body,
-        Ok(Err(_)) => return Err(pipeline.refuse_from(link, Reason::EnvelopeTooLarge).into()),
-        Err(_) => return Err(pipeline.refuse(Reason::RequestTimeout).into()),
+        Ok(Err(_)) => {
+            return Err(pipeline
+                .refuse_from(&source, link, Reason::EnvelopeTooLarge)
+                .into());
+        }
+        Err(_) => {
+            return Err(pipeline
+                .refuse(&source, link, Reason::RequestTimeout)
+                .into());
+        }
     };
     let admitted = pipeline.admit(&source, link, &body)?;
     drop(body);

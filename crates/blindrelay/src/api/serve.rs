@@ -94,6 +94,7 @@ pub async fn serve(
         accept_backoff: ACCEPT_BACKOFF,
     };
     let counting = Counting(Arc::clone(&pipeline));
+    let handshakes = Arc::clone(&pipeline);
     let admit = Sources {
         pipeline,
         table: connections,
@@ -103,7 +104,7 @@ pub async fn serve(
         None => served.serve(listener, router, cancel).await,
         Some(tls) => {
             served
-                .serve_wrapped(listener, router, Tls(tls), cancel)
+                .serve_wrapped(listener, router, Tls(tls, handshakes), cancel)
                 .await;
         }
     }
@@ -157,15 +158,22 @@ impl Hooks for Counting {
 }
 
 /// The links' TLS 1.3 handshake (`crate::links`); every request on the link carries the node
-/// id its client authenticated with ([`LinkPeer`]).
-struct Tls(TlsAcceptor);
+/// id its client authenticated with ([`LinkPeer`]). Handshakes are counted (`tls_handshakes`,
+/// `tls_handshake_failed`).
+struct Tls(TlsAcceptor, Arc<Pipeline>);
 
 impl Wrap for Tls {
     type Stream = TlsStream<TcpStream>;
     type Info = LinkPeer;
 
     async fn wrap(&self, tcp: TcpStream) -> std::io::Result<(TlsStream<TcpStream>, LinkPeer)> {
-        let stream = self.0.accept(tcp).await?;
+        let counters = &self.1.ctx().counters;
+        let stream = self
+            .0
+            .accept(tcp)
+            .await
+            .inspect_err(|_| counters.tls_handshake_failed.inc())?;
+        counters.tls_handshakes.inc();
         let peer = LinkPeer::of(stream.get_ref().1);
         Ok((stream, peer))
     }

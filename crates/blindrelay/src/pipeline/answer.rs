@@ -75,6 +75,15 @@ pub fn wire(verdict: &Result<Answer, Reason>) -> (u16, Vec<u8>) {
     }
 }
 
+/// The reason a request was refused for, if it was: an error, or an answer that failed (a
+/// forward's failure passed back).
+pub(super) fn refusal(verdict: &Result<Answer, Reason>) -> Option<Reason> {
+    match verdict {
+        Err(r) | Ok(Answer::Failed { reason: r, .. }) => Some(*r),
+        Ok(_) => None,
+    }
+}
+
 /// Counts one request's end at `now`: `received` and exactly one outcome. Another node's probe
 /// is not user traffic: it moves only `probes_answered`.
 pub(super) fn record(c: &Counters, verdict: &Result<Answer, Reason>, now: u64) {
@@ -84,11 +93,7 @@ pub(super) fn record(c: &Counters, verdict: &Result<Answer, Reason>, now: u64) {
     }
     c.received.inc();
     c.last_event_at.set(now);
-    let refused = match verdict {
-        Err(r) | Ok(Answer::Failed { reason: r, .. }) => Some(*r),
-        Ok(_) => None,
-    };
-    if let Some(r) = refused {
+    if let Some(r) = refusal(verdict) {
         record_refusal(c, r, now);
         return;
     }

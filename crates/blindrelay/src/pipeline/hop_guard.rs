@@ -30,7 +30,7 @@ use guard::window::FixedWindow;
 use tracing::debug;
 
 use crate::counters::Counters;
-use crate::health::Health;
+use crate::health::{Health, Standing};
 use crate::proto::{NodeId, Prefix};
 use crate::reason::{Blame, Reason};
 
@@ -58,6 +58,13 @@ struct HopState {
 }
 
 impl HopState {
+    /// [`FAILURE_THRESHOLD`] of its frames failed the peel within the current
+    /// [`FAILURE_WINDOW`] at `now`.
+    fn share_cut(&self, now: Instant) -> bool {
+        !self.peel_failures.has_ended(now, FAILURE_WINDOW)
+            && self.peel_failures.count() >= FAILURE_THRESHOLD
+    }
+
     /// Seconds of quarantine left at `now` (0: none).
     fn quarantine_remaining(&self, now: Instant) -> u64 {
         self.quarantine_until.map_or(0, |u| {
@@ -266,10 +273,7 @@ impl HopGuard {
     /// (`pipeline::crypto`) until the window ends. Never a quarantine: a sender can seal a layer
     /// that fails at a later hop and make an honest forwarder look like this.
     pub fn suspect(&self, hop: &NodeId, now: Instant) -> bool {
-        self.lock().get(hop).is_some_and(|s| {
-            !s.peel_failures.has_ended(now, FAILURE_WINDOW)
-                && s.peel_failures.count() >= FAILURE_THRESHOLD
-        })
+        self.lock().get(hop).is_some_and(|s| s.share_cut(now))
     }
 
     /// Forgets identities at rest and idle.
@@ -302,10 +306,26 @@ impl HopGuard {
     /// Every identity quarantined at `now`, with its seconds left: a copy, so the caller can
     /// look other things up without this lock.
     pub fn quarantines(&self, now: Instant) -> HashMap<NodeId, u64> {
+        self.standings(now)
+            .into_iter()
+            .filter(|(_, s)| s.quarantine_secs > 0)
+            .map(|(id, s)| (id, s.quarantine_secs))
+            .collect()
+    }
+
+    /// Every identity quarantined or [`HopGuard::suspect`] at `now`, and what the guard holds
+    /// against it: a copy, so the caller can look other things up without this lock.
+    pub fn standings(&self, now: Instant) -> HashMap<NodeId, Standing> {
         self.lock()
             .iter()
-            .map(|(id, s)| (*id, s.quarantine_remaining(now)))
-            .filter(|(_, left)| *left > 0)
+            .map(|(id, s)| {
+                let standing = Standing {
+                    quarantine_secs: s.quarantine_remaining(now),
+                    share_cut: s.share_cut(now),
+                };
+                (*id, standing)
+            })
+            .filter(|(_, s)| *s != Standing::default())
             .collect()
     }
 }

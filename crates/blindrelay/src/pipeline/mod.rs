@@ -46,6 +46,7 @@ pub mod deliver;
 pub mod freshness;
 pub mod gate;
 pub mod hop_guard;
+pub mod pressure;
 pub mod reserve;
 pub mod route;
 pub mod self_loop;
@@ -61,6 +62,7 @@ pub use self::answer::{Answer, wire};
 use self::deliver::Next;
 use self::gate::{GateConfig, RequestGate};
 use self::hop_guard::HopGuard;
+use self::pressure::{Culprit, Pressure};
 use self::reserve::Reserved;
 pub use self::route::HopNext;
 use crate::clock::Instant;
@@ -210,6 +212,7 @@ pub struct Pipeline {
     sources: Classifier,
     hops: HopGuard,
     strangers: Arc<crypto::Strangers>,
+    pressure: Pressure,
     replay: Arc<ReplayRegistry>,
     terminal: Terminal,
 }
@@ -229,6 +232,7 @@ impl Pipeline {
             sources: Classifier::new(grouping, Arc::clone(&ctx.peers)),
             hops: HopGuard::with_rate(hop_guard::MAX_BUCKETS, ctx.hop_rate),
             strangers: crypto::Strangers::new(ctx.crypto.limit()),
+            pressure: Pressure::default(),
             ctx,
             replay,
             terminal,
@@ -248,6 +252,11 @@ impl Pipeline {
     /// The crypto slots strangers hold (step 2).
     pub fn strangers(&self) -> &Arc<crypto::Strangers> {
         &self.strangers
+    }
+
+    /// Whose requests backpressure fell on.
+    pub fn pressure(&self) -> &Pressure {
+        &self.pressure
     }
 
     /// The request gate (step 1).
@@ -272,7 +281,7 @@ impl Pipeline {
     pub fn cheap(&self, source: &Source) -> Result<(), Reason> {
         self.gate
             .cheap(source.key(), self.ctx.clock.instant())
-            .map_err(|r| self.refuse(r))
+            .map_err(|r| self.refuse(source, None, r))
     }
 
     /// Step 3's framing of the body read (size, class) from the link's client `link`, then
@@ -287,11 +296,12 @@ impl Pipeline {
         link: Option<NodeId>,
         body: &[u8],
     ) -> Result<Admitted, Reason> {
-        let frame = authenticate::frame(body, link).map_err(|r| self.refuse_from(link, r))?;
+        let frame =
+            authenticate::frame(body, link).map_err(|r| self.refuse_from(source, link, r))?;
         let slot = self
             .gate
             .admit(source.key(), self.ctx.clock.instant())
-            .map_err(|r| self.refuse(r))?;
+            .map_err(|r| self.refuse(source, link, r))?;
         let now = self.ctx.clock.now();
         Ok(Admitted {
             _slot: slot,
@@ -313,24 +323,47 @@ impl Pipeline {
         source: &Source,
     ) -> Result<(context::CryptoSlot, Option<crypto::StrangerSlot>), Reason> {
         self.gate.cheap(source.key(), self.ctx.clock.instant())?;
-        crypto::admit(&self.ctx, &self.strangers, source.key())
+        crypto::admit(&self.ctx, &self.strangers, source.key()).inspect_err(|r| {
+            if *r == Reason::Backpressure {
+                self.pressure
+                    .note(Culprit::Source(source.key()), self.ctx.clock.unix());
+            }
+        })
     }
 
-    /// Counts a refusal found outside the steps (the body read at the edge) and returns it.
-    pub fn refuse(&self, r: Reason) -> Reason {
-        self.record(&Err(r));
+    /// Counts a refusal of a request from `source` on `link`'s link found outside the steps
+    /// (the body read at the edge) and returns it.
+    pub fn refuse(&self, source: &Source, link: Option<NodeId>, r: Reason) -> Reason {
+        self.settle(source, link, &Err(r));
         r
     }
 
     /// [`Pipeline::refuse`] of what the link's client `link` sent (a body too large, a frame
     /// that is not one), blamed on it ([`Reason::blame`]).
-    pub fn refuse_from(&self, link: Option<NodeId>, r: Reason) -> Reason {
+    pub fn refuse_from(&self, source: &Source, link: Option<NodeId>, r: Reason) -> Reason {
         self.refused(link, r, self.ctx.clock.instant());
-        self.refuse(r)
+        self.refuse(source, link, r)
     }
 
-    fn record(&self, verdict: &Result<Answer, Reason>) {
-        answer::record(&self.ctx.counters, verdict, self.ctx.clock.unix());
+    /// Counts how a request from `source` on `link`'s link ended: its outcome
+    /// ([`answer::record`]), a stranger's refusal (`strangers_refused`), and whose request a
+    /// `backpressure` refusal fell on ([`Pressure`]).
+    fn settle(&self, source: &Source, link: Option<NodeId>, verdict: &Result<Answer, Reason>) {
+        let now = self.ctx.clock.unix();
+        answer::record(&self.ctx.counters, verdict, now);
+        let Some(r) = answer::refusal(verdict) else {
+            return;
+        };
+        if !source.key().is_known() {
+            self.ctx.counters.strangers_refused.inc();
+        }
+        if r == Reason::Backpressure {
+            let culprit = match (source.key(), link) {
+                (SourceKey::Known(_), Some(id)) => Culprit::Peer(id),
+                (key, _) => Culprit::Source(key),
+            };
+            self.pressure.note(culprit, now);
+        }
     }
 
     /// Steps 2–8 for an admitted request; counted. Its in-flight slot is held until the end.
@@ -345,8 +378,9 @@ impl Pipeline {
             deadline,
             ..
         } = admitted;
+        let link = Some(frame.previous_hop);
         let verdict = self.run(frame, &source, deadline).await;
-        self.record(&verdict);
+        self.settle(&source, link, &verdict);
         verdict
     }
 

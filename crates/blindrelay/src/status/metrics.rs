@@ -14,7 +14,13 @@ pub fn render(relay: &Relay) -> String {
     let c = &ctx.counters;
     let snap = c.snapshot();
     let st = stores(relay, &snap, now);
-    let q = quality(&snap, now, st);
+    let standings = relay.pipeline().hops().standings(ctx.clock.instant());
+    let q = quality(
+        &snap,
+        now,
+        st,
+        super::backpressure_cause(relay, &standings, now),
+    );
     let mut out = PromText::new();
     out.counter_sets(&[(&[], c)]);
     out.family(

@@ -14,10 +14,13 @@ use std::collections::HashMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use self::quality::{Evidence, ProofScope, Quality, Status, Stores};
+pub use self::quality::{
+    Cause, CauseReason, CauseSource, Evidence, ProofScope, Quality, Status, Stores,
+};
 use crate::counters::Snapshot;
-use crate::health::Summary;
-use crate::proto::Prefix;
+use crate::health::{Standing, Summary};
+use crate::pipeline::pressure::Culprit;
+use crate::proto::{NodeId, Prefix};
 use crate::relay::Relay;
 use crate::replay::ReplayStore;
 
@@ -168,6 +171,41 @@ impl<C> Document<C> {
     }
 }
 
+/// The one source recent backpressure mostly fell on, if any, with what the guard holds
+/// against it (`standings`: [`HopGuard::standings`](crate::pipeline::hop_guard::HopGuard)).
+pub fn backpressure_cause(
+    relay: &Relay,
+    standings: &HashMap<NodeId, Standing>,
+    now: u64,
+) -> Option<Cause> {
+    let c = relay.pipeline().pressure().cause(now)?;
+    let (source, peer, standing) = match &c.culprit {
+        Culprit::Peer(id) => (
+            CauseSource::Peer,
+            Some(Prefix(id).to_string()),
+            standings.get(id).copied().unwrap_or_default(),
+        ),
+        Culprit::Source(key) if key.is_known() => {
+            (CauseSource::KnownAddress, None, Standing::default())
+        }
+        Culprit::Source(_) => (CauseSource::Strangers, None, Standing::default()),
+    };
+    let reason = if standing.quarantine_secs > 0 {
+        CauseReason::Quarantined
+    } else if standing.share_cut {
+        CauseReason::PeelFailures
+    } else {
+        CauseReason::MostRequests
+    };
+    Some(Cause {
+        source,
+        peer,
+        reason,
+        refused: c.refused,
+        of: c.of,
+    })
+}
+
 /// The stores' state now, for `status`.
 pub fn stores(relay: &Relay, counters: &Snapshot, now: u64) -> Stores {
     let inbox = relay.terminal().inbox();
@@ -182,13 +220,10 @@ pub fn stores(relay: &Relay, counters: &Snapshot, now: u64) -> Stores {
     }
 }
 
-/// The whole status document now. Reads the replay registry's and the inbox's in-memory state
-/// (no disk read), but their locks may wait for a commit: call it off the async reactor.
-pub fn document(relay: &Relay) -> Document {
-    let ctx = relay.ctx();
-    let now = ctx.clock.unix();
-    let counters = ctx.counters.snapshot();
-    let descriptors: HashMap<_, _> = ctx
+/// What the peer table knows of each peer with a descriptor, for peer health.
+fn known_peers(relay: &Relay) -> HashMap<NodeId, crate::health::Known> {
+    relay
+        .ctx()
         .peers
         .provenance()
         .into_iter()
@@ -201,11 +236,21 @@ pub fn document(relay: &Relay) -> Document {
             };
             (id, known)
         })
-        .collect();
-    let quarantines = relay.pipeline().hops().quarantines(ctx.clock.instant());
+        .collect()
+}
+
+/// The whole status document now. Reads the replay registry's and the inbox's in-memory state
+/// (no disk read), but their locks may wait for a commit: call it off the async reactor.
+pub fn document(relay: &Relay) -> Document {
+    let ctx = relay.ctx();
+    let now = ctx.clock.unix();
+    let counters = ctx.counters.snapshot();
+    let descriptors = known_peers(relay);
+    let standings = relay.pipeline().hops().standings(ctx.clock.instant());
     let peer_health = ctx.health.summary(now, &descriptors, |id| {
-        quarantines.get(id).copied().unwrap_or(0)
+        standings.get(id).copied().unwrap_or_default()
     });
+    let cause = backpressure_cause(relay, &standings, now);
     let stores = stores(relay, &counters, now);
     let inbox = relay.terminal().inbox();
     let (max_items, max_bytes) = inbox.limits();
@@ -252,7 +297,7 @@ pub fn document(relay: &Relay) -> Document {
         system_stats: SystemStats {
             discovery_status: DiscoveryStatus {
                 peer_store: PeerStore {
-                    blind_relay_quality: quality::quality(&runtime.blind_relay, now, stores),
+                    blind_relay_quality: quality::quality(&runtime.blind_relay, now, stores, cause),
                     runtime,
                     peer_health_summary: peer_health,
                 },

@@ -208,6 +208,16 @@ pub async fn fake_next_hop(n: &Node, app: axum::Router) -> To {
     nobody(id(&key))
 }
 
+/// A key `n` knows as a peer (a success to it noted in its peer health): a previous hop with a
+/// row of its own there, where a throwaway key counts among the strangers.
+pub fn known_key(n: &Node) -> SigningKey {
+    let key = key();
+    n.ctx
+        .health
+        .record_known_contact(&id(&key), n.ctx.clock.unix());
+    key
+}
+
 /// Makes `b` a known peer of `a`.
 pub fn introduce(a: &Node, b: &Node) {
     let now = a.ctx.clock.unix();

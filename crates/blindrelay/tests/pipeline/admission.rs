@@ -140,7 +140,9 @@ async fn crypto_admission_refuses_at_once_and_keeps_a_slot_for_outbound() {
         counted(&[
             ("received", 1),
             ("rejected", 1),
-            ("backpressure_dropped", 1)
+            ("backpressure_dropped", 1),
+            // The test's sources are unknown addresses.
+            ("strangers_refused", 1)
         ])
     );
     // …while building a route and checking its receipt still proceed on the last slot.
@@ -319,7 +321,7 @@ async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
     let stranger: NodeId = rand::random();
 
     // Replays in flight and expired: no effect (only the first delivery's contact).
-    let (in_flight, expired) = (key(), key());
+    let (in_flight, expired) = (known_key(&n), known_key(&n));
     let busy = frame(&in_flight, &[to(&n)], b"b", expiry(now));
     deliver(&n, &in_flight, now, b"contact").await;
     n.relay
@@ -343,7 +345,12 @@ async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
     untouched(&row(&n, &expired), "replay_response_expired");
 
     // This node's own refusals: thirteen each, no score, no mark.
-    let (no_route, wrong_hop, endpoint, full) = (key(), key(), key(), key());
+    let (no_route, wrong_hop, endpoint, full) = (
+        known_key(&n),
+        known_key(&n),
+        known_key(&strict),
+        known_key(&n),
+    );
     for _ in 0..13 {
         let f = frame(&no_route, &[to(&n), nobody(stranger)], b"x", expiry(now));
         assert_eq!(reason(&submit(&n, f.encode()).await), "no_route");
@@ -390,7 +397,7 @@ async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
 
     // A re-wrap of a layer another previous hop already carried is the re-wrapper's fault:
     // marked (health only).
-    let rewrapper = key();
+    let rewrapper = known_key(&n);
     let conflict = first.rewrap(&rewrapper);
     assert_eq!(
         reason(&submit(&n, conflict.encode()).await),

@@ -154,8 +154,8 @@ async fn status_moves_with_recent_events_and_recovers() {
     assert_eq!(st(&n), "ready");
     advance(Duration::from_secs(1800)).await;
     assert_eq!(st(&n), "stale");
-    // A rate limit: protecting, while the relay keeps working.
-    let q = key();
+    // A rate limit: protecting, while the relay keeps working (a known peer: a row of its own).
+    let q = known_key(&n);
     for _ in 0..=120 {
         junk(&n, &q).await;
     }
@@ -176,11 +176,14 @@ async fn status_moves_with_recent_events_and_recovers() {
     advance(Duration::from_secs(1800)).await;
     deliver(&n, &p, clock.unix(), b"c").await;
     assert_eq!(st(&n), "ready");
-    // Backpressure: attention, with what to do.
+    // Backpressure spread over sources (each delivery from another): attention, with what to
+    // do (one source's is `protecting`, naming it: tests/hostile_peers.rs).
     let busy: Vec<_> = (0..3)
         .map(|_| n.ctx.crypto.try_acquire().unwrap())
         .collect();
-    deliver(&n, &p, clock.unix(), b"d").await;
+    for payload in [b"d", b"e", b"f"] {
+        deliver(&n, &p, clock.unix(), payload).await;
+    }
     drop(busy);
     let q = status_of(&n).quality().clone();
     assert_eq!(q["status"], "attention");

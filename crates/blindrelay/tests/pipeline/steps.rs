@@ -164,7 +164,13 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
         let after = target.ctx.counters.snapshot();
         assert_eq!(
             moved(&before, &after),
-            counted(&[("received", 1), ("rejected", 1), (counter, 1)]),
+            // The test's sources are unknown addresses: a stranger's refusal besides.
+            counted(&[
+                ("received", 1),
+                ("rejected", 1),
+                (counter, 1),
+                ("strangers_refused", 1)
+            ]),
             "{what}"
         );
     }
@@ -181,7 +187,8 @@ async fn each_step_refuses_with_its_reason_status_and_one_counter() {
             ("rejected", 1),
             ("forward_failed", 1),
             ("retry_attempted", 2),
-            ("retry_exhausted", 1)
+            ("retry_exhausted", 1),
+            ("strangers_refused", 1)
         ])
     );
 
