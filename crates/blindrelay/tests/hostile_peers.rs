@@ -331,7 +331,8 @@ async fn logged(net: &Net, i: usize, needle: &str) -> String {
 /// to back: the victim's status is `protecting` and names that peer and why, never
 /// `attention` / "more CPU"; its health row says its share of crypto slots is cut once its
 /// frames keep failing; a second burst then cannot push an honest peer's traffic into
-/// backpressure; and the log says each of it once (prefixes only), not once per frame.
+/// backpressure; bodies that are not frames, which only its link could have written, get it
+/// quarantined; and the log says each of it once (prefixes only), not once per frame.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_known_peer_sending_junk_is_named_as_the_cause_and_cannot_push_honest_traffic_back() {
     // The request gate and the previous-hop rate opened wide: the junk reaches crypto
@@ -392,8 +393,8 @@ async fn a_known_peer_sending_junk_is_named_as_the_cause_and_cannot_push_honest_
     );
     assert_eq!(status.quality()["cause"]["reason"], "onion_peel_failed");
     // A second burst while the honest peer sends to the victim: the junk gets the share it is
-    // cut to, the honest sends all go through.
-    let before = counter(&status, "backpressure_dropped");
+    // cut to, the honest sends all go through, none of them answered busy.
+    let busy_before = counter(&net.status(2).await, "busy_retried");
     let (peer2, endpoint) = (peer.clone(), victim.endpoint.clone());
     let burst = tokio::spawn(async move { junk_burst(&peer2, &endpoint, 130).await });
     for i in 0..5 {
@@ -405,13 +406,9 @@ async fn a_known_peer_sending_junk_is_named_as_the_cause_and_cannot_push_honest_
         second.get("source_limited").copied().unwrap_or(0) > 0,
         "{second:?}"
     );
-    let status = net.status(0).await;
-    let again = counter(&status, "backpressure_dropped") - before;
     println!("first burst {first:?}, second burst {second:?}");
-    assert!(
-        again * 4 <= pushed,
-        "backpressure {pushed} then {again}: {second:?}"
-    );
+    let busy = counter(&net.status(2).await, "busy_retried") - busy_before;
+    assert_eq!(busy, 0, "the honest sends met busy answers: {second:?}");
     // The log: one line each, with the peer's prefix and nothing more of it.
     let line = logged(&net, 0, "backpressure: ").await;
     assert!(
@@ -423,7 +420,24 @@ async fn a_known_peer_sending_junk_is_named_as_the_cause_and_cannot_push_honest_
         line.contains(bad.prefix()) && !line.contains(&bad.ip.to_string()),
         "{line}"
     );
+    // What only its link could have written (bodies that are not frames) is scored: twelve,
+    // and it is quarantined, said once in the log (its prefix only).
+    for _ in 0..12 {
+        let (_, why) = common::post(&peer, &victim.endpoint, b"not a frame".to_vec()).await;
+        assert_eq!(why, "malformed_envelope");
+    }
+    let next = junk_burst(&peer, &victim.endpoint, 1).await;
+    assert_eq!(next.get("quarantined"), Some(&1), "{next:?}");
+    let line = logged(&net, 0, "peer quarantined").await;
+    assert!(
+        line.contains(bad.prefix()) && !line.contains(&bad.id),
+        "{line}"
+    );
+    let status = net.status(0).await;
+    let bad_row = row(&status, bad.prefix()).expect("the peer's row");
+    assert_eq!(bad_row["quarantined"], true, "{bad_row}");
     tokio::time::sleep(blindrelay::alerts::TICK * 2).await;
     assert_eq!(net.node(0).count("backpressure: "), 1);
     assert_eq!(net.node(0).count("its share of crypto slots is cut"), 1);
+    assert_eq!(net.node(0).count("peer quarantined"), 1);
 }
