@@ -346,6 +346,7 @@ impl RunArgs {
                         self.probe_timeout * config::PROBE_ATTEMPTS,
                     ),
                     token,
+                    token_file: self.token_file.clone(),
                     max_sessions: self.max_sessions,
                     max_queued_bytes: self.max_queued_bytes,
                     proof_timeout: self.probe_timeout,
@@ -356,23 +357,21 @@ impl RunArgs {
     }
 
     fn token(&self) -> Result<Secret, CliError> {
-        let token = match &self.token_file {
-            Some(path) => std::fs::read_to_string(path)
-                .map_err(|source| CliError::TokenFile {
-                    path: path.clone(),
-                    source,
-                })?
-                .trim()
-                .to_string(),
-            None => std::env::var("ETRELAY_TOKEN")
-                .map_err(|_| CliError::NoToken)?
-                .trim()
-                .to_string(),
+        let read = match &self.token_file {
+            Some(path) => crate::daemon::read_token_file(path),
+            None => crate::daemon::checked_token(
+                std::env::var("ETRELAY_TOKEN")
+                    .map_err(|_| CliError::NoToken)?
+                    .trim()
+                    .to_string(),
+            ),
         };
-        if token.chars().count() < MIN_KEY {
-            return Err(CliError::ShortToken);
-        }
-        Ok(Secret::new(token))
+        read.map_err(|e| match e {
+            crate::daemon::TokenError::File { path, source } => {
+                CliError::TokenFile { path, source }
+            }
+            crate::daemon::TokenError::Short => CliError::ShortToken,
+        })
     }
 
     /// The settings of a server relaying `upstream`.

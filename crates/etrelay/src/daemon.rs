@@ -1,12 +1,16 @@
 //! Several servers in one process: `etrelay --ports … --control … --token-file … --state-dir …`.
 //!
 //! No server is relayed until registered through the control API; registered servers are
-//! relayed again after a restart. On SIGTERM/SIGINT every server sends its flatline first.
+//! relayed again after a restart. On SIGTERM/SIGINT every server sends its flatline first. On
+//! SIGHUP ([`run`]'s `reloads`) the token file is read again and every server resolves its
+//! masters' names again; nothing stops.
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -37,6 +41,8 @@ pub struct DaemonConfig {
     pub listen: ListenLimits,
     /// The relay token (at least [`crate::proof::MIN_KEY`] characters).
     pub token: Secret,
+    /// Where it was read from (`--token-file`), read again on SIGHUP; `None`: `ETRELAY_TOKEN`.
+    pub token_file: Option<PathBuf>,
     /// Sessions open at once, all servers together.
     pub max_sessions: usize,
     /// Bytes queued towards the game servers, all servers together.
@@ -54,6 +60,51 @@ pub enum DaemonError {
     /// The state dir or a state file cannot be read.
     #[error("cannot open the state: {0}")]
     State(#[source] RegistryError),
+}
+
+/// Why the relay token could not be had.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    /// The token file cannot be read.
+    #[error("cannot read the token file {}: {source}", path.display())]
+    File {
+        /// `--token-file`.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A token shorter than [`crate::proof::MIN_KEY`].
+    #[error(
+        "the relay token must have at least {} characters",
+        crate::proof::MIN_KEY
+    )]
+    Short,
+}
+
+/// The relay token in `path` (trimmed), as `--token-file` is read at start and on SIGHUP.
+///
+/// # Errors
+/// The file cannot be read, or the token is too short.
+pub fn read_token_file(path: &std::path::Path) -> Result<Secret, TokenError> {
+    let token = std::fs::read_to_string(path)
+        .map_err(|source| TokenError::File {
+            path: path.to_path_buf(),
+            source,
+        })?
+        .trim()
+        .to_string();
+    checked_token(token)
+}
+
+/// `token` when it is long enough.
+///
+/// # Errors
+/// [`TokenError::Short`].
+pub fn checked_token(token: String) -> Result<Secret, TokenError> {
+    if token.chars().count() < crate::proof::MIN_KEY {
+        return Err(TokenError::Short);
+    }
+    Ok(Secret::new(token))
 }
 
 /// A bad `--ports` list.
@@ -76,13 +127,15 @@ pub enum PortsError {
     Empty,
 }
 
-/// Runs until `shutdown` completes, then stops every server (flatlines first).
+/// Runs until `shutdown` completes, then stops every server (flatlines first). Each change of
+/// `reloads` (SIGHUP) re-reads the token file and the masters' names.
 ///
 /// # Errors
 /// No room for sessions in the descriptor limit; the state dir or a state file cannot be read.
 pub async fn run(
     config: DaemonConfig,
     shutdown: impl Future<Output = ()>,
+    mut reloads: watch::Receiver<u64>,
 ) -> Result<(), DaemonError> {
     let root = CancellationToken::new();
     let max_sessions = fdbudget::fit_sessions(
@@ -111,11 +164,25 @@ pub async fn run(
     let api_cancel = root.child_token();
     let api = tokio::spawn(control::serve(
         config.control,
-        state,
+        state.clone(),
         config.listen,
         api_cancel.clone(),
     ));
-    shutdown.await;
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            changed = reloads.changed() => {
+                if changed.is_err() {
+                    // Nobody can send a reload any more: wait for the end alone.
+                    (&mut shutdown).await;
+                    break;
+                }
+                reload_token(config.token_file.as_deref(), &state);
+                registry.reload();
+            }
+        }
+    }
     let started = Instant::now();
     // The API and the servers stop side by side: the flatlines leave at once, whatever the
     // API's clients are doing.
@@ -131,6 +198,22 @@ pub async fn run(
     root.cancel();
     info!("stopped in {} ms", started.elapsed().as_millis());
     Ok(())
+}
+
+/// SIGHUP: the token file read again; a file that cannot be read or holds a short token keeps
+/// the old token, with a warning.
+fn reload_token(path: Option<&std::path::Path>, state: &ControlState) {
+    let Some(path) = path else {
+        info!("reload: the token comes from ETRELAY_TOKEN, not re-read");
+        return;
+    };
+    match read_token_file(path) {
+        Ok(token) if state.set_token(token.expose()) => {
+            info!("reload: new relay token from {}", path.display());
+        }
+        Ok(_) => info!("reload: relay token in {} unchanged", path.display()),
+        Err(e) => warn!("reload: {e}; the relay token in use is kept"),
+    }
 }
 
 /// `27960-27962,27975` for a list of ports.

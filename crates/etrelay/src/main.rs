@@ -34,12 +34,34 @@ fn main() -> ExitCode {
     }
     init_logs(cli.run.debug);
     match cli.run.mode() {
-        Ok(Mode::Single(config)) => {
-            exit(runtime.block_on(etrelay::single::run(config, stopping())))
-        }
-        Ok(Mode::Multi(config)) => exit(runtime.block_on(etrelay::daemon::run(config, stopping()))),
+        Ok(Mode::Single(config)) => exit(
+            runtime.block_on(async { etrelay::single::run(config, stopping(), reloads()).await }),
+        ),
+        Ok(Mode::Multi(config)) => exit(
+            runtime.block_on(async { etrelay::daemon::run(config, stopping(), reloads()).await }),
+        ),
         Err(e) => exit(Err(e)),
     }
+}
+
+/// A count of the SIGHUPs received, each logged: the relay reloads on every change and never
+/// exits for one. Must be called within the runtime; from then on SIGHUP no longer kills the
+/// process.
+fn reloads() -> tokio::sync::watch::Receiver<u64> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (tx, rx) = tokio::sync::watch::channel(0u64);
+    match signal(SignalKind::hangup()) {
+        Ok(mut hup) => {
+            tokio::spawn(async move {
+                while hup.recv().await.is_some() {
+                    info!("SIGHUP: reloading");
+                    tx.send_modify(|n| *n += 1);
+                }
+            });
+        }
+        Err(e) => error!("cannot watch SIGHUP: {e}"),
+    }
+    rx
 }
 
 /// Logs to stderr: `info`, `info,etrelay=debug` with `--debug`, or `RUST_LOG`.

@@ -4,7 +4,8 @@
 //! ([`crate::registry::upstream_refusal`]): never a loopback address without
 //! `--allow-loopback-upstream`, never the relay's own public address (a loop), never an
 //! address no game server has. Then the public socket (and `--metrics`) are bound and the
-//! server runs until `shutdown` completes; on the way out it sends its flatline (ET).
+//! server runs until `shutdown` completes; on the way out it sends its flatline (ET). Each
+//! change of `reloads` (SIGHUP) has it resolve its masters' names again.
 
 use std::future::Future;
 use std::io;
@@ -12,6 +13,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use tokio::net::{TcpListener, UdpSocket};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::ServerConfig;
@@ -74,6 +76,7 @@ pub enum SingleError {
 pub async fn run(
     config: SingleConfig,
     shutdown: impl Future<Output = ()>,
+    mut reloads: watch::Receiver<u64>,
 ) -> Result<(), SingleError> {
     let upstream = config.server.upstream;
     check_upstream(upstream, config.listen, config.allow_loopback)?;
@@ -112,7 +115,19 @@ pub async fn run(
             metrics_stop.clone(),
         ))
     });
-    shutdown.await;
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            changed = reloads.changed() => match changed {
+                Ok(()) => server.reload(),
+                Err(_) => {
+                    (&mut shutdown).await;
+                    break;
+                }
+            },
+        }
+    }
     metrics_stop.cancel();
     if let Some(task) = served {
         let _ = task.await;

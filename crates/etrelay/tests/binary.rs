@@ -106,6 +106,44 @@ async fn sigint_sends_the_flatline_too() {
     assert!(p.wait_exit().await.success());
 }
 
+/// SIGHUP reloads (the masters' names resolved again, logged) and never stops the relay: it
+/// goes on answering, and SIGTERM still ends it with its flatline.
+#[tokio::test]
+async fn sighup_reloads_and_the_relay_goes_on() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let master = FakeMaster::start(unique_ip(), MasterStyle::Classic).unwrap();
+    let (l, m, u) = (listen(), master.addr().to_string(), et.addr().to_string());
+    let mut p = Proc::start(&["--listen", &l, "--masters", &m, &u]).await;
+    assert!(master.wait_listed(p.addr, 10 * S).await);
+    for _ in 0..2 {
+        p.signal("-HUP");
+    }
+    let end = std::time::Instant::now() + 10 * S;
+    while !p.logged("reload: masters") {
+        assert!(std::time::Instant::now() < end, "{}", p.log_text());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(p.logged("SIGHUP: reloading"), "{}", p.log_text());
+    assert!(
+        p.child.try_wait().unwrap().is_none(),
+        "SIGHUP stopped the relay"
+    );
+    let client = udp::bind(unique_ip()).await.unwrap();
+    let answers = udp::exchange(&client, p.addr, &udp::oob(b"getinfo xyz"), S, 5 * S).await;
+    assert!(
+        answers
+            .iter()
+            .any(|(_, a)| a.starts_with(b"\xff\xff\xff\xffinfoResponse")),
+        "no answer after the reload: {answers:?}"
+    );
+    p.signal("-TERM");
+    assert_eq!(
+        master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await,
+        vec![p.addr]
+    );
+    assert!(p.wait_exit().await.success());
+}
+
 #[tokio::test]
 async fn flatline_when_the_server_goes_away() {
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();

@@ -583,3 +583,43 @@ async fn kill_9_in_the_middle_of_writes_leaves_a_whole_state() {
     );
     d.stop().await;
 }
+
+/// SIGHUP reads the token file again: the new token is taken, the old one refused, and the
+/// daemon goes on (a short token in the file keeps the one in use, with a warning).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reads_the_token_file_again() {
+    let dir = state_dir();
+    let state = dir.path().join("state");
+    let d = Daemon::start(&state, &ports(1), &[]).await;
+    let hup = || {
+        let pid = d.child.id().expect("running").to_string();
+        assert!(
+            std::process::Command::new("kill")
+                .args(["-HUP", &pid])
+                .status()
+                .unwrap()
+                .success()
+        );
+    };
+    let wait_log = |needle: &'static str| {
+        let d = &d;
+        async move {
+            let end = std::time::Instant::now() + Duration::from_secs(10);
+            while !d.logged(needle) {
+                assert!(std::time::Instant::now() < end, "{}", d.log_text());
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    let new = "another-relay-token-0123456789abcdef-0123";
+    let token_file = state.with_extension("token");
+    std::fs::write(&token_file, "short").unwrap();
+    hup();
+    wait_log("the relay token in use is kept").await;
+    assert_eq!(d.call(Method::GET, "/metrics", TOKEN, None).await.0, 200);
+    std::fs::write(&token_file, new).unwrap();
+    hup();
+    wait_log("reload: new relay token").await;
+    assert_eq!(d.call(Method::GET, "/metrics", TOKEN, None).await.0, 401);
+    assert_eq!(d.call(Method::GET, "/metrics", new, None).await.0, 200);
+}

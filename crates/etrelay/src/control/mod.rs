@@ -6,7 +6,7 @@
 //! before it changes memory).
 
 use std::net::{IpAddr, SocketAddr};
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
 use axum::extract::{FromRequest, Path, Request, State};
@@ -53,7 +53,8 @@ pub const MAX_BODY: usize = 64 * 1024;
 pub struct ControlState {
     registry: Registry,
     /// SHA-256 of the relay token: compared in constant time whatever the candidate's length.
-    token_hash: Secret<[u8; 32]>,
+    /// Replaced when SIGHUP re-reads the token file ([`ControlState::set_token`]).
+    token_hash: Arc<RwLock<Secret<[u8; 32]>>>,
     /// Wait for each proof `getstatus`.
     proof_timeout: Duration,
 }
@@ -63,9 +64,20 @@ impl ControlState {
     pub fn new(registry: Registry, token: &str, proof_timeout: Duration) -> Self {
         ControlState {
             registry,
-            token_hash: Secret::new(Sha256::digest(token.as_bytes()).into()),
+            token_hash: Arc::new(RwLock::new(Secret::new(
+                Sha256::digest(token.as_bytes()).into(),
+            ))),
             proof_timeout,
         }
+    }
+
+    /// Takes `token` as the relay token from now on; true when it differs from the old one.
+    pub fn set_token(&self, token: &str) -> bool {
+        let h: [u8; 32] = Sha256::digest(token.as_bytes()).into();
+        let mut held = self.token_hash.write().unwrap_or_else(|p| p.into_inner());
+        let changed = !bool::from(h.ct_eq(held.expose()));
+        *held = Secret::new(h);
+        changed
     }
 }
 
@@ -134,7 +146,8 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 fn require_relay_token(st: &ControlState, headers: &HeaderMap) -> Result<(), ControlError> {
     let given = bearer(headers).ok_or(ControlError::Unauthorized)?;
     let h: [u8; 32] = Sha256::digest(given.as_bytes()).into();
-    if bool::from(h.ct_eq(st.token_hash.expose())) {
+    let held = st.token_hash.read().unwrap_or_else(|p| p.into_inner());
+    if bool::from(h.ct_eq(held.expose())) {
         Ok(())
     } else {
         Err(ControlError::Unauthorized)

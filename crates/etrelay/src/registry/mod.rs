@@ -331,6 +331,22 @@ impl Registry {
         r
     }
 
+    /// Asks every running server to resolve its masters' names again (SIGHUP).
+    pub fn reload(&self) {
+        for h in self.handles() {
+            h.reload();
+        }
+    }
+
+    /// The running servers now.
+    fn handles(&self) -> Vec<Arc<ServerHandle>> {
+        self.inner
+            .lock()
+            .values()
+            .filter_map(|r| r.handle.clone())
+            .collect()
+    }
+
     /// Stops every server side by side (each sends its flatline); no new server starts from
     /// then on. False when they were not all stopped within `limit`.
     pub async fn shutdown(&self, limit: Duration) -> bool {
@@ -338,14 +354,8 @@ impl Registry {
         let stop_all = async {
             // A registration the writer was in the middle of may add a server once: look twice.
             for _ in 0..2 {
-                let handles: Vec<_> = self
-                    .inner
-                    .lock()
-                    .values()
-                    .filter_map(|r| r.handle.clone())
-                    .collect();
                 let mut set = tokio::task::JoinSet::new();
-                for h in handles {
+                for h in self.handles() {
                     set.spawn(async move { h.stop().await });
                 }
                 while set.join_next().await.is_some() {}

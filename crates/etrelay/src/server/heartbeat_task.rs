@@ -33,6 +33,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
             Next::WaitUntil(at) => tokio::select! {
                 () = shared.cancel.cancelled() => break,
                 () = tokio::time::sleep_until(at) => {}
+                () = shared.reload.notified() => reload(&shared).await,
             },
             Next::Probe => {
                 let answered = tokio::select! {
@@ -69,11 +70,43 @@ pub(super) async fn run(shared: Arc<Shared>) {
     }
 }
 
-/// Sends a packet to every master from the public socket.
-async fn send_to_masters(shared: &Shared, send: ToMasters) {
-    let text = String::from_utf8_lossy(&send.packet[4..]);
-    let text = text.trim_end();
+/// SIGHUP: the masters' names resolved again now, and what changed logged.
+async fn reload(shared: &Shared) {
+    let before = shared.masters();
+    let resolved = resolve_masters(shared).await;
+    let names: Vec<String> = resolved
+        .iter()
+        .map(|(name, addr)| format!("{name} = {addr}"))
+        .collect();
+    let names = if names.is_empty() {
+        "none".to_string()
+    } else {
+        names.join(", ")
+    };
+    if shared.masters() == before {
+        info!("reload: masters unchanged ({names})");
+    } else {
+        info!("reload: masters now {names} (were {})", addrs_text(&before));
+    }
+}
+
+fn addrs_text(addrs: &[std::net::IpAddr]) -> String {
+    if addrs.is_empty() {
+        return "none".into();
+    }
+    addrs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Resolves every master's name (each at most [`RESOLVE_TIMEOUT`]) to an address of the public
+/// socket's family; one that does not is skipped with a warning. The addresses found are the
+/// masters' answer budget's from now on.
+async fn resolve_masters(shared: &Shared) -> Vec<(&str, SocketAddr)> {
     let want_v4 = shared.public_addr.is_ipv4();
+    let mut out = Vec::with_capacity(shared.config.masters.len());
     for master in &shared.config.masters {
         let resolved =
             tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(master.as_str())).await;
@@ -92,6 +125,20 @@ async fn send_to_masters(shared: &Shared, send: ToMasters) {
             warn!("master {master} has no address of the public socket's family: skipped");
             continue;
         };
+        out.push((master.as_str(), addr));
+    }
+    if !out.is_empty() || shared.config.masters.is_empty() {
+        // A lookup that failed everywhere keeps the addresses known before.
+        shared.set_masters(out.iter().map(|(_, a)| a.ip()).collect());
+    }
+    out
+}
+
+/// Sends a packet to every master from the public socket.
+async fn send_to_masters(shared: &Shared, send: ToMasters) {
+    let text = String::from_utf8_lossy(&send.packet[4..]);
+    let text = text.trim_end();
+    for (master, addr) in resolve_masters(shared).await {
         send_one(shared, send, master, addr, text).await;
     }
 }

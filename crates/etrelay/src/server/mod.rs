@@ -115,6 +115,11 @@ impl ServerHandle {
         })
     }
 
+    /// Resolves the masters' names again now and logs what changed (SIGHUP); relaying goes on.
+    pub fn reload(&self) {
+        self.shared.reload.notify_one();
+    }
+
     /// The public address clients reach this server on.
     pub fn public_addr(&self) -> SocketAddr {
         self.shared.public_addr

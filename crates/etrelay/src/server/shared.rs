@@ -7,11 +7,12 @@
 //! every critical section is a few map operations (opening a session adds a non-blocking bind
 //! and connect; a ban adds cancelling the sessions it cuts).
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{trace, warn};
@@ -70,6 +71,11 @@ pub(super) struct Shared {
     pub(super) cancel: CancellationToken,
     /// The session tasks, waited for when the server stops.
     pub(super) tracker: TaskTracker,
+    /// Asks the heartbeat task to resolve the masters' names again now (SIGHUP).
+    pub(super) reload: Notify,
+    /// The addresses the masters' names resolved to last, and a count of their changes.
+    masters: Mutex<Arc<[IpAddr]>>,
+    masters_epoch: AtomicU64,
 }
 
 impl Shared {
@@ -99,7 +105,28 @@ impl Shared {
             next_session: AtomicU64::new(1),
             cancel,
             tracker: TaskTracker::new(),
+            reload: Notify::new(),
+            masters: Mutex::new(Arc::from([])),
+            masters_epoch: AtomicU64::new(0),
         }
+    }
+
+    /// Records the addresses the masters' names resolve to now; true when they changed.
+    pub(super) fn set_masters(&self, mut addrs: Vec<IpAddr>) -> bool {
+        addrs.sort_unstable();
+        addrs.dedup();
+        let mut m = self.masters.lock().unwrap_or_else(|p| p.into_inner());
+        if *m.as_ref() == *addrs.as_slice() {
+            return false;
+        }
+        *m = Arc::from(addrs);
+        self.masters_epoch.fetch_add(1, Ordering::Release);
+        true
+    }
+
+    /// The masters' addresses now.
+    pub(super) fn masters(&self) -> Arc<[IpAddr]> {
+        Arc::clone(&self.masters.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
     /// Milliseconds since the server started: the sessions' activity timestamps.
