@@ -16,7 +16,7 @@
 //! A tick that would write a kind's second line within [`EVERY`] adds its counts to the next
 //! one (`since_last_line`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Write as _;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
 use crate::counters::Snapshot;
+use crate::health::Standing;
 use crate::proto::{NodeId, Prefix};
 use crate::relay::Relay;
 use crate::status::{Cause, CauseSource};
@@ -130,16 +131,11 @@ fn prefixes<'a>(ids: impl Iterator<Item = &'a NodeId>) -> String {
     out
 }
 
-/// Who a cause is, in words (prefix only).
+/// Who a cause is, in words (prefix only), and for a peer why.
 fn who(c: &Cause) -> String {
     match c.source {
-        CauseSource::Peer => format!(
-            "peer {} ({})",
-            c.peer.as_deref().unwrap_or("?"),
-            c.reason.as_str()
-        ),
-        CauseSource::Strangers => "unknown identities from one address block".into(),
-        CauseSource::KnownAddress => "a known peer's address (gossip)".into(),
+        CauseSource::Peer => format!("{} ({})", c.who(), c.reason.as_str()),
+        _ => c.who(),
     }
 }
 
@@ -148,6 +144,7 @@ impl Watch {
         let ctx = relay.ctx();
         let now = ctx.clock.instant();
         let s = ctx.counters.snapshot();
+        let standings = relay.pipeline().hops().standings(now);
         let d = |f: fn(&Snapshot) -> u64| f(&s).saturating_sub(f(&self.last));
         let (done, failed, timed_out, refused) = (
             d(|s| s.tls_handshakes),
@@ -181,7 +178,6 @@ impl Watch {
         if pressure > 0
             && let Some(n) = self.backpressure.event(pressure, now)
         {
-            let standings = relay.pipeline().hops().standings(now);
             match crate::status::backpressure_cause(relay, &standings, ctx.clock.unix()) {
                 Some(c) => warn!(
                     since_last_line = n,
@@ -194,13 +190,12 @@ impl Watch {
                 ),
             }
         }
-        self.guard_lines(relay, now);
+        self.guard_lines(&standings, now);
         self.last = s;
     }
 
     /// Quarantines and share cuts that started since the last tick.
-    fn guard_lines(&mut self, relay: &Relay, now: std::time::Instant) {
-        let standings = relay.pipeline().hops().standings(now);
+    fn guard_lines(&mut self, standings: &HashMap<NodeId, Standing>, now: std::time::Instant) {
         let quarantined: HashSet<NodeId> = standings
             .iter()
             .filter(|(_, s)| s.quarantine_secs > 0)

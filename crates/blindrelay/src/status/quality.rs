@@ -99,7 +99,7 @@ pub struct Cause {
 
 impl Cause {
     /// Who, in words, with the peer's prefix.
-    fn who(&self) -> String {
+    pub fn who(&self) -> String {
         match self.source {
             CauseSource::Peer => format!("peer {}", self.peer.as_deref().unwrap_or("?")),
             CauseSource::Strangers => "unknown identities from one address block".into(),

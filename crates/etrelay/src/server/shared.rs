@@ -73,9 +73,8 @@ pub(super) struct Shared {
     pub(super) tracker: TaskTracker,
     /// Asks the heartbeat task to resolve the masters' names again now (SIGHUP).
     pub(super) reload: Notify,
-    /// The addresses the masters' names resolved to last, and a count of their changes.
+    /// The addresses the masters' names resolved to last.
     masters: Mutex<Arc<[IpAddr]>>,
-    masters_epoch: AtomicU64,
 }
 
 impl Shared {
@@ -107,21 +106,14 @@ impl Shared {
             tracker: TaskTracker::new(),
             reload: Notify::new(),
             masters: Mutex::new(Arc::from([])),
-            masters_epoch: AtomicU64::new(0),
         }
     }
 
-    /// Records the addresses the masters' names resolve to now; true when they changed.
-    pub(super) fn set_masters(&self, mut addrs: Vec<IpAddr>) -> bool {
+    /// Records the addresses the masters' names resolve to now.
+    pub(super) fn set_masters(&self, mut addrs: Vec<IpAddr>) {
         addrs.sort_unstable();
         addrs.dedup();
-        let mut m = self.masters.lock().unwrap_or_else(|p| p.into_inner());
-        if *m.as_ref() == *addrs.as_slice() {
-            return false;
-        }
-        *m = Arc::from(addrs);
-        self.masters_epoch.fetch_add(1, Ordering::Release);
-        true
+        *self.masters.lock().unwrap_or_else(|p| p.into_inner()) = Arc::from(addrs);
     }
 
     /// The masters' addresses now.
