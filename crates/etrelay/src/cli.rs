@@ -20,6 +20,9 @@ use crate::registry::RegistryConfig;
 use crate::secret::Secret;
 use crate::single::SingleConfig;
 
+/// `--state-dir` with `--ports` when none is given.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/etrelay";
+
 /// UDP relay for Wolfenstein: Enemy Territory (Quake 3 engine) servers behind NAT.
 ///
 /// Owns the public port, proxies players, server browsers and masters to the game server (one
@@ -140,9 +143,12 @@ pub struct RunArgs {
     #[arg(long)]
     pub token_file: Option<PathBuf>,
 
-    /// Where registered servers and their bans are kept (`servers.json`, `bans-<port>.json`).
-    #[arg(long, env = "ETRELAY_STATE_DIR", default_value = "/var/lib/etrelay")]
-    pub state_dir: PathBuf,
+    /// Where registered servers, their bans and their proven sources are kept
+    /// (`servers.json`, `bans-<port>.json`, `proven-<port>.json`); default `/var/lib/etrelay`
+    /// with `--ports`. With one upstream, the proven sources are kept here only when it is
+    /// given (else in memory).
+    #[arg(long, env = "ETRELAY_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
 
     /// Address the public ports of registered servers bind on.
     #[arg(long, env = "ETRELAY_BIND", default_value = "0.0.0.0")]
@@ -318,7 +324,13 @@ impl RunArgs {
     pub fn mode(&self) -> Result<Mode, CliError> {
         match (&self.upstream, &self.ports) {
             (Some(u), _) => Ok(Mode::Single(SingleConfig {
-                server: self.server_config(resolve(u)?)?,
+                server: ServerConfig {
+                    proven_file: self
+                        .state_dir
+                        .as_ref()
+                        .map(|d| d.join(format!("proven-{}.json", self.listen.port()))),
+                    ..self.server_config(resolve(u)?)?
+                },
                 listen: self.listen,
                 max_sessions: self.max_sessions,
                 max_queued_bytes: self.max_queued_bytes,
@@ -334,7 +346,10 @@ impl RunArgs {
                     registry: RegistryConfig {
                         ports: ports.0.clone(),
                         bind: self.bind,
-                        state_dir: self.state_dir.clone(),
+                        state_dir: self
+                            .state_dir
+                            .clone()
+                            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR)),
                         template,
                         control: Some(control),
                         allow_loopback: self.allow_loopback_upstream,
@@ -428,6 +443,7 @@ impl RunArgs {
                 v6_prefix: self.answer_prefix_v6,
                 max_prefixes: config::MAX_ANSWER_PREFIXES,
             },
+            proven_file: None,
         })
     }
 }
@@ -541,7 +557,7 @@ mod tests {
             panic!("multi")
         };
         assert_eq!(d.registry.ports, vec![27960, 27961]);
-        assert_eq!(d.registry.state_dir, PathBuf::from("/var/lib/etrelay"));
+        assert_eq!(d.registry.state_dir, PathBuf::from(DEFAULT_STATE_DIR));
         assert_eq!(d.registry.bind, IpAddr::from([0, 0, 0, 0]));
         // A short token is refused.
         std::fs::write(&token, "short").unwrap();

@@ -6,6 +6,7 @@
 //! (`SESSION_TIMEOUT`) read from that text at compile time.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Idle time after which a session closes (no packet either way).
@@ -186,6 +187,9 @@ pub struct ServerConfig {
     pub joins: JoinLimits,
     /// How many queries are answered, per source prefix and in all.
     pub reflection: ReflectionLimits,
+    /// Where the sources that proved their address are kept (`server::proven`); `None`: in
+    /// memory only.
+    pub proven_file: Option<PathBuf>,
 }
 
 /// Caps on one server's sessions (the process-wide ones are in [`crate::server::Budget`]).
@@ -344,6 +348,7 @@ impl ServerConfig {
             caps: SessionCaps::default(),
             joins: JoinLimits::for_game(GAME),
             reflection: ReflectionLimits::default(),
+            proven_file: None,
         }
     }
 }

@@ -166,7 +166,7 @@ async fn register_openarena_then_sessions_ban_unban_leave() {
 }
 
 #[tokio::test]
-async fn a_wrong_rcon_password_registers_nothing() {
+async fn a_wrong_rcon_password_or_relay_token_registers_nothing_and_leaves_no_key() {
     assert!(
         OpenArena::available(),
         "openarena-server is needed: run scripts/test"
@@ -196,6 +196,33 @@ async fn a_wrong_rcon_password_registers_nothing() {
     .await;
     assert!(!ok);
     assert!(err.contains("rcon password"), "{err}");
+    assert!(
+        !dir.path().join("k").exists(),
+        "a key the relay never took is not left behind"
+    );
+    // The right password but a wrong relay token: refused, and again no key left.
+    std::fs::write(&pw_file, "secret").unwrap();
+    let wrong_token = dir.path().join("wrong.token");
+    std::fs::write(&wrong_token, "x".repeat(40)).unwrap();
+    let (ok, _, err) = admin(&[
+        "register",
+        "--control",
+        &format!("http://{}", d.control),
+        "--token-file",
+        &s(&wrong_token),
+        "--upstream",
+        &oa_addr,
+        "--rcon",
+        &oa_addr,
+        "--rcon-password-file",
+        &s(&pw_file),
+        "--key-file",
+        &s(&dir.path().join("k")),
+    ])
+    .await;
+    assert!(!ok);
+    assert!(err.contains("401") || err.contains("token"), "{err}");
+    assert!(!dir.path().join("k").exists(), "{err}");
     assert!(
         !state.join("servers.json").exists()
             || !std::fs::read_to_string(state.join("servers.json"))

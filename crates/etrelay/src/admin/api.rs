@@ -18,6 +18,19 @@ pub(crate) struct Server {
     pub(crate) bind: Option<Bind>,
     pub(crate) probe: Probe,
     pub(crate) sessions: u64,
+    /// Sources that proved their address (relays before it: absent).
+    #[serde(default)]
+    pub(crate) proven_sources: Option<u64>,
+    /// The floods going on now (relays before it: absent).
+    #[serde(default)]
+    pub(crate) floods: Option<Vec<Flood>>,
+}
+
+#[derive(Debug, Deserialize)]
+pub(crate) struct Flood {
+    pub(crate) kind: String,
+    pub(crate) since: i64,
+    pub(crate) dropped: u64,
 }
 
 #[derive(Debug, Deserialize)]

@@ -285,7 +285,40 @@ async fn status(args: &ServerArgs) -> Result<String, AdminError> {
         ),
         ("sessions", server.sessions.to_string()),
     ]);
+    if let Some(n) = server.proven_sources {
+        fields.push(("proven sources", n.to_string()));
+    }
+    if let Some(floods) = &server.floods {
+        fields.push(("pressure", pressure(floods)));
+    }
     Ok(table::fields(&fields))
+}
+
+/// "none", or since when each flood goes on and what it dropped.
+fn pressure(floods: &[api::Flood]) -> String {
+    let Some(since) = floods.iter().map(|f| f.since).min() else {
+        return "none".into();
+    };
+    let mut kinds: Vec<&str> = floods
+        .iter()
+        .map(|f| match f.kind.as_str() {
+            "reflection" | "limiter" => "query",
+            "joins" => "join",
+            "half_open" => "session",
+            _ => "other",
+        })
+        .collect();
+    kinds.dedup();
+    let what: Vec<String> = floods
+        .iter()
+        .map(|f| format!("{} {} dropped", table::clean(&f.kind), f.dropped))
+        .collect();
+    format!(
+        "under a {} flood since {} UTC ({})",
+        kinds.join(" and "),
+        table::utc(since),
+        what.join(", ")
+    )
 }
 
 async fn sessions(args: &ServerArgs) -> Result<String, AdminError> {

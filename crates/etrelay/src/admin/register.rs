@@ -54,12 +54,6 @@ struct Means<'a> {
 /// `etrelay admin register`.
 pub(super) async fn register(args: &RegisterArgs, timing: Timing) -> Result<String, AdminError> {
     let (key, created) = key::load_or_create(&args.key_file)?;
-    if created {
-        note(&format!(
-            "created a new key in {} (keep it: it is this server's identity on the relay)",
-            args.key_file.display()
-        ));
-    }
     let means = Means {
         control: &args.control,
         token_file: &args.token_file,
@@ -68,7 +62,25 @@ pub(super) async fn register(args: &RegisterArgs, timing: Timing) -> Result<Stri
         rcon: &args.rcon,
         rcon_password_file: &args.rcon_password_file,
     };
-    let reply = register_key(&key, &means, timing).await?;
+    let reply = match register_key(&key, &means, timing).await {
+        Ok(reply) => reply,
+        Err(e) => {
+            // The relay did not take it: a key it never saw is no identity, leave none behind.
+            if created && let Err(rm) = std::fs::remove_file(&args.key_file) {
+                warn(&format!(
+                    "could not remove the new key {} ({rm}): delete it by hand",
+                    args.key_file.display()
+                ));
+            }
+            return Err(e);
+        }
+    };
+    if created {
+        note(&format!(
+            "created a new key in {} (keep it: it is this server's identity on the relay)",
+            args.key_file.display()
+        ));
+    }
     if args.json {
         return Ok(pretty(reply.body.as_ref()));
     }

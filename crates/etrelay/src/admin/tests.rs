@@ -255,6 +255,28 @@ async fn status_shows_the_server() {
 }
 
 #[tokio::test]
+async fn status_says_since_when_the_server_is_under_a_flood() {
+    let body = SERVER.replace(
+        r#""sessions":3}"#,
+        r#""sessions":3,"proven_sources":41,"under_flood_since":1764450000,"floods":[{"kind":"reflection","since":1764450000,"dropped":75496},{"kind":"limiter","since":1764450010,"dropped":12}]}"#,
+    );
+    let (url, _http) = one_shot(response("200 OK", &body)).await;
+    let f = files(Some(KEY));
+    let out = status(&server_args(url, &f, false)).await.unwrap();
+    assert!(out.contains("proven sources  41\n"), "{out}");
+    assert!(
+        out.contains(
+            "pressure        under a query flood since 2025-11-29 21:00:00 UTC (reflection 75496 dropped, limiter 12 dropped)\n"
+        ),
+        "{out}"
+    );
+    let calm = SERVER.replace(r#""sessions":3}"#, r#""sessions":3,"floods":[]}"#);
+    let (url, _http) = one_shot(response("200 OK", &calm)).await;
+    let out = status(&server_args(url, &f, false)).await.unwrap();
+    assert!(out.ends_with("\npressure    none\n"), "{out}");
+}
+
+#[tokio::test]
 async fn sessions_table() {
     let body = r#"{"sessions":[{"client":"203.0.113.7:45488","upstream_port":51234,"opened_at":1764450000,"last_seen_at":1764450042,"packets_up":1200,"bytes_up":96000,"packets_down":800,"bytes_down":640000}]}"#;
     let (url, http) = one_shot(response("200 OK", body)).await;

@@ -40,11 +40,37 @@ pub(super) struct ServerJson {
     bind: BindJson,
     probe: ProbeJson,
     sessions: usize,
+    /// Sources that proved their address (a join the game server answered), remembered.
+    proven_sources: usize,
+    /// When the oldest flood going on began (Unix seconds); `None`: no flood.
+    under_flood_since: Option<u64>,
+    /// The floods going on now, one per defence they meet.
+    floods: Vec<FloodJson>,
+}
+
+#[derive(Debug, Serialize)]
+struct FloodJson {
+    /// `reflection`, `limiter`, `joins` or `half_open`.
+    kind: &'static str,
+    since: u64,
+    dropped: u64,
 }
 
 pub(super) fn server_json(r: &Registered) -> ServerJson {
     let probe = r.handle.as_ref().map(|h| h.probe());
     let retry = r.bind.as_ref();
+    let floods: Vec<FloodJson> = r
+        .handle
+        .as_ref()
+        .map(|h| h.floods())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|f| FloodJson {
+            kind: f.kind.name(),
+            since: unix(f.since),
+            dropped: f.dropped,
+        })
+        .collect();
     ServerJson {
         port: r.port,
         public: r.handle.as_ref().map(|h| h.public_addr()),
@@ -73,5 +99,8 @@ pub(super) fn server_json(r: &Registered) -> ServerJson {
             last_answer_at: probe.and_then(|p| p.last_answer).map(unix),
         },
         sessions: r.handle.as_ref().map_or(0, |h| h.session_count()),
+        proven_sources: r.handle.as_ref().map_or(0, |h| h.proven_count()),
+        under_flood_since: floods.iter().map(|f| f.since).min(),
+        floods,
     }
 }

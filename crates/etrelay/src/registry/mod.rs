@@ -425,6 +425,7 @@ impl Inner {
         let port = public.local_addr().map_or(0, |a| a.port());
         let mut config = self.config.template.clone();
         config.upstream = upstream;
+        config.proven_file = Some(crate::server::proven_path(&self.config.state_dir, port));
         let handle = ServerHandle::start(config, public, self.budget.clone(), &self.cancel)
             .map_err(|source| RegistryError::Bind { port, source })?;
         let now = wall_now();

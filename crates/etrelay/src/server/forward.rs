@@ -29,7 +29,7 @@ use tracing::{debug, trace, warn};
 use super::metrics::DropReason;
 use super::session::{Flushed, Phase, Refused, Session};
 use super::shared::Shared;
-use crate::clock::Instant;
+use crate::clock::{Instant, unix, wall_now};
 use crate::et;
 use crate::net::ring::SendRing;
 use crate::net::{ReadSocket, send_batch, session_socket};
@@ -309,6 +309,8 @@ fn advance(shared: &Shared, session: &Session, data: &[u8], oob: bool) -> bool {
             shared.refused(reason, session.client());
             return false;
         }
+        st.proven.record(session.client().ip(), unix(wall_now()));
+        shared.metrics.proven_sources.set(st.proven.len() as u64);
     } else {
         st.sessions.answered(session);
     }

@@ -10,6 +10,12 @@
 //! served round robin over prefixes (/24, /64): a flood from a few prefixes delays an honest
 //! player by about one turn per prefix, not by the flood's size. Everything is decided before
 //! a session is opened: a refused or queued `getchallenge` costs no session.
+//!
+//! A source that proved its address before (`super::proven`: a join the game server
+//! answered) is served first: unproven joins leave [`PROVEN_RESERVE`] tokens of the pace to
+//! it, so a returning player's `getchallenge` goes at once under any spoofed flood, and past
+//! that it waits in a short front queue released before the fair queue's turns. A full
+//! per-source table does not refuse it (its own bucket still does).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -37,6 +43,11 @@ const MAX_JOIN_SOURCES: usize = 65_536;
 const FORGET: Duration = Duration::from_secs(60);
 /// Shortest gap between two sweeps forced by a full limiter.
 const SWEEP_GAP: Duration = Duration::from_millis(200);
+/// Tokens of the pace unproven joins leave to proven sources (fewer when the pace's burst is
+/// smaller: at least one token is theirs).
+pub(super) const PROVEN_RESERVE: u32 = 2;
+/// Proven `getchallenge` queued at most, before the fair queue.
+pub(super) const FRONT_MAX: usize = 16;
 
 /// A token bucket for requests to the game server, shared by joins and cache refreshes.
 #[derive(Debug, Clone)]
@@ -77,7 +88,14 @@ impl Pace {
 
     /// When the next token is available (`now` if one is).
     pub(super) fn next_token(&self, now: Instant) -> Instant {
-        let ahead = self.interval.saturating_mul(self.burst - 1);
+        self.next_above(now, 0)
+    }
+
+    /// When more than `keep` tokens are available (`now` if they are).
+    pub(super) fn next_above(&self, now: Instant, keep: u32) -> Instant {
+        let ahead = self
+            .interval
+            .saturating_mul(self.burst.saturating_sub(keep.saturating_add(1)));
         now.max(self.full_at.checked_sub(ahead).unwrap_or(now))
     }
 }
@@ -108,7 +126,12 @@ pub(super) struct Joins {
     queues: HashMap<Prefix, VecDeque<Entry>>,
     /// Prefixes with queued entries, in turn order.
     turns: VecDeque<Prefix>,
+    /// Entries in `queues`.
     queued: usize,
+    /// Proven sources' entries, served before `turns`.
+    front: VecDeque<Entry>,
+    /// Tokens of the pace unproven joins leave to proven ones.
+    reserve: u32,
 }
 
 impl Joins {
@@ -126,32 +149,54 @@ impl Joins {
             queues: HashMap::with_capacity(QUEUE_MAX),
             turns: VecDeque::with_capacity(QUEUE_MAX),
             queued: 0,
+            front: VecDeque::with_capacity(FRONT_MAX),
+            reserve: PROVEN_RESERVE.min(limits.upstream_burst.saturating_sub(1)),
         }
     }
 
-    /// A `getchallenge` from `src` at `now`.
+    /// A `getchallenge` from `src` at `now`; `proven` when its IP proved its address.
     pub(super) fn offer(
         &mut self,
         src: SocketAddr,
         data: &[u8],
         now: Instant,
         pace: &mut Pace,
+        proven: bool,
     ) -> Offer {
         match self
             .per_source
             .check(&src.ip().to_canonical(), now.into_std())
         {
             Ok(true) => {}
+            // A table full of (spoofed) strangers does not refuse a proven source.
+            Err(_) if proven => {}
             Ok(false) | Err(_) => return Offer::Refused(DropReason::JoinLimit),
         }
         self.expire(now);
-        if self.queued == 0 && pace.take(now, 0) {
+        if proven {
+            if self.front.is_empty() && pace.take(now, 0) {
+                return Offer::Pass;
+            }
+            return self.push_front(src, data, now);
+        }
+        if self.queued == 0 && self.front.is_empty() && pace.take(now, self.reserve) {
             return Offer::Pass;
         }
         if data.len() > MAX_JOIN {
             return Offer::Refused(DropReason::JoinQueue);
         }
         self.push(src, data, now)
+    }
+
+    fn push_front(&mut self, src: SocketAddr, data: &[u8], now: Instant) -> Offer {
+        if data.len() > MAX_JOIN
+            || self.front.len() >= FRONT_MAX
+            || self.front.iter().any(|e| e.src == src)
+        {
+            return Offer::Refused(DropReason::JoinQueue);
+        }
+        self.front.push_back(entry(src, data, now));
+        Offer::Queued
     }
 
     fn push(&mut self, src: SocketAddr, data: &[u8], now: Instant) -> Offer {
@@ -163,18 +208,11 @@ impl Joins {
         if self.queued >= QUEUE_MAX && !self.evict_from_longest(here.map_or(0, VecDeque::len)) {
             return Offer::Refused(DropReason::JoinQueue);
         }
-        let mut e = Entry {
-            src,
-            at: now,
-            len: data.len(),
-            data: [0; MAX_JOIN],
-        };
-        e.data[..data.len()].copy_from_slice(data);
         let q = self.queues.entry(p).or_default();
         if q.is_empty() {
             self.turns.push_back(p);
         }
-        q.push_back(e);
+        q.push_back(entry(src, data, now));
         self.queued += 1;
         Offer::Queued
     }
@@ -209,7 +247,14 @@ impl Joins {
         out: &mut Vec<u8>,
     ) -> Option<SocketAddr> {
         self.expire(now);
-        if self.queued == 0 || !pace.take(now, 0) {
+        if !self.front.is_empty() {
+            if !pace.take(now, 0) {
+                return None;
+            }
+            let e = self.front.pop_front()?;
+            return Some(e.write(out));
+        }
+        if self.queued == 0 || !pace.take(now, self.reserve) {
             return None;
         }
         let p = self.turns.pop_front()?;
@@ -221,19 +266,20 @@ impl Joins {
         } else {
             self.turns.push_back(p);
         }
-        out.clear();
-        out.extend_from_slice(&e.data[..e.len]);
-        Some(e.src)
+        Some(e.write(out))
     }
 
-    /// When [`Joins::release`] may next give something back; `None` with an empty queue.
+    /// When [`Joins::release`] may next give something back; `None` with empty queues.
     pub(super) fn next_due(&self, now: Instant, pace: &Pace) -> Option<Instant> {
-        (self.queued > 0).then(|| pace.next_token(now))
+        if !self.front.is_empty() {
+            return Some(pace.next_token(now));
+        }
+        (self.queued > 0).then(|| pace.next_above(now, self.reserve))
     }
 
-    /// `getchallenge` queued now.
+    /// `getchallenge` queued now (both queues).
     pub(super) fn queued(&self) -> usize {
-        self.queued
+        self.queued + self.front.len()
     }
 
     /// Forgets sources at rest, in [`SWEEP_PARTS`] parts (the relay loop's
@@ -246,6 +292,13 @@ impl Joins {
 
     /// Drops entries that waited [`QUEUE_WAIT`].
     fn expire(&mut self, now: Instant) {
+        while self
+            .front
+            .front()
+            .is_some_and(|e| now.saturating_duration_since(e.at) >= QUEUE_WAIT)
+        {
+            self.front.pop_front();
+        }
         if self.queued == 0 {
             return;
         }
@@ -265,6 +318,27 @@ impl Joins {
             let queues = &self.queues;
             self.turns.retain(|p| queues.contains_key(p));
         }
+    }
+}
+
+/// A queue entry holding a copy of `data` (at most [`MAX_JOIN`] bytes: checked by the caller).
+fn entry(src: SocketAddr, data: &[u8], now: Instant) -> Entry {
+    let mut e = Entry {
+        src,
+        at: now,
+        len: data.len(),
+        data: [0; MAX_JOIN],
+    };
+    e.data[..data.len()].copy_from_slice(data);
+    e
+}
+
+impl Entry {
+    /// Writes the datagram into `out`; its source is returned.
+    fn write(&self, out: &mut Vec<u8>) -> SocketAddr {
+        out.clear();
+        out.extend_from_slice(&self.data[..self.len]);
+        self.src
     }
 }
 

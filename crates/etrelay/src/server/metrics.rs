@@ -45,11 +45,13 @@ pub enum DropReason {
     QueuedBytes,
     /// A query over the answer (reflection) budget of its source prefix or of the server.
     Reflection,
+    /// A query from a master's address over that master's own bucket.
+    MasterLimit,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 20] = [
+    pub const ALL: [DropReason; 21] = [
         DropReason::Rcon,
         DropReason::Filter,
         DropReason::BadChallenge,
@@ -70,6 +72,7 @@ impl DropReason {
         DropReason::Malformed,
         DropReason::QueuedBytes,
         DropReason::Reflection,
+        DropReason::MasterLimit,
     ];
 
     /// The reason's label.
@@ -95,6 +98,7 @@ impl DropReason {
             DropReason::Malformed => "malformed",
             DropReason::QueuedBytes => "queued_bytes",
             DropReason::Reflection => "reflection",
+            DropReason::MasterLimit => "master_limit",
         }
     }
 }
@@ -168,6 +172,18 @@ guard::counter_set! {
             query_sources: Gauge,
             /// Slots of the query limiter's fixed table (its memory, fixed at start).
             query_slots: Gauge,
+            /// Queries from the masters' addresses, let through on their own lane.
+            master_queries: Counter,
+            /// Queries from proven sources, let through on their own budget.
+            proven_queries: Counter,
+            /// getchallenge from proven sources, let through ahead of the fair queue.
+            proven_joins: Counter,
+            /// Sources that proved their address (a join the game server answered),
+            /// remembered now.
+            proven_sources: Gauge,
+            /// Unix time the oldest flood going on began (drops of the answer budget, the
+            /// per-IP limit, the getchallenge gate or the half-open caps); 0 with none.
+            flood_since: Gauge,
             /// 1 while the relay loop sends to the game server through io_uring (a batch over
             /// all sessions' sockets in one system call), 0 while it sends one socket at a time.
             upstream_io_uring: Gauge,

@@ -21,11 +21,15 @@
 //!   `relay/packet`: the client-packet path above, up to the session queue.
 //! - `sweep`: how much of each limiter's table a tick of the relay loop sweeps.
 //! - `reflection`: the answer budget: queries answered per source prefix and in all.
+//! - `lanes`: the masters' lane: the masters' queries apart from everyone else's.
+//! - `proven`: the sources that proved their address, served first; kept in the state dir.
+//! - `pressure`: the watch over the drops a flood causes: WARNs and "under a flood since".
 //! - `session`: one client's session: its queue, counters and last activity (no I/O).
 //! - `forward`: a session's task and upstream socket: queue → game server, answers → client.
 //! - `cache`: the query cache, a state machine without I/O driven by the relay loop.
 //! - `heartbeat`: probes, heartbeats and the flatline, a state machine without I/O.
 //! - `heartbeat_task`: the task that drives it: probes, master name lookups, sends.
+//! - `proven_task`: writes the proven sources once a minute when they changed, and at stop.
 //! - `metrics`: the counters of the server.
 
 mod budget;
@@ -34,7 +38,11 @@ mod forward;
 mod heartbeat;
 mod heartbeat_task;
 mod joins;
+mod lanes;
 mod metrics;
+mod pressure;
+mod proven;
+mod proven_task;
 mod reflection;
 mod relay;
 mod session;
@@ -44,6 +52,7 @@ mod table;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use tokio::net::UdpSocket;
@@ -54,6 +63,8 @@ use tracing::info;
 pub use self::budget::Budget;
 pub use self::heartbeat::ProbeStatus;
 pub use self::metrics::{DropReason, ProbeState, ServerMetrics};
+pub use self::pressure::{Flood, Kind as FloodKind};
+pub use self::proven::{MAX_PROVEN, PROVEN_FOR};
 pub use self::session::SessionInfo;
 use self::shared::Shared;
 use crate::bans::{Ban, TableFull};
@@ -67,8 +78,13 @@ const SOCKET_BUFFER: usize = 4 << 20;
 #[derive(Debug)]
 pub struct ServerHandle {
     shared: Arc<Shared>,
-    /// The relay loop and heartbeat task, taken by [`ServerHandle::stop`].
-    tasks: Mutex<Option<(JoinHandle<()>, JoinHandle<()>)>>,
+    /// The relay loop, heartbeat and proven-sources tasks, taken by [`ServerHandle::stop`].
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+/// The file of `port`'s proven sources in the state directory `dir`.
+pub fn proven_path(dir: &Path, port: u16) -> PathBuf {
+    dir.join(format!("proven-{port}.json"))
 }
 
 impl ServerHandle {
@@ -100,6 +116,7 @@ impl ServerHandle {
         let relay_loop = relay::RelayLoop::new(Arc::clone(&shared))?;
         let relay = tokio::spawn(relay_loop.run());
         let heartbeat = tokio::spawn(heartbeat_task::run(Arc::clone(&shared)));
+        let proven = tokio::spawn(proven_task::run(Arc::clone(&shared)));
         info!(
             "relaying {} on {public_addr} (masters: {})",
             shared.config.upstream,
@@ -111,7 +128,7 @@ impl ServerHandle {
         );
         Ok(ServerHandle {
             shared,
-            tasks: Mutex::new(Some((relay, heartbeat))),
+            tasks: Mutex::new(vec![relay, heartbeat, proven]),
         })
     }
 
@@ -150,10 +167,9 @@ impl ServerHandle {
     /// this returns once every task of the server has finished.
     pub async fn stop(&self) {
         self.shared.cancel.cancel();
-        let tasks = self.tasks.lock().unwrap_or_else(|p| p.into_inner()).take();
-        if let Some((relay, heartbeat)) = tasks {
-            let _ = relay.await;
-            let _ = heartbeat.await;
+        let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
+        for task in tasks {
+            let _ = task.await;
         }
         self.shared.tracker.close();
         self.shared.tracker.wait().await;
@@ -198,6 +214,16 @@ impl ServerHandle {
             .iter()
             .filter(|s| !s.is_closed())
             .count()
+    }
+
+    /// The floods going on now (see `pressure`).
+    pub fn floods(&self) -> Vec<Flood> {
+        self.shared.floods()
+    }
+
+    /// Sources that proved their address, remembered now.
+    pub fn proven_count(&self) -> usize {
+        self.shared.lock().proven.len()
     }
 
     /// Query limiter sources remembered now.

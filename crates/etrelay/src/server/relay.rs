@@ -24,6 +24,7 @@ use tracing::{debug, info, trace, warn};
 use super::cache::QueryCache;
 use super::forward;
 use super::joins::{Joins, Pace};
+use super::lanes::MasterLane;
 use super::reflection::AnswerBudget;
 use super::session::Session;
 use super::shared::Shared;
@@ -80,6 +81,10 @@ struct Handler {
     join_buf: Vec<u8>,
     /// How many queries are answered, per source prefix and in all.
     budget: AnswerBudget,
+    /// The same for proven sources (`super::proven`), apart from everyone else's.
+    proven_budget: AnswerBudget,
+    /// The masters' own lane.
+    masters: MasterLane,
     /// Sessions with packets to send at the end of the batch.
     touched: Touched,
     /// Sends to many sessions' sockets in one system call; `None` where `io_uring` is off or
@@ -139,6 +144,8 @@ impl RelayLoop {
                 joins: Joins::new(&cfg.joins),
                 join_buf: Vec::with_capacity(128),
                 budget: AnswerBudget::new(&cfg.reflection),
+                proven_budget: AnswerBudget::new(&cfg.reflection),
+                masters: MasterLane::new(),
                 touched: Touched {
                     sessions: Vec::with_capacity(TOUCHED),
                     packets: 0,
@@ -298,6 +305,9 @@ impl Handler {
         }
         self.joins.sweep(now);
         self.budget.sweep(now);
+        self.proven_budget.sweep(now);
+        self.masters.refresh(self.shared.masters(), now.into_std());
+        self.shared.watch_pressure(now);
         self.release_joins(now);
         self.shared
             .metrics

@@ -22,15 +22,18 @@ use guard::throttle::Throttle;
 use super::budget::Budget;
 use super::heartbeat::ProbeStatus;
 use super::metrics::{DropReason, ServerMetrics};
+use super::pressure::{Flood, Pressure};
+use super::proven::Proven;
 use super::session::Session;
 use super::table::Table;
 use crate::bans::BanTable;
-use crate::clock::Instant;
+use crate::clock::{Instant, unix, wall_now};
 use crate::config::ServerConfig;
 use crate::net::ReadSocket;
 
-/// At most one warning of refused sessions per server per this interval.
-const WARN_EVERY: Duration = Duration::from_secs(10);
+/// At most one warning of refused sessions (by the process's caps) or failed sockets per
+/// server per this interval.
+const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// What the state lock guards.
 #[derive(Debug)]
@@ -39,6 +42,8 @@ pub(super) struct State {
     pub(super) sessions: Table,
     /// The server's bans.
     pub(super) bans: BanTable,
+    /// The sources that proved their address.
+    pub(super) proven: Proven,
 }
 
 /// Everything of one server that its tasks share.
@@ -75,6 +80,8 @@ pub(super) struct Shared {
     pub(super) reload: Notify,
     /// The addresses the masters' names resolved to last.
     masters: Mutex<Arc<[IpAddr]>>,
+    /// The watch over the drops a flood causes.
+    pressure: Mutex<Pressure>,
 }
 
 impl Shared {
@@ -86,9 +93,16 @@ impl Shared {
         budget: Budget,
         cancel: CancellationToken,
     ) -> Self {
+        let proven = match &config.proven_file {
+            Some(path) => Proven::load(path, unix(wall_now())),
+            None => Proven::default(),
+        };
+        let metrics = ServerMetrics::default();
+        metrics.proven_sources.set(proven.len() as u64);
         let state = State {
             sessions: Table::new(config.caps),
             bans: BanTable::default(),
+            proven,
         };
         Shared {
             recv_buf: Mutex::new(vec![0; config.session.max_packet.max(1)]),
@@ -96,7 +110,7 @@ impl Shared {
             config,
             public,
             public_addr,
-            metrics: ServerMetrics::default(),
+            metrics,
             state: Mutex::new(state),
             probe: Mutex::new(ProbeStatus::default()),
             epoch: Instant::now(),
@@ -106,11 +120,37 @@ impl Shared {
             tracker: TaskTracker::new(),
             reload: Notify::new(),
             masters: Mutex::new(Arc::from([])),
+            pressure: Mutex::new(Pressure::default()),
         }
+    }
+
+    /// Looks at the drops since the last call (the relay loop's tick) and tells the admin of
+    /// a flood; see [`super::pressure`].
+    pub(super) fn watch_pressure(&self, now: Instant) {
+        let mut p = self.pressure.lock().unwrap_or_else(|p| p.into_inner());
+        p.tick(
+            &self.metrics,
+            now,
+            wall_now(),
+            &self.public_addr.to_string(),
+        );
+        let since = p.floods().iter().map(|f| unix(f.since)).min().unwrap_or(0);
+        self.metrics.flood_since.set(since);
+    }
+
+    /// The floods going on now.
+    pub(super) fn floods(&self) -> Vec<Flood> {
+        self.pressure
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .floods()
     }
 
     /// Records the addresses the masters' names resolve to now.
     pub(super) fn set_masters(&self, mut addrs: Vec<IpAddr>) {
+        for a in &mut addrs {
+            *a = a.to_canonical();
+        }
         addrs.sort_unstable();
         addrs.dedup();
         *self.masters.lock().unwrap_or_else(|p| p.into_inner()) = Arc::from(addrs);
@@ -174,6 +214,14 @@ impl Shared {
     pub(super) fn refused(&self, reason: DropReason, who: SocketAddr) {
         self.metrics.drop(reason);
         self.metrics.sessions_refused.inc();
+        if matches!(
+            reason,
+            DropReason::HalfOpenCap | DropReason::PrefixCap | DropReason::IpCap
+        ) {
+            // A flood of these is told by the pressure watch, once a minute.
+            trace!("session refused for {who} ({})", reason.name());
+            return;
+        }
         self.throttled(|n| {
             warn!(
                 "{}: session refused for {who} ({}); {n} more not logged since the last warning",

@@ -6,7 +6,8 @@ fn limits() -> JoinLimits {
     JoinLimits {
         source_burst: 2,
         source_interval: Duration::from_secs(2),
-        upstream_burst: 2,
+        // No reserve for proven sources: the tests' own paces are what counts.
+        upstream_burst: 1,
         upstream_interval: Duration::from_secs(1),
     }
 }
@@ -36,15 +37,21 @@ fn a_source_over_its_limit_is_refused_before_anything_else() {
     let t0 = Instant::now();
     let mut pace = Pace::new(100, MS, t0);
     let mut j = Joins::new(&limits());
-    assert_eq!(j.offer(src(1, 1), b"g", t0, &mut pace), Offer::Pass);
-    assert_eq!(j.offer(src(1, 1), b"g", t0, &mut pace), Offer::Pass);
+    assert_eq!(j.offer(src(1, 1), b"g", t0, &mut pace, false), Offer::Pass);
+    assert_eq!(j.offer(src(1, 1), b"g", t0, &mut pace, false), Offer::Pass);
     assert_eq!(
-        j.offer(src(1, 1), b"g", t0, &mut pace),
+        j.offer(src(1, 1), b"g", t0, &mut pace, false),
         Offer::Refused(DropReason::JoinLimit)
     );
-    assert_eq!(j.offer(src(1, 2), b"g", t0, &mut pace), Offer::Pass);
+    assert_eq!(j.offer(src(1, 2), b"g", t0, &mut pace, false), Offer::Pass);
     assert_eq!(
-        j.offer(src(1, 1), b"g", t0 + Duration::from_secs(2), &mut pace),
+        j.offer(
+            src(1, 1),
+            b"g",
+            t0 + Duration::from_secs(2),
+            &mut pace,
+            false
+        ),
         Offer::Pass
     );
 }
@@ -54,11 +61,11 @@ fn past_the_pace_joins_wait_their_turn_round_robin_over_prefixes() {
     let t0 = Instant::now();
     let mut pace = Pace::new(2, 500 * MS, t0);
     let mut j = Joins::new(&limits());
-    assert_eq!(j.offer(src(1, 1), b"a", t0, &mut pace), Offer::Pass);
-    assert_eq!(j.offer(src(1, 2), b"b", t0, &mut pace), Offer::Pass);
+    assert_eq!(j.offer(src(1, 1), b"a", t0, &mut pace, false), Offer::Pass);
+    assert_eq!(j.offer(src(1, 2), b"b", t0, &mut pace, false), Offer::Pass);
     // The pace is spent: a flood from prefix 1 queues (4 at most), then one honest join.
     for i in 3..10 {
-        let o = j.offer(src(1, i), b"f", t0, &mut pace);
+        let o = j.offer(src(1, i), b"f", t0, &mut pace, false);
         assert_eq!(
             o,
             if i < 7 {
@@ -68,7 +75,10 @@ fn past_the_pace_joins_wait_their_turn_round_robin_over_prefixes() {
             }
         );
     }
-    assert_eq!(j.offer(src(2, 1), b"honest", t0, &mut pace), Offer::Queued);
+    assert_eq!(
+        j.offer(src(2, 1), b"honest", t0, &mut pace, false),
+        Offer::Queued
+    );
     assert_eq!(j.queued(), 5);
     let mut out = Vec::new();
     assert_eq!(j.release(t0, &mut pace, &mut out), None, "no token yet");
@@ -100,24 +110,95 @@ fn a_full_queue_makes_room_for_a_new_prefix() {
         source_burst: 100,
         ..limits()
     });
-    assert_eq!(j.offer(src(0, 1), b"a", t0, &mut pace), Offer::Pass);
+    assert_eq!(j.offer(src(0, 1), b"a", t0, &mut pace, false), Offer::Pass);
     let mut queued = 0;
     for a in 1..=(QUEUE_MAX / QUEUE_PER_PREFIX) as u8 {
         for b in 1..=QUEUE_PER_PREFIX as u8 {
-            if j.offer(src(a, b), b"f", t0, &mut pace) == Offer::Queued {
+            if j.offer(src(a, b), b"f", t0, &mut pace, false) == Offer::Queued {
                 queued += 1;
             }
         }
     }
     assert_eq!(queued, QUEUE_MAX);
     assert_eq!(
-        j.offer(src(200, 1), b"honest", t0, &mut pace),
+        j.offer(src(200, 1), b"honest", t0, &mut pace, false),
         Offer::Queued
     );
     assert_eq!(j.queued(), QUEUE_MAX);
     // One per source address: a retransmit does not queue twice.
     assert_eq!(
-        j.offer(src(200, 1), b"honest", t0, &mut pace),
+        j.offer(src(200, 1), b"honest", t0, &mut pace, false),
         Offer::Refused(DropReason::JoinQueue)
+    );
+}
+
+#[test]
+fn a_proven_source_goes_first_under_any_flood() {
+    let t0 = Instant::now();
+    let lim = JoinLimits {
+        source_burst: 100,
+        upstream_burst: 8,
+        ..limits()
+    };
+    let mut pace = Pace::new(8, Duration::from_secs(1), t0);
+    let mut j = Joins::new(&lim);
+    // A flood of strangers takes all but the reserve, then queues.
+    let mut passed = 0;
+    for a in 1..=50u8 {
+        if j.offer(src(a, 1), b"f", t0, &mut pace, false) == Offer::Pass {
+            passed += 1;
+        }
+    }
+    assert_eq!(passed, 8 - PROVEN_RESERVE as usize);
+    assert_eq!(j.queued(), QUEUE_MAX.min(50 - passed));
+    // A returning player passes at once, on the reserve.
+    assert_eq!(
+        j.offer(src(200, 1), b"p1", t0, &mut pace, true),
+        Offer::Pass
+    );
+    assert_eq!(
+        j.offer(src(200, 2), b"p2", t0, &mut pace, true),
+        Offer::Pass
+    );
+    // The reserve spent: the next one waits in front of the fair queue.
+    assert_eq!(
+        j.offer(src(200, 3), b"p3", t0, &mut pace, true),
+        Offer::Queued
+    );
+    assert_eq!(
+        j.offer(src(200, 3), b"p3", t0, &mut pace, true),
+        Offer::Refused(DropReason::JoinQueue),
+        "a retransmit does not queue twice"
+    );
+    let t1 = t0 + Duration::from_secs(1);
+    assert_eq!(j.next_due(t0, &pace), Some(t1));
+    let mut out = Vec::new();
+    assert_eq!(j.release(t1, &mut pace, &mut out), Some(src(200, 3)));
+    assert_eq!(out, b"p3");
+    // The strangers' queue waits until more than the reserve is back.
+    assert_eq!(j.release(t1, &mut pace, &mut out), None);
+    assert_eq!(
+        j.next_due(t1, &pace),
+        Some(t1 + Duration::from_secs(u64::from(PROVEN_RESERVE) + 1))
+    );
+}
+
+#[test]
+fn a_full_source_table_does_not_refuse_a_proven_source() {
+    let t0 = Instant::now();
+    let mut pace = Pace::new(1000, MS, t0);
+    let mut j = Joins::new(&limits());
+    for i in 0..MAX_JOIN_SOURCES as u32 {
+        let s = SocketAddr::from((std::net::Ipv4Addr::from(0x0b00_0000 + i), 1));
+        let _ = j.offer(s, b"f", t0 + MS * (i / 1000), &mut pace, false);
+    }
+    let t = t0 + Duration::from_millis(100);
+    assert_eq!(
+        j.offer(src(9, 9), b"g", t, &mut pace, false),
+        Offer::Refused(DropReason::JoinLimit)
+    );
+    assert_ne!(
+        j.offer(src(9, 8), b"g", t, &mut pace, true),
+        Offer::Refused(DropReason::JoinLimit)
     );
 }

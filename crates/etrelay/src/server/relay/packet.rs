@@ -28,21 +28,26 @@ impl Handler {
             m.drop(DropReason::Oversize);
             return;
         }
-        if self.banned(src.ip(), now) {
+        let packet = classify(data);
+        // Only a query and a `getchallenge` have a lane for proven sources.
+        let lane = matches!(
+            packet,
+            Packet::Query(..) | Packet::Pass(Command::GetChallenge)
+        );
+        let Some(proven) = self.standing(src.ip(), lane, now) else {
             m.drop(DropReason::Ban);
             return;
-        }
-        let packet = classify(data);
+        };
         if !matches!(packet, Packet::Game) {
             debug!("{src} -> ET {} ({} B)", command_word(data), data.len());
         }
         match packet {
             Packet::Game => self.game(src, data),
-            Packet::Pass(Command::GetChallenge) => self.join(src, data, now),
+            Packet::Pass(Command::GetChallenge) => self.join(src, data, now, proven),
             Packet::Pass(Command::Connect | Command::PunkBuster) => self.session_only(src, data),
             Packet::Query(q, challenge) => {
                 let challenge = challenge.map(|r| &data[r]);
-                self.query(src, data, q, challenge, now);
+                self.query(src, data, (q, challenge), now, proven);
             }
             Packet::Drop(reason) => {
                 let reason = match reason {
@@ -56,31 +61,49 @@ impl Handler {
         }
     }
 
-    /// A `getinfo`/`getstatus`: through the per-source limiter and the answer budget, then
-    /// answered from the cache (or, cache off, sent to the client's session).
+    /// A `getinfo`/`getstatus`: a master's through its own lane; a proven source's through the
+    /// per-source limiter (a table full of strangers does not refuse it) and its own answer
+    /// budget; anyone else's through the limiter and the shared budget. Then answered from the
+    /// cache (or, cache off, sent to the client's session).
     fn query(
         &mut self,
         src: SocketAddr,
         data: &[u8],
-        q: Query,
-        challenge: Option<&[u8]>,
+        (q, challenge): (Query, Option<&[u8]>),
         now: Instant,
+        proven: bool,
     ) {
         let m = &self.shared.metrics;
-        match self.limiter.check(&src.ip(), now.into_std()) {
-            Ok(true) => {}
-            Ok(false) | Err(_) => {
-                m.query_sources.set(self.limiter.len() as u64);
-                m.drop(DropReason::Limiter);
-                debug!("{src} query limited");
+        let ip = src.ip();
+        match self.masters.check(&ip, now.into_std()) {
+            Some(true) => m.master_queries.inc(),
+            Some(false) => {
+                m.drop(DropReason::MasterLimit);
+                debug!("{src} master query over its lane");
                 return;
             }
-        }
-        m.query_sources.set(self.limiter.len() as u64);
-        if !self.budget.allow(src.ip(), now) {
-            m.drop(DropReason::Reflection);
-            debug!("{src} query over the answer budget");
-            return;
+            None => {
+                let limited = self.limiter.check(&ip, now.into_std());
+                m.query_sources.set(self.limiter.len() as u64);
+                if !matches!((limited, proven), (Ok(true), _) | (Err(_), true)) {
+                    m.drop(DropReason::Limiter);
+                    debug!("{src} query limited");
+                    return;
+                }
+                let budget = if proven {
+                    &mut self.proven_budget
+                } else {
+                    &mut self.budget
+                };
+                if !budget.allow(ip, now) {
+                    m.drop(DropReason::Reflection);
+                    debug!("{src} query over the answer budget");
+                    return;
+                }
+                if proven {
+                    m.proven_queries.inc();
+                }
+            }
         }
         if self.cache.is_none() {
             let mut st = self.shared.lock();
@@ -124,19 +147,32 @@ impl Handler {
         }
     }
 
-    fn banned(&self, ip: IpAddr, now: Instant) -> bool {
-        self.shared.lock().bans.is_banned(ip, now)
+    /// `None` when `ip` is banned; else whether it proved its address (looked up only for a
+    /// packet with a `lane`), in one turn of the state lock.
+    fn standing(&self, ip: IpAddr, lane: bool, now: Instant) -> Option<bool> {
+        let st = self.shared.lock();
+        if st.bans.is_banned(ip, now) {
+            return None;
+        }
+        Some(lane && st.proven.contains(&ip))
     }
 
-    /// A `getchallenge`: through the join gate, then to the client's session (opened if
-    /// needed). A queued one comes back through [`Handler::release_joins`].
-    fn join(&mut self, src: SocketAddr, data: &[u8], now: Instant) {
-        match self.joins.offer(src, data, now, &mut self.pace) {
+    /// A `getchallenge`: through the join gate (a proven source first), then to the client's
+    /// session (opened if needed). A queued one comes back through [`Handler::release_joins`].
+    fn join(&mut self, src: SocketAddr, data: &[u8], now: Instant, proven: bool) {
+        match self.joins.offer(src, data, now, &mut self.pace, proven) {
             Offer::Pass => {
+                if proven {
+                    self.shared.metrics.proven_joins.inc();
+                }
                 let mut st = self.shared.lock();
                 open_or_push(&self.shared, &mut self.touched, &mut st, src, data, None);
             }
-            Offer::Queued => {}
+            Offer::Queued => {
+                if proven {
+                    self.shared.metrics.proven_joins.inc();
+                }
+            }
             Offer::Refused(reason) => {
                 debug!("{src} dropped ({})", reason.name());
                 self.shared.metrics.drop(reason);
