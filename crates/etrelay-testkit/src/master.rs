@@ -102,6 +102,10 @@ struct State {
     listed: Vec<Listed>,
     rejections: Vec<(SocketAddr, String)>,
     pending: HashMap<SocketAddr, Pending>,
+    /// Challenges sent (`getinfo`, and etmaster-style `getChallenge` and `getInfo`).
+    challenges: u64,
+    /// Challenges answered in time and correctly.
+    answered: u64,
 }
 
 /// A scripted master server on a UDP socket; see the module docs.
@@ -166,6 +170,17 @@ impl FakeMaster {
     /// protocols).
     pub fn listed(&self) -> Vec<SocketAddr> {
         lock(&self.state).listed.iter().map(|l| l.addr).collect()
+    }
+
+    /// Challenges sent so far: one `getinfo` per heartbeat (Classic); a `getChallenge` per
+    /// heartbeat and a `getInfo` per `challengeResponse` (EtMaster).
+    pub fn challenges(&self) -> u64 {
+        lock(&self.state).challenges
+    }
+
+    /// Challenges answered correctly within the window so far.
+    pub fn answered(&self) -> u64 {
+        lock(&self.state).answered
     }
 
     /// Every rejection so far, as `(source, reason)`.

@@ -154,6 +154,7 @@ fn heartbeat(
             stage,
         },
     );
+    st.challenges += 1;
     vec![(from, oob(request.as_bytes()))]
 }
 
@@ -194,6 +195,8 @@ fn challenge_response(
     let challenge = alnum(10);
     let request = format!("getInfo {challenge}");
     pending.stage = Stage::AwaitInfo { challenge };
+    st.answered += 1;
+    st.challenges += 1;
     vec![(from, oob(request.as_bytes()))]
 }
 
@@ -215,6 +218,7 @@ fn info_response(st: &mut State, from: SocketAddr, body: &[u8]) {
         Ok(protocol) => {
             tracing::debug!(%from, protocol, "fake master lists server");
             st.pending.remove(&from);
+            st.answered += 1;
             st.listed.retain(|l| l.addr != from);
             st.listed.push(Listed {
                 addr: from,

@@ -68,6 +68,12 @@ impl MasterLane {
             .position(|m| m == ip)
     }
 
+    /// True when `ip` is a master's (an etmaster-style master's `getChallenge` takes the join
+    /// gate's lane for proven sources).
+    pub(super) fn is_master(&self, ip: &IpAddr) -> bool {
+        self.position(ip).is_some()
+    }
+
     /// `None` when `ip` is no master's; else whether its bucket allows an answer now.
     pub(super) fn check(&mut self, ip: &IpAddr, now: StdInstant) -> Option<bool> {
         let i = self.position(ip)?;
@@ -87,6 +93,7 @@ mod tests {
         let mut lane = MasterLane::new();
         assert_eq!(lane.check(&a, t0), None);
         lane.refresh(Arc::from([a]), t0);
+        assert!(lane.is_master(&a) && !lane.is_master(&b));
         for _ in 0..MASTER_BURST {
             assert_eq!(lane.check(&a, t0), Some(true));
         }

@@ -160,6 +160,8 @@ impl Handler {
     /// A `getchallenge`: through the join gate (a proven source first), then to the client's
     /// session (opened if needed). A queued one comes back through [`Handler::release_joins`].
     fn join(&mut self, src: SocketAddr, data: &[u8], now: Instant, proven: bool) {
+        // An etmaster-style master asks for a challenge before `getInfo`.
+        let proven = proven || self.masters.is_master(&src.ip());
         match self.joins.offer(src, data, now, &mut self.pace, proven) {
             Offer::Pass => {
                 if proven {
