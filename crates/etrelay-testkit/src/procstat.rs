@@ -18,6 +18,18 @@ pub fn rss_kib(pid: u32) -> Option<u64> {
         .ok()
 }
 
+/// Peak resident memory of `pid` since it started, in KiB (`VmHWM`).
+pub fn peak_rss_kib(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
 /// Open file descriptors of `pid`.
 pub fn fds(pid: u32) -> Option<usize> {
     Some(std::fs::read_dir(format!("/proc/{pid}/fd")).ok()?.count())

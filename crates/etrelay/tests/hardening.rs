@@ -479,3 +479,56 @@ async fn sixty_five_thousand_bans_and_each_ban_stays_quick() {
     assert!(p90 <= Duration::from_millis(10), "p90 {p90:?}");
     d.stop().await;
 }
+
+/// A restart with 12 000 bans (reasons of a typical length): the peak memory of the start-up
+/// stays near the steady state, and near a start without bans.
+#[tokio::test]
+async fn a_start_with_12_000_bans_peaks_near_its_steady_memory() {
+    use etrelay::bans::Ban;
+    use etrelay::bans::store::Store;
+    use etrelay_testkit::procstat::{peak_rss_kib, rss_kib};
+    const BANS: u32 = 12_000;
+    let mut figures = Vec::new();
+    for n in [0, BANS] {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let key = new_key();
+        let et = proven_server(&key);
+        write_servers(&state, &[(27960, et.addr(), &key)]);
+        let now = std::time::SystemTime::now();
+        let bans: Vec<Ban> = (0..n)
+            .map(|i| {
+                let reason = format!("aimbot reported by three players, round {i}");
+                Ban::new(
+                    IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)),
+                    reason,
+                    None,
+                    now,
+                )
+                .unwrap()
+            })
+            .collect();
+        drop(Store::create_with(&state, 27960, &bans).unwrap());
+        drop(bans);
+        let d = Daemon::start_on(unique_ip(), &state, &[27960], &[]).await;
+        // Ready: the server relays with its bans in force.
+        let (status, me) = d.call(Method::GET, "/server", &key, None).await;
+        assert_eq!((status, &me["relaying"]), (200, &json!(true)), "{me}");
+        let pid = d.child.id().expect("running");
+        let (peak, steady) = (peak_rss_kib(pid).unwrap_or(0), rss_kib(pid).unwrap_or(0));
+        figures.push((n, peak, steady));
+        d.stop().await;
+    }
+    let [(_, peak0, steady0), (_, peak, steady)] = figures[..] else {
+        unreachable!()
+    };
+    println!(
+        "FIGURE bans at start: without bans peak {peak0} KiB, steady {steady0} KiB; with {BANS} \
+         bans peak {peak} KiB, steady {steady} KiB ({:.2}x its steady state)",
+        peak as f64 / steady.max(1) as f64
+    );
+    assert!(
+        peak <= steady + 8 * 1024,
+        "peak {peak} KiB against {steady} KiB steady"
+    );
+}

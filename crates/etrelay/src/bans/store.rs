@@ -159,6 +159,28 @@ impl Store {
         Ok((store, bans))
     }
 
+    /// [`Store::open`] without holding the bans: each is read, checked and let go (the server
+    /// starts with them later, [`Store::load`]); returns how many are in force.
+    ///
+    /// # Errors
+    /// As [`Store::open`].
+    pub fn open_checked(
+        dir: &Path,
+        port: u16,
+        now: SystemTime,
+    ) -> Result<(Store, usize), StoreError> {
+        let store = Store::connect(db_path(dir, port))?;
+        let legacy = super::path(dir, port);
+        if legacy.exists() {
+            drop(store);
+            let (store, bans) = Store::open(dir, port, now)?;
+            return Ok((store, bans.len()));
+        }
+        let mut n = 0;
+        store.each(now, |_| n += 1)?;
+        Ok((store, n))
+    }
+
     /// Creates the store of `port` in `dir` holding exactly `bans` (a server moving to `port`
     /// takes its bans along; whatever was there before is dropped).
     ///
@@ -329,6 +351,16 @@ impl Store {
     /// # Errors
     /// The database refused, or holds a row that is not a ban.
     pub fn load(&self, now: SystemTime) -> Result<Vec<Ban>, StoreError> {
+        let mut out = Vec::new();
+        self.each(now, |b| out.push(b))?;
+        Ok(out)
+    }
+
+    /// [`Store::load`], each ban handed to `each` as it is read, none held here.
+    ///
+    /// # Errors
+    /// As [`Store::load`].
+    pub fn each(&self, now: SystemTime, mut each: impl FnMut(Ban)) -> Result<(), StoreError> {
         let conn = self.lock();
         // A read-only store keeps its expired bans on disk; they are skipped below.
         if !self.read_only {
@@ -354,21 +386,20 @@ impl Store {
                 ))
             })
             .map_err(self.db())?;
-        let mut out = Vec::new();
         for row in rows {
             let (ip, reason, since, expires) = row.map_err(self.db())?;
             let ip: IpAddr = ip.parse().map_err(|_| StoreError::Damaged {
                 path: self.path.clone(),
                 what: format!("{ip:?} is not an address"),
             })?;
-            out.push(Ban {
+            each(Ban {
                 ip: crate::net::canonical_ip(ip),
                 reason,
                 since: from_unix(since.max(0) as u64),
                 expires: expires.map(|e| from_unix(e.max(0) as u64)),
             });
         }
-        Ok(out)
+        Ok(())
     }
 
     /// Saves `ban` (replacing a ban of the same address): durable when this returns.

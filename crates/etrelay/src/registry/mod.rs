@@ -423,18 +423,31 @@ impl Inner {
             return Err(RegistryError::Closed);
         }
         let port = public.local_addr().map_or(0, |a| a.port());
+        let handle = self.start_held_on(public, upstream)?;
+        let mut restore = Restore::new(port, wall_now());
+        for ban in bans {
+            restore.ban(&handle, ban);
+        }
+        handle.release();
+        Ok(handle)
+    }
+
+    /// Starts relaying `upstream` on `public` (bound already), its relay loop held until
+    /// [`ServerHandle::release`] (its bans put in force first).
+    fn start_held_on(
+        &self,
+        public: tokio::net::UdpSocket,
+        upstream: SocketAddr,
+    ) -> Result<Arc<ServerHandle>, RegistryError> {
+        if self.stopping.is_cancelled() {
+            return Err(RegistryError::Closed);
+        }
+        let port = public.local_addr().map_or(0, |a| a.port());
         let mut config = self.config.template.clone();
         config.upstream = upstream;
         config.proven_file = Some(crate::server::proven_path(&self.config.state_dir, port));
-        let handle = ServerHandle::start(config, public, self.budget.clone(), &self.cancel)
+        let handle = ServerHandle::start_held(config, public, self.budget.clone(), &self.cancel)
             .map_err(|source| RegistryError::Bind { port, source })?;
-        let now = wall_now();
-        for ban in bans.into_iter().filter(|b| !b.expired(now)) {
-            if handle.ban(ban).is_err() {
-                tracing::warn!("port {port}: too many bans, the rest not restored");
-                break;
-            }
-        }
         Ok(Arc::new(handle))
     }
 
@@ -449,6 +462,34 @@ impl Inner {
                     registered_at: crate::clock::unix(r.registered_at),
                 })
                 .collect(),
+        }
+    }
+}
+
+/// Bans put in force on a starting server one by one, the expired ones skipped; past the
+/// table's cap the rest are left out, said once.
+pub(crate) struct Restore {
+    port: u16,
+    now: std::time::SystemTime,
+    full: bool,
+}
+
+impl Restore {
+    pub(crate) fn new(port: u16, now: std::time::SystemTime) -> Self {
+        Restore {
+            port,
+            now,
+            full: false,
+        }
+    }
+
+    pub(crate) fn ban(&mut self, handle: &ServerHandle, ban: Ban) {
+        if self.full || ban.expired(self.now) {
+            return;
+        }
+        if handle.ban(ban).is_err() {
+            tracing::warn!("port {}: too many bans, the rest not restored", self.port);
+            self.full = true;
         }
     }
 }

@@ -65,8 +65,19 @@ pub(super) async fn bind_and_start(
     let public = UdpSocket::bind((inner.config.bind, port))
         .await
         .map_err(|source| RegistryError::Bind { port, source })?;
-    let bans = blocking(move || Ok(store.load(wall_now())?)).await?;
-    let handle = inner.start_on(public, entry.upstream, bans)?;
+    // Each ban goes into the server's table as it is read: none is held twice.
+    let handle = inner.start_held_on(public, entry.upstream)?;
+    let filling = Arc::clone(&handle);
+    let loaded = blocking(move || {
+        let mut restore = super::Restore::new(port, wall_now());
+        Ok(store.each(wall_now(), |ban| restore.ban(&filling, ban))?)
+    })
+    .await;
+    if let Err(e) = loaded {
+        handle.stop().await;
+        return Err(e);
+    }
+    handle.release();
     entry.handle = Some(handle);
     entry.error = None;
     entry.bind = None;

@@ -140,7 +140,7 @@ async fn start(inner: &Arc<Inner>, entry: &mut Registered) -> Result<(), Registr
         return Err(RegistryError::BadUpstream(why));
     }
     let (dir, port) = (inner.config.state_dir.clone(), entry.port);
-    let (store, _) = blocking(move || Ok(Store::open(&dir, port, wall_now())?))
+    let (store, _) = blocking(move || Ok(Store::open_checked(&dir, port, wall_now())?))
         .await
         .map_err(|e| RegistryError::NotRelaying(format!("ban store: {e}")))?;
     entry.store = Some(Arc::new(store));

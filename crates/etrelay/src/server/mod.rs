@@ -100,6 +100,22 @@ impl ServerHandle {
         budget: Budget,
         parent: &CancellationToken,
     ) -> io::Result<ServerHandle> {
+        let handle = ServerHandle::start_held(config, public, budget, parent)?;
+        handle.release();
+        Ok(handle)
+    }
+
+    /// [`ServerHandle::start`], the relay loop held until [`ServerHandle::release`]: bans can
+    /// be put in force one by one as they are read, before the first packet is looked at.
+    ///
+    /// # Errors
+    /// As [`ServerHandle::start`].
+    pub fn start_held(
+        config: ServerConfig,
+        public: UdpSocket,
+        budget: Budget,
+        parent: &CancellationToken,
+    ) -> io::Result<ServerHandle> {
         let public_addr = public.local_addr()?;
         // Room for bursts (best effort: the kernel caps it at net.core.rmem_max/wmem_max).
         let sock = socket2::SockRef::from(&public);
@@ -130,6 +146,11 @@ impl ServerHandle {
             shared,
             tasks: Mutex::new(vec![relay, heartbeat, proven]),
         })
+    }
+
+    /// Lets the relay loop of a server started with [`ServerHandle::start_held`] run.
+    pub fn release(&self) {
+        self.shared.go.cancel();
     }
 
     /// Resolves the masters' names again now and logs what changed (SIGHUP); relaying goes on.

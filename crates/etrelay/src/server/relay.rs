@@ -159,6 +159,11 @@ impl RelayLoop {
     /// Runs until the server is stopped.
     pub(super) async fn run(mut self) {
         let shared = Arc::clone(&self.handler.shared);
+        // Held until the server's bans are in force (the kernel queues what arrives meanwhile).
+        tokio::select! {
+            () = shared.go.cancelled() => {}
+            () = shared.cancel.cancelled() => return,
+        }
         let mut tick = tokio::time::interval(TICK);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         // Made once, not at every turn (a new one registers with the token again).

@@ -78,6 +78,8 @@ pub(super) struct Shared {
     pub(super) tracker: TaskTracker,
     /// Asks the heartbeat task to resolve the masters' names again now (SIGHUP).
     pub(super) reload: Notify,
+    /// Cancelled when the relay loop may start reading (its bans are in force).
+    pub(super) go: CancellationToken,
     /// The addresses the masters' names resolved to last.
     masters: Mutex<Arc<[IpAddr]>>,
     /// The watch over the drops a flood causes.
@@ -119,6 +121,7 @@ impl Shared {
             cancel,
             tracker: TaskTracker::new(),
             reload: Notify::new(),
+            go: CancellationToken::new(),
             masters: Mutex::new(Arc::from([])),
             pressure: Mutex::new(Pressure::default()),
         }
