@@ -17,14 +17,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::daemon::{Daemon, new_key, ports};
-use common::{spawn_etrelay, wait_for_line};
+use common::single::{SingleRelay, scrape};
 use etrelay::proof::fingerprint;
 use etrelay_testkit::flood::{Flood, many_ips, many_ports};
 use etrelay_testkit::player::{Dialect, Player, game_packet};
 use etrelay_testkit::procstat::Sampler;
 use etrelay_testkit::udp::oob;
 use etrelay_testkit::{FakeEtConfig, FakeEtServer, OpenArena, unique_ip};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const S: Duration = Duration::from_secs(1);
 /// The honest clients' retransmit (see the module docs).
@@ -39,70 +38,15 @@ const SESSIONS_BOUND: u64 = 256 + 16;
 /// File descriptors beyond the sessions' sockets: stdio, runtime, public, cache, probe, metrics.
 const FD_SLACK: usize = 32;
 
-fn address_in(line: &str, marker: &str) -> Option<SocketAddr> {
-    line.split(marker).nth(1)?.split(' ').next()?.parse().ok()
-}
-
-/// The relay binary in front of `upstream`, with `--metrics`.
-struct Relay {
-    child: tokio::process::Child,
-    public: SocketAddr,
-    metrics: SocketAddr,
-}
+/// The relay binary in front of `upstream`, with `--metrics` and no masters.
+struct Relay;
 
 impl Relay {
-    async fn start(upstream: SocketAddr, extra: &[&str]) -> Relay {
-        let ip = unique_ip();
-        let mut args: Vec<String> = vec![
-            upstream.to_string(),
-            "--allow-loopback-upstream".into(),
-            "--listen".into(),
-            format!("{ip}:0"),
-            "--metrics".into(),
-            format!("{ip}:0"),
-            "--masters".into(),
-            String::new(),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let (child, log, public) = spawn_etrelay(
-            &args,
-            |l| {
-                address_in(l, "relaying ")
-                    .and(l.split(" on ").nth(1)?.split(' ').next()?.parse().ok())
-            },
-            10 * S,
-        )
-        .await;
-        let metrics =
-            wait_for_line(&log, |l| address_in(l, "metrics on "), 10 * S, "metrics").await;
-        Relay {
-            child,
-            public,
-            metrics,
-        }
+    async fn start(upstream: SocketAddr, extra: &[&str]) -> SingleRelay {
+        let mut args = vec!["--masters", ""];
+        args.extend_from_slice(extra);
+        SingleRelay::start(upstream, unique_ip(), &args).await
     }
-
-    fn pid(&self) -> u32 {
-        self.child.id().expect("running")
-    }
-}
-
-/// `GET /metrics`.
-async fn scrape(addr: SocketAddr) -> String {
-    let fetch = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.ok()?;
-        Some(out)
-    };
-    tokio::time::timeout(5 * S, fetch)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or_default()
 }
 
 /// The value of the first sample whose line starts with `prefix` (`name{labels`).

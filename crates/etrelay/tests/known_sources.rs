@@ -16,14 +16,14 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::daemon::{Daemon, new_key, ports};
-use common::{Log, eventually, spawn_etrelay, wait_for_line};
+use common::eventually;
+use common::single::{SingleRelay, scrape};
 use etrelay::proof::fingerprint;
 use etrelay_testkit::flood::Flood;
 use etrelay_testkit::player::{Dialect, Player, RETRANSMIT};
 use etrelay_testkit::udp::oob;
 use etrelay_testkit::{FakeEtConfig, FakeEtServer, FakeMaster, MasterStyle, OpenArena, unique_ip};
 use reqwest::Method;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const S: Duration = Duration::from_secs(1);
 /// How long each query flood runs.
@@ -47,87 +47,9 @@ fn honest_ip() -> Ipv4Addr {
     Ipv4Addr::new(a, if (200..240).contains(&b) { b - 100 } else { b }, c, d)
 }
 
-/// The relay binary in front of `upstream` with `--metrics` and `extra`.
-struct Relay {
-    child: tokio::process::Child,
-    log: Log,
-    public: SocketAddr,
-    metrics: SocketAddr,
-}
-
-fn address_in(line: &str, marker: &str) -> Option<SocketAddr> {
-    line.split(marker).nth(1)?.split(' ').next()?.parse().ok()
-}
-
-impl Relay {
-    async fn start(upstream: SocketAddr, extra: &[&str]) -> Relay {
-        let ip = honest_ip();
-        let mut args: Vec<String> = vec![
-            upstream.to_string(),
-            "--allow-loopback-upstream".into(),
-            "--listen".into(),
-            format!("{ip}:0"),
-            "--metrics".into(),
-            format!("{ip}:0"),
-        ];
-        args.extend(extra.iter().map(|s| s.to_string()));
-        let (child, log, public) = spawn_etrelay(
-            &args,
-            |l| {
-                address_in(l, "relaying ")
-                    .and(l.split(" on ").nth(1)?.split(' ').next()?.parse().ok())
-            },
-            10 * S,
-        )
-        .await;
-        let metrics =
-            wait_for_line(&log, |l| address_in(l, "metrics on "), 10 * S, "metrics").await;
-        Relay {
-            child,
-            log,
-            public,
-            metrics,
-        }
-    }
-
-    /// SIGTERM, and waits for the exit (the proven sources are written on the way out).
-    async fn stop(mut self) {
-        let pid = self.child.id().expect("running");
-        // As an admin's `systemctl stop` would.
-        let _ = std::process::Command::new("kill")
-            .args(["-TERM", &pid.to_string()])
-            .status();
-        let _ = tokio::time::timeout(10 * S, self.child.wait()).await;
-    }
-
-    /// WARN lines containing `what`.
-    fn warns(&self, what: &str) -> Vec<String> {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|l| l.contains("WARN") && l.contains(what))
-            .cloned()
-            .collect()
-    }
-}
-
-/// `GET /metrics`.
-async fn scrape(addr: SocketAddr) -> String {
-    let fetch = async {
-        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
-            .await
-            .ok()?;
-        let mut out = String::new();
-        s.read_to_string(&mut out).await.ok()?;
-        Some(out)
-    };
-    tokio::time::timeout(5 * S, fetch)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or_default()
+/// The relay binary in front of `upstream`, on an honest address, with `extra` flags.
+async fn start_relay(upstream: SocketAddr, extra: &[&str]) -> SingleRelay {
+    SingleRelay::start(upstream, honest_ip(), extra).await
 }
 
 /// The sum of the samples whose line starts with `prefix` and contains `has`.
@@ -174,7 +96,7 @@ async fn master_under_flood(style: MasterStyle, sources: Vec<SocketAddr>, label:
     let et = FakeEtServer::start(honest_ip(), FakeEtConfig::default()).unwrap();
     let master = FakeMaster::start(honest_ip(), style).unwrap();
     let masters = master.addr().to_string();
-    let relay = Relay::start(
+    let relay = start_relay(
         et.addr(),
         &["--masters", &masters, "--heartbeat-interval", "1s"],
     )
@@ -317,7 +239,7 @@ async fn a_returning_player_joins_openarena_at_once_under_a_spoofed_getchallenge
     let returning = honest_ip();
 
     // The player joins once; the relay restarts (SIGTERM: what it learnt is written).
-    let relay = Relay::start(oa.addr(), &args).await;
+    let relay = start_relay(oa.addr(), &args).await;
     assert!(
         join(returning, relay.public, 600, 10 * S).await.is_some(),
         "the first join"
@@ -326,7 +248,7 @@ async fn a_returning_player_joins_openarena_at_once_under_a_spoofed_getchallenge
     let file = std::fs::read_to_string(proven_file(dir.path())).expect("proven sources kept");
     assert!(file.contains(&returning.to_string()), "{file}");
 
-    let relay = Relay::start(oa.addr(), &args).await;
+    let relay = start_relay(oa.addr(), &args).await;
     let text = scrape(relay.metrics).await;
     assert_eq!(sum(&text, "etrelay_proven_sources", ""), 1, "{text}");
     let rate = 2_000;

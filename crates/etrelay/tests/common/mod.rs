@@ -3,6 +3,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod daemon;
+pub mod single;
 
 use std::future::Future;
 use std::net::{Ipv4Addr, SocketAddr};

@@ -1,0 +1,98 @@
+//! The `etrelay` binary relaying one server, with `--metrics`, its log collected; and scraping
+//! its metrics.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::time::Duration;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{Log, spawn_etrelay, wait_for_line};
+
+const S: Duration = Duration::from_secs(1);
+
+/// The relay binary in front of one upstream.
+pub struct SingleRelay {
+    pub child: tokio::process::Child,
+    pub log: Log,
+    pub public: SocketAddr,
+    pub metrics: SocketAddr,
+}
+
+fn address_in(line: &str, marker: &str) -> Option<SocketAddr> {
+    line.split(marker).nth(1)?.split(' ').next()?.parse().ok()
+}
+
+impl SingleRelay {
+    /// Starts it in front of `upstream` on `ip` (public port and metrics, ports chosen by the
+    /// kernel) with `extra` flags (`--masters` among them: no default leaves the machine).
+    pub async fn start(upstream: SocketAddr, ip: Ipv4Addr, extra: &[&str]) -> SingleRelay {
+        let mut args: Vec<String> = vec![
+            upstream.to_string(),
+            "--allow-loopback-upstream".into(),
+            "--listen".into(),
+            format!("{ip}:0"),
+            "--metrics".into(),
+            format!("{ip}:0"),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        assert!(args.iter().any(|a| a == "--masters"), "--masters is given");
+        let (child, log, public) = spawn_etrelay(
+            &args,
+            |l| {
+                address_in(l, "relaying ")
+                    .and(l.split(" on ").nth(1)?.split(' ').next()?.parse().ok())
+            },
+            10 * S,
+        )
+        .await;
+        let metrics =
+            wait_for_line(&log, |l| address_in(l, "metrics on "), 10 * S, "metrics").await;
+        SingleRelay {
+            child,
+            log,
+            public,
+            metrics,
+        }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id().expect("running")
+    }
+
+    /// SIGTERM, as `systemctl stop` sends, and waits for the exit (at most 10 s).
+    pub async fn stop(mut self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status();
+        let _ = tokio::time::timeout(10 * S, self.child.wait()).await;
+    }
+
+    /// The WARN lines containing `what`.
+    pub fn warns(&self, what: &str) -> Vec<String> {
+        self.log
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.contains("WARN") && l.contains(what))
+            .cloned()
+            .collect()
+    }
+}
+
+/// `GET /metrics` (empty on failure, within 5 s).
+pub async fn scrape(addr: SocketAddr) -> String {
+    let fetch = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            .await
+            .ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.ok()?;
+        Some(out)
+    };
+    tokio::time::timeout(5 * S, fetch)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
