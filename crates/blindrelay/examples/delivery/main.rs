@@ -31,6 +31,12 @@
 //! 3 s with no deliveries: what saturates the CPU is node 1's own cryptography (and these
 //! clients), as on a node that has a machine to itself; node 1's CPU use is printed with it.
 //!
+//! With `BLINDRELAY_BASELINE=<binary>` (a build of another commit), each round runs the cases
+//! on six fresh nodes of the current binary, then on six of the baseline, for `--rounds N`
+//! rounds (3 by default), and ends with a table of both builds' medians and the median of the
+//! rounds' paired ratios (current ÷ baseline): an A/B in one command. `--rounds N` alone
+//! repeats the current binary's runs.
+//!
 //! Run with `scripts/bench-blindrelay delivery`.
 
 mod crypto;
@@ -38,7 +44,7 @@ mod load;
 mod nodes;
 
 use std::net::Ipv4Addr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use tokio::process::Child;
@@ -64,6 +70,7 @@ const OPERATOR_PORT: u16 = 7070;
 struct Args {
     clients: usize,
     backpressure: bool,
+    rounds: Option<usize>,
     hops: Vec<usize>,
     sizes: Vec<usize>,
     node_flags: Vec<String>,
@@ -73,6 +80,7 @@ fn args() -> Args {
     let mut a = Args {
         clients: CONCURRENCY,
         backpressure: false,
+        rounds: None,
         hops: vec![1, 3, 5],
         sizes: vec![1024, 64 * 1024],
         node_flags: Vec::new(),
@@ -90,9 +98,10 @@ fn args() -> Args {
             "--hops" => a.hops = list(it.next()),
             "--sizes" => a.sizes = list(it.next()),
             "--backpressure" => a.backpressure = true,
+            "--rounds" => a.rounds = Some(list(it.next())[0].clamp(1, 50)),
             "--" => a.node_flags = it.by_ref().collect(),
             other => panic!(
-                "unknown flag {other} (--clients N, --hops 1,3,5, --sizes 1024,65536, --backpressure, -- node flags)"
+                "unknown flag {other} (--clients N, --hops 1,3,5, --sizes 1024,65536, --rounds N, --backpressure, -- node flags)"
             ),
         }
     }
@@ -105,12 +114,42 @@ async fn main() {
     let bin = PathBuf::from(
         std::env::var("BLINDRELAY_BIN").unwrap_or_else(|_| "target/release/blindrelay".into()),
     );
-    assert!(bin.exists(), "no blindrelay binary at {}", bin.display());
+    let mut codes = vec![("current", bin)];
+    if let Some(b) = std::env::var_os("BLINDRELAY_BASELINE") {
+        codes.push(("baseline", PathBuf::from(b)));
+    }
+    for (_, bin) in &codes {
+        assert!(bin.exists(), "no blindrelay binary at {}", bin.display());
+    }
+    let rounds = args.rounds.unwrap_or(if codes.len() > 1 { 3 } else { 1 });
     blindrelay::links::install_provider();
-    let root = tempfile::tempdir().expect("tempdir");
-    let mut nodes = start(&bin, root.path(), &args.node_flags).await;
-    wait_ready(&nodes).await;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let mut results = Vec::new();
+    for round in 1..=rounds {
+        for (code, (label, bin)) in codes.iter().enumerate() {
+            if codes.len() > 1 || rounds > 1 {
+                println!("\n### {label} ({}), round {round}\n", bin.display());
+            }
+            let backpressure = args.backpressure && round == 1 && code == 0;
+            for (case, m) in network(bin, &args, cores, backpressure)
+                .await
+                .into_iter()
+                .enumerate()
+            {
+                results.push((code, case, m));
+            }
+        }
+    }
+    if codes.len() > 1 {
+        print_ab(&args, &results);
+    }
+}
+
+/// Six fresh nodes of `bin`: every case of `args` measured and printed, the nodes stopped.
+async fn network(bin: &Path, args: &Args, cores: usize, backpressure: bool) -> Vec<Measured> {
+    let root = tempfile::tempdir().expect("tempdir");
+    let mut nodes = start(bin, root.path(), &args.node_flags).await;
+    wait_ready(&nodes).await;
     println!(
         "{NODES} node processes on loopback, {cores} CPU threads; state in {}",
         root.path().display()
@@ -123,6 +162,7 @@ async fn main() {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let terminal = nodes[NODES - 1].id.clone();
     let mut spent_rows = Vec::new();
+    let mut measured = Vec::new();
     for &size in &args.sizes {
         let payload: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
         for &hops in &args.hops {
@@ -132,21 +172,87 @@ async fn main() {
                 payload: &payload,
                 clients: args.clients,
             };
-            let (row, spent_row) = measure(&nodes, &case, cores).await;
+            let (row, spent_row, m) = measure(&nodes, &case, cores).await;
             println!("{row}");
             spent_rows.push(spent_row);
+            measured.push(m);
         }
     }
     print_spent(&spent_rows);
-    if args.backpressure {
-        backpressure(&nodes, &terminal, args.clients, cores).await;
+    if backpressure {
+        backpressure_run(&nodes, &terminal, args.clients, cores).await;
     }
     for node in &mut nodes {
         if let Some(mut child) = node.child.take() {
             let _ = child.kill().await;
         }
     }
+    measured
 }
+
+/// One case's figures from one loaded run.
+#[derive(Clone, Copy)]
+struct Measured {
+    per_s: f64,
+    node_cpu_us: f64,
+    crypto_us: f64,
+    switches: f64,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// With `BLINDRELAY_BASELINE`: per case, the medians of each build over the rounds and the
+/// median of the rounds' paired ratios (current ÷ baseline, the two run one after the other).
+fn print_ab(args: &Args, results: &[(usize, usize, Measured)]) {
+    println!("\n### current ÷ baseline: medians of the rounds\n");
+    println!(
+        "| payload | hops | code | deliveries/s | node CPU per delivery | crypto per delivery | node CPU ÷ crypto | node context switches per delivery |"
+    );
+    println!("|---|---:|---|---:|---:|---:|---:|---:|");
+    let cases: Vec<(usize, usize)> = args
+        .sizes
+        .iter()
+        .flat_map(|&s| args.hops.iter().map(move |&h| (s, h)))
+        .collect();
+    for (case, (size, hops)) in cases.iter().enumerate() {
+        let of = |code: usize| -> Vec<Measured> {
+            results
+                .iter()
+                .filter(|(c, k, _)| *c == code && *k == case)
+                .map(|(_, _, m)| *m)
+                .collect()
+        };
+        for (code, label) in [(0, "current"), (1, "baseline")] {
+            let ms = of(code);
+            let med = FIGURES.map(|f| median(ms.iter().map(f).collect()));
+            let [d, cpu, crypto, ratio, cs] = med;
+            println!(
+                "| {} KiB | {hops} | {label} | {d:.0} | {cpu:.0} µs | {crypto:.0} µs | {ratio:.2} | {cs:.1} |",
+                size / 1024
+            );
+        }
+        let (cur, base) = (of(0), of(1));
+        let paired =
+            FIGURES.map(|f| median(cur.iter().zip(&base).map(|(a, b)| f(a) / f(b)).collect()));
+        let [d, cpu, crypto, ratio, cs] = paired;
+        println!(
+            "| {} KiB | {hops} | **current ÷ baseline** | **{d:.2}** | **{cpu:.2}** | {crypto:.2} | {ratio:.2} | {cs:.2} |",
+            size / 1024
+        );
+    }
+}
+
+/// The figures of the A/B table, in its columns' order.
+const FIGURES: [fn(&Measured) -> f64; 5] = [
+    |m| m.per_s,
+    |m| m.node_cpu_us,
+    |m| m.crypto_us,
+    |m| m.node_cpu_us / m.crypto_us,
+    |m| m.switches,
+];
 
 /// One case of the table: deliveries to `terminal` over `hops` hops carrying `payload`.
 struct Case<'a> {
@@ -157,7 +263,7 @@ struct Case<'a> {
 }
 
 /// Runs `case` alone and loaded: its row of the main table and its row of the spent table.
-async fn measure(nodes: &[Node], case: &Case<'_>, cores: usize) -> (String, String) {
+async fn measure(nodes: &[Node], case: &Case<'_>, cores: usize) -> (String, String, Measured) {
     let (hops, payload, size) = (case.hops, case.payload, case.payload.len());
     let (mut alone, failed_alone, _) =
         run_case(&nodes[0], case.terminal, hops, payload, 1, ALONE).await;
@@ -176,7 +282,8 @@ async fn measure(nodes: &[Node], case: &Case<'_>, cores: usize) -> (String, Stri
     let (cpu1, switches1, me1) = cpu_now(nodes);
     let after = spent(nodes).await;
     let d: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
-    let per = |x: f64| x / loaded.len().max(1) as f64;
+    let delivered = loaded.len().max(1) as f64;
+    let per = |x: f64| x / delivered;
     let spent_row = format!(
         "| {} KiB | {hops} | {} | {} | {} | {} | {} | {:.0} µs | {:.0} µs | {:.1} |",
         size / 1024,
@@ -207,7 +314,13 @@ async fn measure(nodes: &[Node], case: &Case<'_>, cores: usize) -> (String, Stri
         on_hops.as_secs_f64() * 1e6,
         100.0 * per_s / bound,
     );
-    (row, spent_row)
+    let m = Measured {
+        per_s,
+        node_cpu_us: per((cpu1 - cpu0).as_secs_f64() * 1e6),
+        crypto_us: crypto.as_secs_f64() * 1e6,
+        switches: per((switches1 - switches0) as f64),
+    };
+    (row, spent_row, m)
 }
 
 /// The spent table: what the loaded runs cost besides deliveries.
@@ -227,7 +340,7 @@ fn print_spent(rows: &[String]) {
 
 /// `--backpressure`: one 3-hop 1 KiB loaded run while node 1's crypto slots are overloaded,
 /// then the same overload of node 1 alone.
-async fn backpressure(nodes: &[Node], terminal: &str, clients: usize, cores: usize) {
+async fn backpressure_run(nodes: &[Node], terminal: &str, clients: usize, cores: usize) {
     let payload: Vec<u8> = (0..1024).map(|i| (i % 251) as u8).collect();
     let until = Instant::now() + LOADED;
     // Half the connections from a known peer's address (node 2, pinned at node 1), half

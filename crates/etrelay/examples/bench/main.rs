@@ -26,6 +26,10 @@
 //! - **CPU per round trip**: the relay's processes' time on a CPU (`/proc/PID/schedstat`) over
 //!   the unloaded latency runs, per round trip sent.
 //!
+//! With `ETRELAY_BASELINE=<binary>` (an etrelay built from another commit), that binary takes
+//! the place of `--no-io-uring` in every table, labelled `baseline`: an A/B of two builds side
+//! by side in one run, next to nginx.
+//!
 //! `bench --callgrind [ETRELAY_BINARY]` counts the relay's instructions per datagram instead
 //! (`profile.rs`).
 //!
@@ -39,7 +43,7 @@ mod profile;
 
 use std::io::{BufRead, BufReader};
 use std::net::{Ipv4Addr, SocketAddr, UdpSocket};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -109,11 +113,37 @@ fn start_nginx(dir: &Path, listen: SocketAddr, upstream: SocketAddr) -> Guard {
     Guard(child)
 }
 
+/// `ETRELAY_BASELINE`, if set: the binary run in place of `--no-io-uring`.
+fn baseline() -> Option<PathBuf> {
+    std::env::var_os("ETRELAY_BASELINE").map(PathBuf::from)
+}
+
+/// The fourth relay's name in the tables: `--no-io-uring`, or the baseline binary.
+fn alt(long: bool) -> &'static str {
+    match (baseline().is_some(), long) {
+        (true, _) => "baseline",
+        (false, true) => "etrelay --no-io-uring",
+        (false, false) => "no io_uring",
+    }
+}
+
+/// The fourth relay: etrelay `--no-io-uring`, or the baseline binary with its defaults.
+fn start_alt(listen: SocketAddr, upstream: SocketAddr) -> Guard {
+    match baseline() {
+        Some(bin) => start_binary(bin, listen, upstream, &[]),
+        None => start_etrelay(listen, upstream, &["--no-io-uring"]),
+    }
+}
+
 fn start_etrelay(listen: SocketAddr, upstream: SocketAddr, extra: &[&str]) -> Guard {
     let bin = std::env::current_exe()
         .ok()
         .and_then(|p| Some(p.parent()?.parent()?.join("etrelay")))
         .expect("etrelay next to the example");
+    start_binary(bin, listen, upstream, extra)
+}
+
+fn start_binary(bin: PathBuf, listen: SocketAddr, upstream: SocketAddr, extra: &[&str]) -> Guard {
     let mut child = Command::new(bin)
         .args([
             "--allow-loopback-upstream",
@@ -226,20 +256,21 @@ fn throughput_table(plan: &Plan, dir: &Path) {
     ports_free(&[nginx_addr, relay_addr, plain_addr]);
     let nginx = start_nginx(&dir.join("nginx-t"), nginx_addr, sink_addr);
     let relay = start_etrelay(relay_addr, sink_addr, &[]);
-    // The same relay sending one socket at a time: what the io_uring ring is worth.
-    let plain = start_etrelay(plain_addr, sink_addr, &["--no-io-uring"]);
+    let plain = start_alt(plain_addr, sink_addr);
     // Bound once: etrelay's sessions (keyed by the client's address) live across runs.
     let socks = load::clients(77, 256);
     let paths = [
         ("direct", sink_addr),
         ("nginx", nginx_addr),
         ("etrelay", relay_addr),
-        ("etrelay --no-io-uring", plain_addr),
+        (alt(true), plain_addr),
     ];
 
     println!("\n### Throughput: one-way at saturation, delivered datagrams/s\n");
     println!(
-        "| size | clients | round | direct | nginx 1 worker | etrelay | etrelay, no io_uring | etrelay / nginx | no io_uring / nginx |"
+        "| size | clients | round | direct | nginx 1 worker | etrelay | {} | etrelay / nginx | {} / nginx |",
+        alt(true),
+        alt(false)
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut summary = Vec::new();
@@ -276,7 +307,8 @@ fn throughput_table(plan: &Plan, dir: &Path) {
     }
     println!("\nMedians of the rounds:\n");
     println!(
-        "| size | clients | direct | nginx 1 worker | etrelay | etrelay / nginx (median) | lowest round | no io_uring / nginx (median) |"
+        "| size | clients | direct | nginx 1 worker | etrelay | etrelay / nginx (median) | lowest round | {} / nginx (median) |",
+        alt(false)
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
     for (size, clients, m, r, min, p) in summary {
@@ -293,13 +325,15 @@ fn throughput_table(plan: &Plan, dir: &Path) {
 }
 
 /// The paths of the latency runs, in the order they run each round.
-const LATENCY_PATHS: [&str; 5] = [
-    "direct",
-    "nginx 1 worker",
-    "etrelay",
-    "etrelay, getstatus flood",
-    "etrelay --no-io-uring",
-];
+fn latency_paths() -> [&'static str; 5] {
+    [
+        "direct",
+        "nginx 1 worker",
+        "etrelay",
+        "etrelay, getstatus flood",
+        alt(true),
+    ]
+}
 
 /// Where the latency runs send: the echo server itself, and the relays in front of it.
 #[derive(Clone, Copy)]
@@ -311,7 +345,7 @@ struct LatencyTargets {
 }
 
 impl LatencyTargets {
-    /// The address path `k` of [`LATENCY_PATHS`] sends to.
+    /// The address path `k` of [`latency_paths`] sends to.
     fn of(&self, k: usize) -> SocketAddr {
         [self.echo, self.nginx, self.relay, self.relay, self.plain][k]
     }
@@ -332,7 +366,7 @@ fn latency_table(plan: &Plan, dir: &Path) {
     ports_free(&[t.nginx, t.relay, t.plain]);
     let nginx = start_nginx(&dir.join("nginx-l"), t.nginx, echo_addr);
     let relay = start_etrelay(t.relay, echo_addr, &[]);
-    let plain = start_etrelay(t.plain, echo_addr, &["--no-io-uring"]);
+    let plain = start_alt(t.plain, echo_addr);
     let socks = latency::clients();
     // Sessions open and settle before the first counted run.
     for addr in [t.nginx, t.relay, t.plain] {
@@ -375,7 +409,7 @@ fn latency_rounds(
         _ => None,
     };
     for round in 1..=plan.lat_rounds {
-        for (k, name) in LATENCY_PATHS.iter().enumerate() {
+        for (k, name) in latency_paths().iter().enumerate() {
             let before = relay_of(k).map(|i| cpu_ns(pids[i]));
             let r = if k == 3 {
                 let (r, sent) = flooded_run(socks, t.relay, plan.lat_secs);
@@ -426,7 +460,7 @@ fn print_latency_medians(plan: &Plan, all: &[Vec<Rtt>; 5], flood_sent: u64, cpu:
     println!("|---|---:|---:|---:|---:|");
     let med = |k: usize, f: fn(&Rtt) -> f64| median(all[k].iter().map(f).collect());
     let nginx_p99 = med(1, |r| r.p99);
-    for (k, name) in LATENCY_PATHS.iter().enumerate() {
+    for (k, name) in latency_paths().iter().enumerate() {
         println!(
             "| {name} | {:.0} | {:.0} | {:.0} | {:.2} |",
             med(k, |r| r.p50),
@@ -443,11 +477,11 @@ fn print_latency_medians(plan: &Plan, all: &[Vec<Rtt>; 5], flood_sent: u64, cpu:
     let trips = (latency::RATE as f64 * plan.lat_secs * plan.lat_rounds as f64).max(1.0);
     println!(
         "\nCPU time of the relay per round trip, unloaded runs (its processes' time on a CPU, \
-         `/proc/PID/schedstat`): nginx {:.1} µs, etrelay {:.1} µs ({:.2}×), etrelay \
-         --no-io-uring {:.1} µs.",
+         `/proc/PID/schedstat`): nginx {:.1} µs, etrelay {:.1} µs ({:.2}×), {} {:.1} µs.",
         cpu[0] as f64 / 1000.0 / trips,
         cpu[1] as f64 / 1000.0 / trips,
         cpu[1] as f64 / cpu[0].max(1) as f64,
+        alt(true),
         cpu[2] as f64 / 1000.0 / trips,
     );
 }
