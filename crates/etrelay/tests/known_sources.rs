@@ -63,28 +63,35 @@ fn sum(text: &str, prefix: &str, has: &str) -> u64 {
 /// `getstatus` polls sent by one source during a flood.
 const POLLS: u32 = 5;
 
-/// Sends [`POLLS`] `getstatus` from `ip` to `to`, one a second, each given 1 s (a browser
-/// refreshing a server's line, faster than any does); how many were answered.
+/// Sends [`POLLS`] `getstatus` from `ip` to `to`, one a second (a browser refreshing a
+/// server's line, faster than any does), each sent again once after half a second without an
+/// answer, as qstat does (`-retry`, 500 ms apart); how many were answered within their second.
 async fn polls(ip: Ipv4Addr, to: SocketAddr) -> u32 {
     let sock = tokio::net::UdpSocket::bind((ip, 0)).await.unwrap();
     let mut buf = vec![0; 4096];
     let mut answered = 0;
     let start = tokio::time::Instant::now();
     for i in 0..POLLS {
-        let q = format!("getstatus poll{i}");
-        sock.send_to(&oob(q.as_bytes()), to).await.unwrap();
-        let got = tokio::time::timeout(S, async {
-            loop {
-                let Ok((n, _)) = sock.recv_from(&mut buf).await else {
-                    continue;
-                };
-                if buf[..n].starts_with(b"\xff\xff\xff\xffstatusResponse") {
-                    return;
+        let q = oob(format!("getstatus poll{i}").as_bytes());
+        let mut got = false;
+        for _try in 0..2 {
+            sock.send_to(&q, to).await.unwrap();
+            let wait = tokio::time::timeout(S / 2, async {
+                loop {
+                    let Ok((n, _)) = sock.recv_from(&mut buf).await else {
+                        continue;
+                    };
+                    if buf[..n].starts_with(b"\xff\xff\xff\xffstatusResponse") {
+                        return;
+                    }
                 }
+            });
+            if wait.await.is_ok() {
+                got = true;
+                break;
             }
-        })
-        .await;
-        answered += u32::from(got.is_ok());
+        }
+        answered += u32::from(got);
         tokio::time::sleep_until(start + S * (i + 1)).await;
     }
     answered
