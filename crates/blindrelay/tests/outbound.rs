@@ -63,6 +63,11 @@ async fn an_honest_node_over_the_limit_is_paced_not_quarantined() {
             "2s",
             "--next-hop-queue",
             "16",
+            // What this measures is pacing: the sender's 16 wraps at once may wait for a crypto
+            // slot on a loaded machine longer than the default 50 ms (a `backpressure` of its
+            // own, not the pacer's).
+            "--crypto-wait",
+            "2s",
         ],
     )
     .await;
