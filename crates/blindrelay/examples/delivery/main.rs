@@ -284,6 +284,8 @@ async fn measure(nodes: &[Node], case: &Case<'_>, cores: usize) -> (String, Stri
     let d: Vec<u64> = after.iter().zip(before).map(|(a, b)| a - b).collect();
     let delivered = loaded.len().max(1) as f64;
     let per = |x: f64| x / delivered;
+    let node_cpu_us = per((cpu1 - cpu0).as_secs_f64() * 1e6);
+    let switches = per((switches1 - switches0) as f64);
     let spent_row = format!(
         "| {} KiB | {hops} | {} | {} | {} | {} | {} | {:.0} µs | {:.0} µs | {:.1} |",
         size / 1024,
@@ -292,9 +294,9 @@ async fn measure(nodes: &[Node], case: &Case<'_>, cores: usize) -> (String, Stri
         d[1],
         d[2],
         d[3],
-        per((cpu1 - cpu0).as_secs_f64() * 1e6),
+        node_cpu_us,
         per((me1 - me0).as_secs_f64() * 1e6),
-        per((switches1 - switches0) as f64),
+        switches,
     );
     loaded.sort_unstable();
     let per_s = loaded.len() as f64 / took.as_secs_f64();
@@ -316,9 +318,9 @@ async fn measure(nodes: &[Node], case: &Case<'_>, cores: usize) -> (String, Stri
     );
     let m = Measured {
         per_s,
-        node_cpu_us: per((cpu1 - cpu0).as_secs_f64() * 1e6),
+        node_cpu_us,
         crypto_us: crypto.as_secs_f64() * 1e6,
-        switches: per((switches1 - switches0) as f64),
+        switches,
     };
     (row, spent_row, m)
 }
