@@ -144,7 +144,7 @@ pub struct RunArgs {
     pub token_file: Option<PathBuf>,
 
     /// Where registered servers, their bans and their proven sources are kept
-    /// (`servers.json`, `bans-<port>.json`, `proven-<port>.json`); default `/var/lib/etrelay`
+    /// (`servers.json`, `bans-<port>.db`, `proven-<port>.json`); default `/var/lib/etrelay`
     /// with `--ports`. With one upstream, the proven sources are kept here only when it is
     /// given (else in memory).
     #[arg(long, env = "ETRELAY_STATE_DIR")]

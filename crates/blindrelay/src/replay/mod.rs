@@ -1,13 +1,19 @@
-//! Route replay protection: every relayed request carries a route id. The registry reserves the
-//! route id for [`WINDOW_SECS`] together with the request digest (SHA-256 over the whole
-//! envelope, see `docs/blindrelay-protocol.md`) and remembers the final response, so a repeated
-//! route id gets one of the outcomes of the design's table ([`Outcome`]) and nothing is ever
-//! forwarded or delivered twice. It keeps its state in SQLite (it survives restarts and kill -9)
-//! or, with the same rules, in memory only ([`ReplayStore`]).
+//! Layer replay protection: every onion layer a hop peels carries a 16-byte **replay tag**
+//! (derived from the hop's shared secret for that layer: the same whatever frame carries it).
+//! The registry reserves the tag for the request digest (SHA-256(`blindrelay/request/v3` ‖
+//! previous hop ‖ version ‖ class ‖ alpha ‖ gamma), `Frame::request_digest`: the same previous
+//! hop sending the same packet again has the same digest; see `docs/blindrelay-protocol.md`),
+//! through the later of [`WINDOW_SECS`] from now and the last second the layer is accepted (its
+//! sealed expiry + 120 s, [`ReplayRegistry::reserve_through`]), and remembers the final
+//! response. A tag met again gets one of the outcomes of the design's table ([`Outcome`]): the
+//! same request is a duplicate (its stored answer) or in flight, another frame carrying the
+//! same layer (a re-wrap) is a conflict, and nothing is ever forwarded or delivered twice. It
+//! keeps its state in SQLite (it survives restarts and kill -9) or, with the same rules, in
+//! memory only ([`ReplayStore`]).
 //!
 //! Every call here may block (it may wait for the disk): run it off the async reactor and off
 //! the crypto slots (`tokio::task::spawn_blocking`). Time is always passed in as Unix seconds;
-//! nothing here reads the clock. Nothing here logs a route id, a digest or a payload.
+//! nothing here reads the clock. Nothing here logs a replay tag, a digest or a payload.
 
 mod registry;
 

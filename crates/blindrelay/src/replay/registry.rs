@@ -1,8 +1,9 @@
 //! The route replay registry.
 //!
-//! Each entry is keyed by the route id and holds the digest of the request that reserved it, the
-//! reservation time and either "in flight" or the final response. An entry is *live* while
-//! `now < reserved_at + window`; a live route id can never run a second time, whatever the
+//! Each entry is keyed by a layer's replay tag and holds the digest of the request that reserved
+//! it, the reservation time and either "in flight" or the final response. An entry is *live*
+//! through the last second its layer could be accepted (`reserve_through`: its expiry plus the
+//! skew, at least the window); a live tag can never run a second time, whatever the
 //! outcome of its first run (success and failure responses are both kept). When no slot is free
 //! the registry refuses new routes ([`Outcome::Capacity`]) rather than evicting a live
 //! reservation; entries whose window has ended are purged lazily on each call, so capacity frees
@@ -34,7 +35,8 @@ use crate::sqlite::{self, SqliteContext, StoreError, sql_time};
 
 /// The registry's key: a layer's replay tag (v2, `crate::proto::sphinx::ReplayTag`).
 pub type RouteId = [u8; 16];
-/// The request digest: SHA-256(`blindrelay/request/v2` ‖ previous hop ‖ packet).
+/// The request digest: SHA-256(`blindrelay/request/v3` ‖ previous hop ‖ version ‖ class ‖
+/// alpha ‖ gamma), `crate::proto::frame::Frame::request_digest`.
 pub type Digest = [u8; 32];
 
 /// Live tags a registry holds at most (design: `BLIND_RELAY_ROUTE_REPLAY_CAPACITY`): the default
