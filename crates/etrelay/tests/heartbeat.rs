@@ -143,6 +143,8 @@ async fn a_master_that_cannot_be_reached_is_skipped() {
     let relay = start(cfg).await;
     assert!(master.wait_listed(relay.addr, 10 * S).await);
     assert_eq!(relay.handle.metrics().heartbeats.get(), 1);
+    // The skipped one is counted, for the alert on heartbeats that all fail.
+    assert_eq!(relay.handle.metrics().heartbeat_errors.get(), 1);
     relay.handle.stop().await;
 }
 

@@ -114,15 +114,18 @@ async fn resolve_masters(shared: &Shared) -> Vec<(&str, SocketAddr)> {
             Ok(Ok(mut addrs)) => addrs.find(|a| a.is_ipv4() == want_v4),
             Ok(Err(e)) => {
                 warn!("master {master} does not resolve ({e}): skipped");
+                shared.metrics.heartbeat_errors.inc();
                 continue;
             }
             Err(_) => {
                 warn!("master {master} did not resolve in time: skipped");
+                shared.metrics.heartbeat_errors.inc();
                 continue;
             }
         };
         let Some(addr) = addr else {
             warn!("master {master} has no address of the public socket's family: skipped");
+            shared.metrics.heartbeat_errors.inc();
             continue;
         };
         out.push((master.as_str(), addr));
@@ -154,6 +157,9 @@ async fn send_one(shared: &Shared, send: ToMasters, master: &str, addr: SocketAd
             }
             debug!("{text} -> {master} ({addr})");
         }
-        Err(e) => warn!("{text} to {master} ({addr}) failed: {e}"),
+        Err(e) => {
+            warn!("{text} to {master} ({addr}) failed: {e}");
+            shared.metrics.heartbeat_errors.inc();
+        }
     }
 }

@@ -166,6 +166,12 @@ guard::counter_set! {
             heartbeats: Counter,
             /// Flatlines sent to masters (one per master).
             flatlines: Counter,
+            /// Heartbeats and flatlines not sent to a master: its name did not resolve (in
+            /// time, or to an address of the public socket's family), or the send failed.
+            heartbeat_errors: Counter,
+            /// Writes of the server's state file (the proven sources) that failed; each is
+            /// tried again a minute later.
+            state_write_failures: Counter,
             /// Game server state: 0 unknown, 1 up, 2 down.
             probe_state: Gauge,
             /// Source IPs the query limiter remembers.

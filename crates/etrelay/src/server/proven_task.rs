@@ -51,6 +51,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
                 Err(e) => {
                     // Written again at the next turn.
                     shared.lock().proven.mark_changed();
+                    shared.metrics.state_write_failures.inc();
                     shared.throttled(|more| {
                         warn!("proven sources not written: {e} ({more} more failures not logged)");
                     });
