@@ -111,20 +111,23 @@ async fn resolve_masters(shared: &Shared) -> Vec<(&str, SocketAddr)> {
         let resolved =
             tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(master.as_str())).await;
         let addr = match resolved {
-            Ok(Ok(mut addrs)) => addrs.find(|a| a.is_ipv4() == want_v4),
+            Ok(Ok(mut addrs)) => {
+                let found = addrs.find(|a| a.is_ipv4() == want_v4);
+                if found.is_none() {
+                    warn!("master {master} has no address of the public socket's family: skipped");
+                }
+                found
+            }
             Ok(Err(e)) => {
                 warn!("master {master} does not resolve ({e}): skipped");
-                shared.metrics.heartbeat_errors.inc();
-                continue;
+                None
             }
             Err(_) => {
                 warn!("master {master} did not resolve in time: skipped");
-                shared.metrics.heartbeat_errors.inc();
-                continue;
+                None
             }
         };
         let Some(addr) = addr else {
-            warn!("master {master} has no address of the public socket's family: skipped");
             shared.metrics.heartbeat_errors.inc();
             continue;
         };
