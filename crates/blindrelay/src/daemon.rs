@@ -451,22 +451,16 @@ pub async fn serve(
         }
     };
     let cancel = CancellationToken::new();
-    let probes = tokio::spawn(probe::run(Arc::clone(&ctx), probe_interval, cancel.clone()));
-    let reach = tokio::spawn(probe::reach(Arc::clone(&ctx), cancel.clone()));
-    let peers = tokio::spawn(Arc::clone(&ctx.peers).run(ctx.http.clone(), cancel.clone()));
-    let store = tokio::spawn(crate::peers::cache::run(
-        Arc::clone(&ctx.peers),
-        peer_store,
-        cancel.clone(),
-    ));
-    let gossip = tokio::spawn(crate::gossip::run(
-        Arc::clone(&ctx),
-        gossip_interval,
-        cancel.clone(),
-    ));
-    let upkeep = tokio::spawn(upkeep(Arc::clone(&relay), inbox_retention, cancel.clone()));
-    let alerts = tokio::spawn(crate::alerts::run(Arc::clone(&relay), cancel.clone()));
-    let report = report.map(|r| tokio::spawn(report::run(Arc::clone(&relay), r, cancel.clone())));
+    let mut tasks = background(&relay, &cancel, probe_interval, gossip_interval, peer_store);
+    let upkeep = upkeep(Arc::clone(&relay), inbox_retention, cancel.clone());
+    tasks.push(tokio::spawn(upkeep));
+    if let Some(r) = report {
+        tasks.push(tokio::spawn(report::run(
+            Arc::clone(&relay),
+            r,
+            cancel.clone(),
+        )));
+    }
     let a = tokio::spawn(serve::serve(
         public,
         api::public(Arc::clone(&relay)),
@@ -494,13 +488,42 @@ pub async fn serve(
         shutdown.await;
     }
     cancel.cancel();
-    for t in [a, b, peers, gossip, store, upkeep, probes, reach, alerts]
-        .into_iter()
-        .chain(report)
-    {
+    for t in [a, b].into_iter().chain(tasks) {
         let _ = t.await;
     }
     info!("node stopped");
+}
+
+/// The node's background tasks, each until `cancel`: probes and reachability, the peers'
+/// fetches and their store, gossip, the replay registry's stored answers, alerts.
+fn background(
+    relay: &Arc<Relay>,
+    cancel: &CancellationToken,
+    probe_interval: Duration,
+    gossip_interval: Duration,
+    peer_store: PathBuf,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let ctx = relay.ctx();
+    vec![
+        tokio::spawn(probe::run(Arc::clone(ctx), probe_interval, cancel.clone())),
+        tokio::spawn(probe::reach(Arc::clone(ctx), cancel.clone())),
+        tokio::spawn(Arc::clone(&ctx.peers).run(ctx.http.clone(), cancel.clone())),
+        tokio::spawn(crate::peers::cache::run(
+            Arc::clone(&ctx.peers),
+            peer_store,
+            cancel.clone(),
+        )),
+        tokio::spawn(crate::gossip::run(
+            Arc::clone(ctx),
+            gossip_interval,
+            cancel.clone(),
+        )),
+        tokio::spawn(replay::write_answers(
+            Arc::clone(relay.replay()),
+            cancel.clone(),
+        )),
+        tokio::spawn(crate::alerts::run(Arc::clone(relay), cancel.clone())),
+    ]
 }
 
 /// Ready means ready: says `node ready` once every `--peer`'s descriptor is held, so a send can

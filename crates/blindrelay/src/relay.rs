@@ -71,7 +71,7 @@ impl Relay {
     }
 
     /// The replay registry.
-    pub fn replay(&self) -> &ReplayRegistry {
+    pub fn replay(&self) -> &Arc<ReplayRegistry> {
         &self.replay
     }
 

@@ -286,6 +286,11 @@ async fn a_rewrapped_layer_is_refused_at_every_position_also_after_a_restart() {
     let packets = packets_along(&net, &path, s.packet.clone());
     for restarted in [false, true] {
         if restarted {
+            // A stored answer is written within 0.1 s of the request (a kill -9 before that
+            // loses it: the retry would get `route_interrupted`, still never a second run).
+            for i in 0..net.len() {
+                net.wait_answers_written(i).await;
+            }
             for i in 0..net.len() {
                 net.restart(i).await;
             }

@@ -26,11 +26,12 @@
 //! Each step is a function of its input and the time that returns its output or a [`Reason`].
 //! Steps 3–7 up to the reservation, and the signing of what step 8 sends, are CPU work
 //! ([`check_frame`] and [`deliver::prepare`]); they run on a blocking thread while the crypto
-//! slot is held. The slot is given back before any disk work (the reservation, the inbox, the
-//! replay record, each a SQLite commit) and before any network work (the forward). The disk
-//! work that follows the checks runs on the same blocking thread once the slot is given back
-//! (each hop off the reactor is a thread wake-up there and back); a forward's replay record
-//! runs on a blocking thread of its own once the next hop answered.
+//! slot is held. The slot is given back before any disk work (the reservation and the inbox,
+//! each a SQLite commit) and before any network work (the forward). The disk work that follows
+//! the checks runs on the same blocking thread once the slot is given back (each hop off the
+//! reactor is a thread wake-up there and back); the replay record waits for no commit (it is
+//! written with the registry's next one), so a forward's is taken on the reactor once the next
+//! hop answered: one hop off the reactor per request.
 //!
 //! A refusal after authentication is blamed as [`Reason::blame`] says
 //! ([`hop_guard::HopGuard::blame`]): only what the previous hop signed itself is charged to it
@@ -438,7 +439,7 @@ impl Pipeline {
         )
         .await);
         let completed_at = self.ctx.clock.unix();
-        reserve::complete(&self.replay, f.tag, f.digest, wire(&verdict), completed_at).await;
+        reserve::complete(&self.replay, f.tag, f.digest, wire(&verdict), completed_at);
         verdict
     }
 
@@ -544,7 +545,7 @@ impl Pipeline {
                 source,
             ),
         };
-        reserve::complete_now(&self.replay, c.tag, c.digest, wire(&verdict), c.now);
+        reserve::complete(&self.replay, c.tag, c.digest, wire(&verdict), c.now);
         Ok(Staged::Done(verdict))
     }
 

@@ -1,9 +1,7 @@
 //! The end of step 7, the route replay reservation, and after step 8 the replay record (the
-//! final answer, success or failure, kept for duplicates). Both are SQLite commits
-//! (`synchronous=FULL`): they run on a blocking thread, with no crypto slot held (the
-//! reservation on the one its crypto work ran on, once the slot is given back).
-
-use std::sync::Arc;
+//! final answer, success or failure, kept for duplicates). The reservation is a SQLite commit
+//! (`synchronous=FULL`): it runs on the blocking thread its crypto work ran on, once the slot
+//! is given back. The record waits for no commit: it rides with the registry's next one.
 
 use tracing::debug;
 
@@ -63,26 +61,11 @@ fn decide(outcome: Outcome) -> Result<Reserved, Reason> {
 }
 
 /// Records the final answer (`status`, `body`) of the route reserved for `digest`, at `now`.
-/// A failure is only logged: the route then stays in flight until its window ends, and never
-/// runs twice.
-pub(super) async fn complete(
-    replay: &Arc<ReplayRegistry>,
-    route_id: RouteId,
-    digest: Digest,
-    answer: (u16, Vec<u8>),
-    now: u64,
-) {
-    let registry = Arc::clone(replay);
-    let done =
-        tokio::task::spawn_blocking(move || complete_now(&registry, route_id, digest, answer, now))
-            .await;
-    if done.is_err() {
-        debug!("replay registry: completion not stored");
-    }
-}
-
-/// [`complete`], blocking: for a caller already on a blocking thread.
-pub(super) fn complete_now(
+/// Never blocks: the answer is in the registry's memory at once and written with its next
+/// batch ([`crate::replay`]), so the reactor calls it and the request is answered without
+/// waiting for a write. A failure is only logged: the route then stays in flight until its
+/// window ends, and never runs twice.
+pub(super) fn complete(
     replay: &ReplayRegistry,
     route_id: RouteId,
     digest: Digest,

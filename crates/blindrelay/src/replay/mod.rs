@@ -11,18 +11,41 @@
 //! keeps its state in SQLite (it survives restarts and kill -9) or, with the same rules, in
 //! memory only ([`ReplayStore`]).
 //!
-//! Every call here may block (it may wait for the disk): run it off the async reactor and off
-//! the crypto slots (`tokio::task::spawn_blocking`). Time is always passed in as Unix seconds;
+//! Every call here but [`ReplayRegistry::complete`] may block (it may wait for the disk): run
+//! it off the async reactor and off the crypto slots (`tokio::task::spawn_blocking`). Time is always passed in as Unix seconds;
 //! nothing here reads the clock. Nothing here logs a replay tag, a digest or a payload.
 
 mod registry;
 
 pub use registry::{
-    CAPACITY, Digest, INTERRUPTED_BODY, INTERRUPTED_STATUS, MAX_BATCH_BYTES, MAX_BATCH_WRITES,
+    ANSWER_FLUSH, CAPACITY, Digest, INTERRUPTED_BODY, INTERRUPTED_STATUS, MAX_BATCH_WRITES,
     Outcome, RESPONSE_MAX_AGE_SECS, ReplayRegistry, RouteId, StoredResponse, WINDOW_SECS,
 };
 
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
 use crate::sqlite::StoreError;
+
+/// Writes the stored responses that no reservation carried to disk ([`ReplayRegistry::flush`])
+/// each [`ANSWER_FLUSH`], until `cancel`; then once more.
+pub async fn write_answers(registry: Arc<ReplayRegistry>, cancel: CancellationToken) {
+    loop {
+        let stop = tokio::select! {
+            () = cancel.cancelled() => true,
+            () = tokio::time::sleep(ANSWER_FLUSH) => false,
+        };
+        if registry.unwritten() > 0 {
+            let r = Arc::clone(&registry);
+            // A failure is logged by the registry; what it carried waits for the next batch.
+            let _ = tokio::task::spawn_blocking(move || r.flush()).await;
+        }
+        if stop {
+            return;
+        }
+    }
+}
 
 /// Where the registry keeps its state.
 #[derive(

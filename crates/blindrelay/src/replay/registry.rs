@@ -25,8 +25,8 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use rusqlite::{Connection, Transaction, TransactionBehavior, params};
 
-use self::group::{LIMITS, Write};
-pub use self::group::{MAX_BATCH_BYTES, MAX_BATCH_WRITES};
+pub use self::group::{ANSWER_FLUSH, MAX_BATCH_WRITES};
+use self::group::{Answer, LIMITS, Write};
 
 use super::{ReplayError, ReplayStore};
 use crate::sources::SourceKey;
@@ -105,7 +105,7 @@ struct Entry {
     state: State,
     /// Whose share it counts in (memory only: entries loaded from SQLite count in none).
     source: Option<SourceKey>,
-    /// A write for this entry (its reservation, or its completion) waits for its commit.
+    /// Its reservation waits for its commit.
     pending: bool,
 }
 
@@ -115,6 +115,9 @@ struct Inner {
     expiry: BTreeSet<(u64, RouteId)>,
     /// Purged from memory, still to delete from SQLite with the next write.
     pending_deletes: Vec<RouteId>,
+    /// Responses in the mirror, still to write to SQLite with the next write (at most one per
+    /// live entry).
+    answers: Vec<Answer>,
     /// SQLite-backed (writes are queued for a group commit).
     sqlite: bool,
     /// Live routes per source.
@@ -127,6 +130,7 @@ impl Inner {
             entries: HashMap::new(),
             expiry: BTreeSet::new(),
             pending_deletes: Vec::new(),
+            answers: Vec::new(),
             sqlite,
             per_source: HashMap::new(),
         }
@@ -306,10 +310,12 @@ impl ReplayRegistry {
 
     /// Stores the final response of the route reserved by `reserve(route_id, digest, ..)`, a
     /// success or a failure alike: the route stays reserved until its window ends either way.
-    /// Committed (SQLite) before this returns. Fails with [`ReplayError::NotInFlight`] unless the
-    /// route has a live reservation in flight for this digest. If the write fails the route stays
-    /// in flight until its window ends (duplicates get [`Outcome::InFlight`]; it never runs
-    /// again), and after a restart it replays [`INTERRUPTED_BODY`].
+    /// Never blocks: the response is in the mirror at once (duplicates get it from now on) and,
+    /// SQLite-backed, queued to be written with the next batch ([`group`]: the next reservation's
+    /// commit, or [`ReplayRegistry::flush`] within [`ANSWER_FLUSH`]). Fails with
+    /// [`ReplayError::NotInFlight`] unless the route has a live reservation in flight for this
+    /// digest, committed. A response lost before its write (a crash, a failing disk) leaves the
+    /// route in flight on disk: after a restart it replays [`INTERRUPTED_BODY`], never runs again.
     pub fn complete(
         &self,
         route_id: RouteId,
@@ -318,39 +324,32 @@ impl ReplayRegistry {
         body: &[u8],
         now: u64,
     ) -> Result<(), ReplayError> {
-        let now_sql = sql_time(now)?;
+        let completed_at_sql = sql_time(now)?;
         let mut inner = self.lock();
         inner.purge(now);
-        let sqlite = inner.sqlite;
         match inner.entries.get_mut(&route_id) {
             Some(entry)
                 if entry.digest == digest
                     && !entry.pending
                     && matches!(entry.state, State::InFlight) =>
             {
-                if !sqlite {
-                    entry.state = State::Completed(StoredResponse {
-                        status,
-                        body: body.to_vec(),
-                        completed_at: now,
-                    });
-                    return Ok(());
-                }
-                // Stays in flight for everyone until the response is committed.
-                entry.pending = true;
+                entry.state = State::Completed(StoredResponse {
+                    status,
+                    body: body.to_vec(),
+                    completed_at: now,
+                });
             }
             _ => return Err(ReplayError::NotInFlight),
         }
-        self.commit(
-            inner,
-            Write::Complete {
+        if inner.sqlite {
+            inner.answers.push(Answer {
                 route_id,
                 status,
                 body: body.to_vec(),
-                completed_at: now,
-                completed_at_sql: now_sql,
-            },
-        )
+                completed_at_sql,
+            });
+        }
+        Ok(())
     }
 
     /// Group commits run so far (one SQLite transaction and one fsync each; 0 for the memory

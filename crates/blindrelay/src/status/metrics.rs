@@ -49,7 +49,7 @@ fn gauges(
     q: &Quality,
     st: &Stores,
     now: u64,
-) -> [(&'static str, &'static str, u64); 11] {
+) -> [(&'static str, &'static str, u64); 12] {
     let inbox = relay.terminal().inbox();
     [
         (
@@ -61,6 +61,11 @@ fn gauges(
             "blindrelay_replay_live_routes",
             "Routes reserved in the replay registry.",
             relay.replay().live(now) as u64,
+        ),
+        (
+            "blindrelay_replay_unwritten_answers",
+            "Stored answers not yet written to the replay registry's file.",
+            relay.replay().unwritten() as u64,
         ),
         (
             "blindrelay_replay_full",

@@ -35,6 +35,10 @@ pub struct ReplayInfo {
     pub capacity: usize,
     /// Every slot holds a live route: new routes are refused (`replay_capacity`).
     pub full: bool,
+    /// Stored answers in memory, not yet in the file (written with the next reservation, or
+    /// within [`crate::replay::ANSWER_FLUSH`]).
+    #[serde(default)]
+    pub unwritten_answers: usize,
 }
 
 /// The request gate and the relay listener, as counts (never an address).
@@ -260,6 +264,7 @@ pub fn document(relay: &Relay) -> Document {
         replay: ReplayInfo {
             store: relay.replay().kind(),
             live_routes: relay.replay().live(now),
+            unwritten_answers: relay.replay().unwritten(),
             capacity: relay.replay().capacity(),
             full: stores.replay_full,
         },

@@ -804,6 +804,23 @@ impl Net {
         }
     }
 
+    /// Waits until node `i` has written every stored answer to its replay file (its status's
+    /// `unwritten_answers` is 0; at most [`WAIT`]): what a kill -9 must not lose.
+    pub async fn wait_answers_written(&self, i: usize) {
+        let deadline = Instant::now() + WAIT;
+        loop {
+            let s = self.status(i).await;
+            if s.runtime()["replay"]["unwritten_answers"].as_u64() == Some(0) {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {i}: answers unwritten: {s}"
+            );
+            tokio::time::sleep(POLL).await;
+        }
+    }
+
     /// Waits until node `i`'s status shows `want` routable peers.
     pub async fn wait_routable(&self, i: usize, want: usize) {
         self.wait_routable_within(i, want, WAIT).await;

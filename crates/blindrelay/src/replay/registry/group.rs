@@ -1,52 +1,53 @@
-//! Group commit (`crate::sqlite::group_commit`): every SQLite write of the registry (a
-//! reservation, a stored response) waits in one queue, and one caller at a time, the *leader*,
-//! commits all the writes queued at that moment in one transaction with one fsync
-//! (`synchronous=FULL`), at most [`MAX_BATCH_WRITES`] writes and [`MAX_BATCH_BYTES`] bytes of
-//! stored bodies per batch.
+//! Group commit (`crate::sqlite::group_commit`): every reservation of the registry waits in one
+//! queue, and one caller at a time, the *leader*, commits all the reservations queued at that
+//! moment in one transaction with one fsync (`synchronous=FULL`), at most [`MAX_BATCH_WRITES`]
+//! writes per batch. Callers that queued meanwhile wait on a condition variable; when a batch
+//! ends, one of them leads the next. A caller alone commits at once (nothing is waited for), so
+//! a quiet node pays one commit per reservation, and a loaded one one fsync per batch.
 //!
-//! Only a reservation needs its own fsync: it is what keeps a layer from running twice, after
-//! a power loss too. A batch of stored responses only is committed with `synchronous=NORMAL`:
-//! written to the WAL before the call returns, so a process that is killed loses nothing, and
-//! on the disk with the next reservation's commit (the fsync of the WAL covers every frame
-//! before it). A power loss before that can lose such a response; its route then reads as in
-//! flight at the crash: it never runs again, and a duplicate gets `route_interrupted` instead
-//! of the stored answer (which is replayed for 120 s only). Measured with `scripts/bench-blindrelay
-//! delivery` (BENCHMARKS.md): 3 of the 7 fsyncs of a 3-hop delivery.
-//! Callers that queued meanwhile wait on a condition variable; when a batch ends, one of them
-//! leads the next. A caller alone commits at once (nothing is waited for), so a quiet node pays
-//! one commit per write as before, and a loaded one pays one fsync per batch.
-//!
-//! A call returns [`super::Outcome::New`] (or `Ok` for a completion) only after the
-//! transaction holding its own write has committed. A write's
-//! effect on the in-memory mirror is visible to the other callers before its commit (a
-//! reservation waiting for its commit answers concurrent duplicates `route_in_flight`, and
+//! A call returns [`super::Outcome::New`] only after the transaction holding its reservation
+//! has committed: a reservation is what keeps a layer from running twice, after a power loss
+//! too. Its effect on the in-memory mirror is visible to the other callers before its commit
+//! (a reservation waiting for its commit answers concurrent duplicates `route_in_flight`, and
 //! counts in the capacity), and is undone if its batch fails: every member of a failed batch
-//! gets [`ReplayError::GroupCommit`], the reservations are forgotten and the completions left
-//! in flight, exactly as when a single write failed. Rows of purged entries are deleted in the
-//! next batch's transaction (and kept for the one after if it fails).
+//! gets [`ReplayError::GroupCommit`] and the reservations are forgotten, exactly as when a
+//! single write failed.
+//!
+//! **Stored responses wait for no commit.** A route's final response only lets a duplicate be
+//! answered with it (for 120 s) instead of `route_interrupted`; it keeps nothing from running
+//! twice. So [`ReplayRegistry::complete`] puts it in the mirror and leaves it for the next
+//! batch, written in the same transaction as that batch's reservations (one transaction and one
+//! thread hand-off less per hop: BENCHMARKS.md, issue 31). When no reservation follows, the node
+//! writes what is left each [`ANSWER_FLUSH`] ([`ReplayRegistry::flush`], a transaction with
+//! `synchronous=NORMAL`: no fsync of its own), and at stop (the registry's drop). A response not
+//! yet written when the process dies (kill -9, a power loss) is lost; its route reads as in
+//! flight at the crash: it never runs again, and a duplicate gets `route_interrupted` instead of
+//! the stored answer. Rows of purged entries are deleted in the next batch's transaction too;
+//! both are kept for the one after if it fails.
 
 use std::mem;
 use std::sync::{Arc, MutexGuard};
+use std::time::Duration;
 
 use rusqlite::{Connection, Transaction, TransactionBehavior, params};
 
 use super::{
-    Digest, Inner, ReplayError, ReplayRegistry, RouteId, STATE_COMPLETED, STATE_IN_FLIGHT, State,
-    StoredResponse, TABLE,
+    Digest, Inner, ReplayError, ReplayRegistry, RouteId, STATE_COMPLETED, STATE_IN_FLIGHT,
 };
 use crate::sqlite::group_commit::{Failed, Limits};
 use crate::sqlite::{SqliteContext, StoreError};
 
 /// Writes one group commit holds at most.
 pub const MAX_BATCH_WRITES: usize = 256;
-/// Bytes of stored response bodies one group commit holds at most (a larger single write still
-/// goes alone).
-pub const MAX_BATCH_BYTES: usize = 1 << 20;
+/// How often the node writes the stored responses no reservation carried
+/// ([`ReplayRegistry::flush`]).
+pub const ANSWER_FLUSH: Duration = Duration::from_millis(100);
 
-/// Both bounds.
+/// The batch bound: writes only (a queued write is a reservation, of a fixed size; the stored
+/// responses a batch carries are at most one per live route).
 pub(super) const LIMITS: Limits = Limits {
     writes: MAX_BATCH_WRITES,
-    bytes: MAX_BATCH_BYTES,
+    bytes: usize::MAX,
 };
 
 /// One queued write.
@@ -58,24 +59,17 @@ pub(super) enum Write {
         digest: Digest,
         reserved_at: i64,
     },
-    /// Store the final response of a reservation in flight.
-    Complete {
-        route_id: RouteId,
-        status: u16,
-        body: Vec<u8>,
-        completed_at: u64,
-        completed_at_sql: i64,
-    },
+    /// Nothing of its own: the stored responses and deletions waiting ([`ReplayRegistry::flush`]).
+    Flush,
 }
 
-impl Write {
-    /// Its size for the batch bound: the stored body's.
-    pub(super) fn bytes(&self) -> usize {
-        match self {
-            Write::Reserve { .. } => 0,
-            Write::Complete { body, .. } => body.len(),
-        }
-    }
+/// A stored response waiting for the next batch (module docs).
+#[derive(Debug)]
+pub(super) struct Answer {
+    pub(super) route_id: RouteId,
+    pub(super) status: u16,
+    pub(super) body: Vec<u8>,
+    pub(super) completed_at_sql: i64,
 }
 
 impl ReplayRegistry {
@@ -90,9 +84,7 @@ impl ReplayRegistry {
         let Some(group) = &self.group else {
             return Ok(()); // the memory store: nothing to write
         };
-        let size = write.bytes();
-        let (write, result) =
-            group.submit(write, size, |conn, batch| self.write_group(conn, batch));
+        let (write, result) = group.submit(write, 0, |conn, batch| self.write_group(conn, batch));
         self.lock().settle(write, result.is_ok(), self.window_secs);
         result.map_err(|failed| match failed {
             Failed::Error(e) => ReplayError::GroupCommit(e),
@@ -104,16 +96,40 @@ impl ReplayRegistry {
         })
     }
 
-    /// The leader's write: the rows purged so far deleted, then `batch`, in one transaction.
+    /// Writes the stored responses and deletions waiting, if any, in a transaction of their
+    /// own (`synchronous=NORMAL`); blocking. The node calls it each [`ANSWER_FLUSH`]; the
+    /// registry's drop calls it too. Nothing to do for the memory store.
+    ///
+    /// # Errors
+    /// The batch's failure (what it carried is kept for the next one).
+    pub fn flush(&self) -> Result<(), ReplayError> {
+        let inner = self.lock();
+        if self.group.is_none() || (inner.answers.is_empty() && inner.pending_deletes.is_empty()) {
+            return Ok(());
+        }
+        self.commit(inner, Write::Flush)
+    }
+
+    /// Stored responses waiting for their write.
+    pub fn unwritten(&self) -> usize {
+        self.lock().answers.len()
+    }
+
+    /// The leader's write: the rows purged so far deleted, the stored responses waiting
+    /// written, then `batch`, in one transaction.
     fn write_group(&self, conn: &mut Connection, batch: &[Write]) -> Result<Vec<()>, ReplayError> {
-        let mut deletes = Deletes {
-            registry: self,
-            routes: mem::take(&mut self.lock().pending_deletes),
-            done: false,
+        let mut carried = {
+            let mut inner = self.lock();
+            Carried {
+                registry: self,
+                routes: mem::take(&mut inner.pending_deletes),
+                answers: mem::take(&mut inner.answers),
+                done: false,
+            }
         };
-        match write_batch(conn, &deletes.routes, batch) {
+        match write_batch(conn, &carried.routes, &carried.answers, batch) {
             Ok(()) => {
-                deletes.done = true;
+                carried.done = true;
                 Ok(vec![(); batch.len()])
             }
             Err(e) => {
@@ -124,19 +140,32 @@ impl ReplayRegistry {
     }
 }
 
-/// Rows a batch deletes: given back to the next batch unless its transaction committed (also
-/// when the write panicked).
-struct Deletes<'a> {
+impl Drop for ReplayRegistry {
+    /// Writes the stored responses still waiting (best effort: a failure was logged).
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
+}
+
+/// What a batch carries besides its own writes (rows to delete, stored responses): given back
+/// to the next batch unless its transaction committed (also when the write panicked).
+struct Carried<'a> {
     registry: &'a ReplayRegistry,
     routes: Vec<RouteId>,
+    answers: Vec<Answer>,
     done: bool,
 }
 
-impl Drop for Deletes<'_> {
+impl Drop for Carried<'_> {
     fn drop(&mut self) {
         if !self.done {
             let routes = mem::take(&mut self.routes);
-            self.registry.lock().pending_deletes.extend(routes);
+            let answers = mem::take(&mut self.answers);
+            let mut inner = self.registry.lock();
+            inner.pending_deletes.extend(routes);
+            // Oldest first, before any stored since.
+            let newer = mem::replace(&mut inner.answers, answers);
+            inner.answers.extend(newer);
         }
     }
 }
@@ -144,43 +173,25 @@ impl Drop for Deletes<'_> {
 impl Inner {
     /// Applies a committed write to the mirror, or undoes a failed one.
     fn settle(&mut self, write: Write, committed: bool, window_secs: u64) {
-        match write {
-            Write::Reserve {
-                route_id, digest, ..
-            } => {
-                let ours = self
-                    .entries
-                    .get(&route_id)
-                    .is_some_and(|e| e.pending && e.digest == digest);
-                if !ours {
-                    return;
-                }
-                if committed {
-                    if let Some(entry) = self.entries.get_mut(&route_id) {
-                        entry.pending = false;
-                    }
-                } else {
-                    self.forget(route_id, window_secs);
-                }
+        let Write::Reserve {
+            route_id, digest, ..
+        } = write
+        else {
+            return;
+        };
+        let ours = self
+            .entries
+            .get(&route_id)
+            .is_some_and(|e| e.pending && e.digest == digest);
+        if !ours {
+            return;
+        }
+        if committed {
+            if let Some(entry) = self.entries.get_mut(&route_id) {
+                entry.pending = false;
             }
-            Write::Complete {
-                route_id,
-                status,
-                body,
-                completed_at,
-                ..
-            } => {
-                if let Some(entry) = self.entries.get_mut(&route_id) {
-                    entry.pending = false;
-                    if committed {
-                        entry.state = State::Completed(StoredResponse {
-                            status,
-                            body,
-                            completed_at,
-                        });
-                    }
-                }
-            }
+        } else {
+            self.forget(route_id, window_secs);
         }
     }
 }
@@ -189,10 +200,11 @@ impl Inner {
 fn write_batch(
     conn: &mut Connection,
     deletes: &[RouteId],
+    answers: &[Answer],
     batch: &[Write],
 ) -> Result<(), ReplayError> {
-    // A stored answer needs no fsync of its own (module doc): a batch of answers only is
-    // written with `synchronous=NORMAL`, and reaches the disk with the next reservation's.
+    // A stored answer needs no fsync of its own (module doc): a batch without a reservation
+    // is written with `synchronous=NORMAL`, and reaches the disk with the next reservation's.
     // (Prepared once and cached: not parsed again at every batch.)
     let reserves = batch.iter().any(|w| matches!(w, Write::Reserve { .. }));
     let level = if reserves {
@@ -214,6 +226,9 @@ fn write_batch(
             stmt.execute([&route_id[..]])
                 .ctx("delete an expired route")?;
         }
+    }
+    for answer in answers {
+        write_answer(&tx, answer)?;
     }
     for write in batch {
         write_one(&tx, write)?;
@@ -244,38 +259,30 @@ fn write_one(tx: &Transaction<'_>, write: &Write) -> Result<(), StoreError> {
             })
             .ctx("insert a route reservation")?;
         }
-        Write::Complete {
-            route_id,
-            status,
-            body,
-            completed_at_sql,
-            ..
-        } => {
-            let changed = tx
-                .prepare_cached(
-                    "UPDATE replay_routes
-                     SET state = ?1, status = ?2, body = ?3, completed_at = ?4
-                     WHERE route_id = ?5 AND state = ?6",
-                )
-                .and_then(|mut stmt| {
-                    stmt.execute(params![
-                        STATE_COMPLETED,
-                        status,
-                        body,
-                        completed_at_sql,
-                        &route_id[..],
-                        STATE_IN_FLIGHT
-                    ])
-                })
-                .ctx("store a route's response")?;
-            if changed != 1 {
-                // The file disagrees with the mirror: someone else writes to it.
-                return Err(StoreError::Corrupt {
-                    table: TABLE,
-                    what: "the reservation to complete is missing",
-                });
-            }
-        }
+        Write::Flush => {}
     }
+    Ok(())
+}
+
+/// A stored response, in its batch's transaction, after the batch's deletions and before its
+/// reservations: a route whose row left already (its window ended, or its id is reserved again
+/// in this batch) has nothing to update, and its response is dropped with it.
+fn write_answer(tx: &Transaction<'_>, answer: &Answer) -> Result<(), StoreError> {
+    tx.prepare_cached(
+        "UPDATE replay_routes
+         SET state = ?1, status = ?2, body = ?3, completed_at = ?4
+         WHERE route_id = ?5 AND state = ?6",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            STATE_COMPLETED,
+            answer.status,
+            answer.body,
+            answer.completed_at_sql,
+            &answer.route_id[..],
+            STATE_IN_FLIGHT
+        ])
+    })
+    .ctx("store a route's response")?;
     Ok(())
 }

@@ -354,7 +354,7 @@ fn the_connection_is_wal_synchronous_full_with_a_busy_timeout() {
     assert_eq!(pragma("busy_timeout"), "5000");
 }
 
-/// A batch holding a reservation is committed with an fsync (`synchronous=FULL`); a batch of
+/// A batch holding a reservation is committed with an fsync (`synchronous=FULL`); a flush of
 /// stored answers only is not (`NORMAL`): it reaches the disk with the next reservation's.
 #[test]
 fn only_a_batch_with_a_reservation_pays_an_fsync() {
@@ -369,27 +369,57 @@ fn only_a_batch_with_a_reservation_pays_an_fsync() {
     assert_eq!(reserve(&reg, 1, 1, T0), Outcome::New);
     assert_eq!(synchronous(&reg), 2); // FULL
     complete(&reg, 1, 1, 200, b"ok", T0 + 1);
+    reg.flush().unwrap();
     assert_eq!(synchronous(&reg), 1); // NORMAL
     assert_eq!(reserve(&reg, 2, 2, T0 + 2), Outcome::New);
     assert_eq!(synchronous(&reg), 2);
 }
 
 #[test]
-fn reservations_and_completions_are_committed_before_the_call_returns() {
+fn reservations_are_committed_before_the_call_returns_answers_with_the_next_write() {
     let dir = fast_dir();
     let path = dir.path().join("replay.db");
     let reg = ReplayRegistry::open_sqlite(&path, 8, WINDOW_SECS, T0).unwrap();
     assert_eq!(reserve(&reg, 1, 1, T0), Outcome::New);
     // Another connection sees it while the registry is still open.
     assert_eq!(rows(&path), vec![(rid(1).to_vec(), 0, None, None)]);
+    // A stored answer is in the mirror at once, in the file with the next write.
     complete(&reg, 1, 1, 201, b"done", T0 + 1);
+    assert_eq!(reserve(&reg, 1, 1, T0 + 1), done(201, b"done", T0 + 1));
+    assert_eq!(reg.unwritten(), 1);
+    assert_eq!(rows(&path), vec![(rid(1).to_vec(), 0, None, None)]);
+    let commits = reg.group_commits();
+    assert_eq!(reserve(&reg, 2, 2, T0 + 2), Outcome::New);
+    assert_eq!(
+        reg.group_commits(),
+        commits + 1,
+        "carried by the reservation's commit"
+    );
+    assert_eq!(reg.unwritten(), 0);
     assert_eq!(
         rows(&path),
-        vec![(rid(1).to_vec(), 1, Some(201), Some(b"done".to_vec()))]
+        vec![
+            (rid(1).to_vec(), 1, Some(201), Some(b"done".to_vec())),
+            (rid(2).to_vec(), 0, None, None)
+        ]
+    );
+    // With no reservation to carry it, a flush writes it.
+    complete(&reg, 2, 2, 502, b"failed", T0 + 3);
+    reg.flush().unwrap();
+    assert_eq!(
+        rows(&path)[1],
+        (rid(2).to_vec(), 1, Some(502), Some(b"failed".to_vec()))
+    );
+    let commits = reg.group_commits();
+    reg.flush().unwrap();
+    assert_eq!(
+        reg.group_commits(),
+        commits,
+        "nothing to write: no transaction"
     );
     // Outcomes other than New write nothing.
-    assert_eq!(reserve(&reg, 1, 2, T0 + 2), Outcome::Conflict);
-    assert_eq!(rows(&path).len(), 1);
+    assert_eq!(reserve(&reg, 1, 2, T0 + 4), Outcome::Conflict);
+    assert_eq!(rows(&path).len(), 2);
 }
 
 #[test]
@@ -551,10 +581,15 @@ fn a_registry_that_never_closed_its_connection_loses_nothing() {
     assert_eq!(reserve(&reg, 1, 1, T0), Outcome::New);
     assert_eq!(reserve(&reg, 2, 2, T0), Outcome::New);
     complete(&reg, 2, 2, 200, b"ok", T0 + 1);
+    // Route 3's reservation carries route 2's answer; route 3's own answer is not written yet.
+    assert_eq!(reserve(&reg, 3, 3, T0 + 1), Outcome::New);
+    complete(&reg, 3, 3, 200, b"lost", T0 + 2);
     std::mem::forget(reg);
     let reg = ReplayRegistry::open_sqlite(&path, 8, WINDOW_SECS, T0 + 5).unwrap();
     assert_eq!(reserve(&reg, 1, 1, T0 + 5), interrupted(T0 + 5));
     assert_eq!(reserve(&reg, 2, 2, T0 + 5), done(200, b"ok", T0 + 1));
+    // An answer not yet written is lost with the process: the route never runs again.
+    assert_eq!(reserve(&reg, 3, 3, T0 + 5), interrupted(T0 + 5));
 }
 
 const KILL9_ENV: &str = "BLINDRELAY_REPLAY_KILL9_DB";
@@ -572,10 +607,14 @@ fn kill_9_child() {
     complete(&reg, 2, 2, 200, b"ok", T0 + 1);
     // A reservation never completed.
     assert_eq!(reserve(&reg, 1, 1, T0 + 2), Outcome::New);
-    // The last write before the kill: an answer alone in its batch, written without an fsync
-    // of its own (`synchronous=NORMAL`), which a process kill does not lose.
+    // An answer written by a flush, alone in its batch, without an fsync of its own
+    // (`synchronous=NORMAL`), which a process kill does not lose.
     assert_eq!(reserve(&reg, 3, 3, T0 + 2), Outcome::New);
     complete(&reg, 3, 3, 200, b"last", T0 + 3);
+    reg.flush().unwrap();
+    // An answer stored after the last write: in memory only, lost with the process.
+    assert_eq!(reserve(&reg, 4, 4, T0 + 3), Outcome::New);
+    complete(&reg, 4, 4, 200, b"unwritten", T0 + 3);
     let mut out = std::io::stdout();
     writeln!(out, "{KILL9_READY}").unwrap();
     out.flush().unwrap();
@@ -595,7 +634,8 @@ impl Drop for KillOnDrop {
 
 /// A real kill -9: this test binary runs `kill_9_child` in a child process, which reserves and
 /// completes routes in a registry and then waits; as soon as it says it is done, it gets SIGKILL
-/// (`Child::kill`), with no chance to close anything. The reopened file has every write.
+/// (`Child::kill`), with no chance to close anything. The reopened file has every write; an
+/// answer stored after the last write reads as interrupted.
 #[cfg(unix)]
 #[test]
 fn kill_9_right_after_reserve_loses_nothing() {
@@ -632,11 +672,12 @@ fn kill_9_right_after_reserve_loses_nothing() {
     drop(child);
 
     let reg = ReplayRegistry::open_sqlite(&path, 8, WINDOW_SECS, T0 + 10).unwrap();
-    assert_eq!(reg.live(T0 + 10), 3);
+    assert_eq!(reg.live(T0 + 10), 4);
     assert_eq!(reserve(&reg, 1, 1, T0 + 10), interrupted(T0 + 10));
     assert_eq!(reserve(&reg, 1, 2, T0 + 10), Outcome::Conflict);
     assert_eq!(reserve(&reg, 2, 2, T0 + 10), done(200, b"ok", T0 + 1));
     assert_eq!(reserve(&reg, 3, 3, T0 + 10), done(200, b"last", T0 + 3));
+    assert_eq!(reserve(&reg, 4, 4, T0 + 10), interrupted(T0 + 10));
 }
 
 // ---- group commit ---------------------------------------------------------------------------
@@ -702,20 +743,15 @@ fn writes_waiting_together_share_one_commit_and_a_failed_batch_fails_each_member
         // The leader: waits for the file's lock with its own write only.
         let leader = scope.spawn(|| (1, reg.reserve(rid(1), dg(1), T0)));
         wait_until(&reg, "the leader committing", |g| g.committing());
-        // Three followers and a completion queue behind it: the next batch.
+        // An answer stored now waits for the next batch, without waiting itself…
+        complete(&reg, 100, 1, 200, b"ok", T0);
+        // …and three followers queue behind the leader: that next batch.
         let mut handles = vec![leader];
         for n in [2u32, 3, 4] {
             let reg = &reg;
             handles.push(scope.spawn(move || (n, reg.reserve(rid(n), dg(1), T0))));
         }
-        handles.push(scope.spawn(|| {
-            (
-                100,
-                reg.complete(rid(100), dg(1), 200, b"ok", T0)
-                    .map(|()| Outcome::New),
-            )
-        }));
-        wait_until(&reg, "four writes queued", |g| g.queued() == 4);
+        wait_until(&reg, "three writes queued", |g| g.queued() == 3);
         // A row the registry does not know makes route 3's insert fail: its whole batch fails.
         holder
             .execute(
@@ -742,53 +778,38 @@ fn writes_waiting_together_share_one_commit_and_a_failed_batch_fails_each_member
             .expect_err("a member of the failed batch succeeded");
         assert!(err.starts_with("group commit failed"), "{n}: {err}");
     }
-    // Two transactions: the leader's alone, then the four others together.
+    // Two transactions: the leader's alone, then the three others together.
     assert_eq!(reg.group_commits() - commits_before, 2);
     // Nothing of the failed batch is in the file or the mirror: the routes can be reserved
-    // again, and route 100 is still in flight (its completion can be stored again).
+    // again. The answer it carried is kept for the next batch (and answered from the mirror).
     let in_file: Vec<Vec<u8>> = rows(&path).into_iter().map(|r| r.0).collect();
     assert!(!in_file.contains(&rid(2).to_vec()) && !in_file.contains(&rid(4).to_vec()));
+    assert_eq!(reg.unwritten(), 1);
+    assert_eq!(reserve(&reg, 100, 1, T0), done(200, b"ok", T0));
     assert_eq!(reserve(&reg, 2, 1, T0), Outcome::New);
     assert_eq!(reserve(&reg, 4, 1, T0), Outcome::New);
-    assert_eq!(reserve(&reg, 100, 1, T0), Outcome::InFlight);
-    complete(&reg, 100, 1, 200, b"ok", T0);
-    assert_eq!(reserve(&reg, 100, 1, T0), done(200, b"ok", T0));
+    assert_eq!(reg.unwritten(), 0);
+    let hundred = rows(&path).into_iter().find(|r| r.0 == rid(100).to_vec());
+    assert_eq!(
+        hundred,
+        Some((rid(100).to_vec(), 1, Some(200), Some(b"ok".to_vec())))
+    );
 }
 
 #[test]
 fn a_batch_holds_at_most_its_bounds() {
     let mut queue = crate::sqlite::group_commit::Queue::new(LIMITS);
-    let reserve = |n: u32| Queued::Reserve {
-        route_id: rid(n),
-        digest: dg(1),
-        reserved_at: 0,
-    };
-    let complete = |n: u32, len: usize| Queued::Complete {
-        route_id: rid(n),
-        status: 200,
-        body: vec![0; len],
-        completed_at: 0,
-        completed_at_sql: 0,
-    };
     for n in 0..(MAX_BATCH_WRITES as u32 + 3) {
-        let write = reserve(n);
-        queue.push(u64::from(n), write.bytes(), write);
+        let write = Queued::Reserve {
+            route_id: rid(n),
+            digest: dg(1),
+            reserved_at: 0,
+        };
+        queue.push(u64::from(n), 0, write);
     }
     assert_eq!(queue.take_batch().len(), MAX_BATCH_WRITES);
     assert_eq!(queue.take_batch().len(), 3);
     assert!(queue.take_batch().is_empty());
-    let write = complete(0, MAX_BATCH_BYTES / 2);
-    queue.push(0, write.bytes(), write);
-    let write = complete(1, MAX_BATCH_BYTES / 2);
-    queue.push(1, write.bytes(), write);
-    let write = complete(2, 1);
-    queue.push(2, write.bytes(), write);
-    let write = complete(3, MAX_BATCH_BYTES * 2);
-    queue.push(3, write.bytes(), write);
-    assert_eq!(queue.take_batch().len(), 2);
-    assert_eq!(queue.take_batch().len(), 1);
-    // A single write larger than the bound still goes, alone.
-    assert_eq!(queue.take_batch().len(), 1);
 }
 
 // ---- property test: memory, sqlite and a plain model agree -------------------------------
