@@ -21,8 +21,6 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
 use serde::{Deserialize, Serialize};
 
-use x25519_dalek::{PublicKey, StaticSecret};
-
 use super::{NodeId, Prefix};
 
 /// How long a descriptor is valid after it is issued, in seconds.
@@ -88,8 +86,8 @@ pub enum DescriptorError {
     /// `node_id` is not a usable Ed25519 key, or the signature does not verify under it.
     #[error("descriptor signature invalid")]
     BadSignature,
-    /// The onion key is a small-order X25519 point: layers sealed to it would be readable by
-    /// anyone.
+    /// The onion key is a small-order X25519 point (layers sealed to it would be readable by
+    /// anyone) or a point of the twist (no key pair makes one; its node could open nothing).
     #[error("descriptor onion key unusable")]
     WeakOnionKey,
 }
@@ -195,15 +193,14 @@ impl fmt::Debug for Descriptor {
     }
 }
 
-/// Whether `onion_key` is usable: not a small-order X25519 point, whose shared secret would be
-/// the same for every sender (anyone could open a layer sealed to it).
+/// Whether `onion_key` is usable: a point of the curve (not of its twist, which no X25519 key
+/// pair makes), and not a small-order one, whose shared secret would be the same for every
+/// sender (anyone could open a layer sealed to it).
 pub fn onion_key_is_usable(onion_key: &[u8; 32]) -> bool {
     // X25519 clamps every scalar to a multiple of the cofactor 8, so the product is the identity
-    // for every small-order point (on the curve or its twist) and for no other point, whatever
-    // the (fixed, non-secret) scalar.
-    StaticSecret::from([0x5a; 32])
-        .diffie_hellman(&PublicKey::from(*onion_key))
-        .was_contributory()
+    // for every small-order point and for no other point of the curve. A point of the twist
+    // has no product a sender could share with the node (`sphinx::keys::Cleared`).
+    crate::proto::sphinx::keys::Cleared::new(onion_key).is_some_and(|k| !k.is_small_order())
 }
 
 /// Serde for fixed-size byte arrays as hex strings (lowercase out, either case in).
@@ -442,6 +439,18 @@ mod tests {
         assert_eq!(d.verify(NOW), Ok(()));
         let d = Descriptor::sign(&key(), [0; 32], "https://8.8.8.8:80", NOW, DESCRIPTOR_TTL);
         assert_eq!(d.verify(NOW), Err(DescriptorError::WeakOnionKey));
+        // u = 2 names a point of the twist, not of the curve: no key pair makes it.
+        let d = Descriptor::sign(&key(), twist_u(), "https://8.8.8.8:80", NOW, DESCRIPTOR_TTL);
+        assert_eq!(d.verify(NOW), Err(DescriptorError::WeakOnionKey));
+        assert!(onion_key_is_usable(&onion_key()));
+    }
+
+    /// A u-coordinate of the twist (no point of the curve has it).
+    fn twist_u() -> [u8; 32] {
+        let mut u = [0u8; 32];
+        u[0] = 2;
+        assert!(crate::proto::sphinx::keys::Cleared::new(&u).is_none());
+        u
     }
 
     #[test]

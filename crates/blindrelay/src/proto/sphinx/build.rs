@@ -3,8 +3,8 @@
 //! The sender draws one ephemeral X25519 secret `x` per packet. Hop *i*'s alpha is
 //! `x · b₀ · … · bᵢ₋₁ · G` and its shared secret `x · b₀ · … · bᵢ₋₁ · Kᵢ`, where `bⱼ` is hop *j*'s
 //! blinding scalar. The sender multiplies the scalars modulo the group order first, so a route
-//! of *n* hops costs *n* X25519, *n* fixed-base and *n − 1* variable-base multiplications
-//! (see `hop_keys`) and *n* ChaCha20-Poly1305 passes over the payload.
+//! of *n* hops costs *n* fixed-base and *n* variable-base multiplications (see `hop_keys`) and
+//! *n* ChaCha20-Poly1305 passes over the payload.
 //!
 //! Then, innermost first: the terminal's beta is its slot, random padding (so the terminal cannot
 //! count the empty slots) and the *filler*, the keystream bytes the hops before it will shift in;
@@ -19,9 +19,8 @@ use curve25519_dalek::montgomery::MontgomeryPoint;
 use curve25519_dalek::scalar::{Scalar, clamp_integer};
 use hkdf::Hkdf;
 use sha2::Sha256;
-use x25519_dalek::{PublicKey, StaticSecret};
 
-use super::keys::{HopKeys, SALT, STREAM_LEN, xor_stream};
+use super::keys::{Cleared, HopKeys, SALT, STREAM_LEN, eighth_of_clamped, xor_stream};
 use super::slot::Slot;
 use super::{
     ALPHA_AT, BETA_AT, BETA_LEN, GAMMA_AT, HEADER_LEN, MAC_LEN, MAX_HOPS, ReplayTag, SLOT_LEN,
@@ -191,32 +190,33 @@ pub fn build_with(
 /// and `x` clamped as X25519 clamps, the product taken modulo the group order ℓ. The hop computes
 /// the same values with one X25519 at a time: for points of the prime-order subgroup (alpha
 /// always; `X25519(x, Kᵢ)` too, as the clamped `x` clears any small-order component of `Kᵢ`)
-/// multiplying by an integer and by it modulo ℓ agree. Cost: per hop one fixed-base and one
-/// X25519, and one variable-base multiplication after the first hop.
+/// multiplying by an integer and by it modulo ℓ agree. So the sender computes the secret as one
+/// product, `[x/8 · b₀·…·bᵢ₋₁]·[8]Kᵢ` ([`Cleared::times`]), not an X25519 and then a
+/// multiplication by the blinds. Cost: per hop one fixed-base multiplication, `Kᵢ` on the
+/// Edwards form and one variable-base multiplication (was: one X25519 and, after the first hop,
+/// a second ladder).
 ///
 /// # Errors
-/// [`BuildError::WeakOnionKey`] when `X25519(x, Kᵢ)` is all zeros: exactly when `Kᵢ` is a
-/// small-order point (see [`crate::proto::onion_key_is_usable`]), whose layer anyone
-/// could read.
+/// [`BuildError::WeakOnionKey`] when `X25519(x, Kᵢ)` is all zeros, exactly when `Kᵢ` is a
+/// small-order point, whose layer anyone could read, or when `Kᵢ` is no point of the curve
+/// (one of the twist), whose node could not read its layer (both refused by
+/// [`crate::proto::onion_key_is_usable`]).
 fn hop_keys(
     route: &[HopSpec],
     ephemeral: &[u8; 32],
 ) -> Result<(Vec<[u8; 32]>, Vec<HopKeys>), BuildError> {
-    let x = StaticSecret::from(*ephemeral);
     let x_scalar = Scalar::from_bytes_mod_order(clamp_integer(*ephemeral));
+    // X25519's scalar divided by the cofactor: `Cleared::times` multiplies it back.
+    let x_eighth = eighth_of_clamped(ephemeral);
     let mut blinds = Scalar::ONE;
     let mut alphas = Vec::with_capacity(route.len());
     let mut keys: Vec<HopKeys> = Vec::with_capacity(route.len());
-    for (i, hop) in route.iter().enumerate() {
+    for hop in route {
         let alpha = MontgomeryPoint::mul_base(&(x_scalar * blinds)).to_bytes();
-        let base = x.diffie_hellman(&PublicKey::from(hop.onion_key));
-        if !base.was_contributory() {
-            return Err(BuildError::WeakOnionKey);
-        }
-        let mut shared = base.to_bytes();
-        if i > 0 {
-            shared = (MontgomeryPoint(shared) * blinds).to_bytes();
-        }
+        let onion_key = Cleared::new(&hop.onion_key)
+            .filter(|k| !k.is_small_order())
+            .ok_or(BuildError::WeakOnionKey)?;
+        let shared = onion_key.times(&(x_eighth * blinds));
         let hop_keys = HopKeys::derive(&shared, &alpha);
         blinds *= Scalar::from_bytes_mod_order(clamp_integer(hop_keys.blind));
         alphas.push(alpha);

@@ -8,13 +8,14 @@
 //! Cost per hop: one X25519 for the shared secret (per onion key tried), one HKDF-SHA256
 //! extract and four expands, one ChaCha20-Poly1305 check-and-decrypt pass over the payload (per
 //! key tried: a packet for the previous onion key pays two), 576 bytes of ChaCha20 for the
-//! header and, to forward, one X25519 to blind alpha.
+//! header and, to forward, one X25519 product to blind alpha.
 
 use chacha20poly1305::aead::{AeadInPlace, KeyInit};
 use chacha20poly1305::{ChaCha20Poly1305, Nonce, Tag};
 use x25519_dalek::StaticSecret;
+use zeroize::Zeroizing;
 
-use super::keys::{HopKeys, STREAM_LEN, multiply_contributory, xor_stream};
+use super::keys::{Cleared, HopKeys, STREAM_LEN, xor_stream};
 use super::slot::Slot;
 use super::{
     ALPHA_AT, ALPHA_LEN, BETA_AT, BETA_LEN, FramingError, GAMMA_AT, HEADER_LEN, MAC_LEN, ReplayTag,
@@ -188,12 +189,14 @@ pub fn peel_in_place(secrets: &[&StaticSecret], packet: &mut [u8]) -> Result<InP
         .expect("invariant: classify checked the length");
     let (head, rest) = packet.split_at_mut(GAMMA_AT);
     let (gamma, payload) = rest.split_at_mut(MAC_LEN);
+    // A small-order alpha gives the same all-zero secret for every key; an alpha off the curve
+    // is none an honest sender makes (`Cleared`).
+    let point = Cleared::new(&alpha)
+        .filter(|p| !p.is_small_order())
+        .ok_or(PeelError::PeelFailed)?;
     let mut opened = None;
     for secret in secrets {
-        let Some(shared) = multiply_contributory(secret, &alpha) else {
-            // A small-order alpha gives the same all-zero secret for every key.
-            return Err(PeelError::PeelFailed);
-        };
+        let shared = Zeroizing::new(point.x25519(&Zeroizing::new(secret.to_bytes())));
         let keys = HopKeys::derive(&shared, &alpha);
         let checked = ChaCha20Poly1305::new(&keys.mu.into()).decrypt_in_place_detached(
             &Nonce::default(),
@@ -217,7 +220,7 @@ pub fn peel_in_place(secrets: &[&StaticSecret], packet: &mut [u8]) -> Result<InP
     let slot = Slot::decode(slot_bytes).ok_or(PeelError::PeelFailed)?;
     match &slot {
         Slot::Forward { next_mac, .. } => {
-            head[ALPHA_AT..BETA_AT].copy_from_slice(&keys.blind_alpha(&alpha));
+            head[ALPHA_AT..BETA_AT].copy_from_slice(&keys.blind_alpha(&point));
             head[BETA_AT..].copy_from_slice(&routing[SLOT_LEN..]);
             gamma.copy_from_slice(next_mac);
         }

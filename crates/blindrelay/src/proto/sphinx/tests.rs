@@ -1,7 +1,7 @@
 use proptest::prelude::*;
 use x25519_dalek::{PublicKey, StaticSecret};
 
-use super::keys::{HopKeys, STREAM_LEN, multiply_contributory, xor_stream};
+use super::keys::{HopKeys, STREAM_LEN, xor_stream};
 use super::*;
 
 struct Node {
@@ -66,8 +66,10 @@ fn walk(nodes: &[Node], packet: Vec<u8>) -> (Vec<Vec<u8>>, Peeled) {
 /// What a hop sees of beta once decrypted: its slot, then the rest (what it would shift on).
 fn routing_view(secret: &StaticSecret, packet: &[u8]) -> [u8; STREAM_LEN] {
     let alpha: [u8; 32] = packet[ALPHA_AT..BETA_AT].try_into().expect("alpha");
-    let shared = multiply_contributory(secret, &alpha).expect("contributory");
-    let keys = HopKeys::derive(&shared, &alpha);
+    // The X25519 ladder itself, not the hop's Edwards products: an independent computation.
+    let shared = secret.diffie_hellman(&PublicKey::from(alpha));
+    assert!(shared.was_contributory());
+    let keys = HopKeys::derive(shared.as_bytes(), &alpha);
     let mut routing = [0u8; STREAM_LEN];
     routing[..BETA_LEN].copy_from_slice(&packet[BETA_AT..GAMMA_AT]);
     xor_stream(&keys.rho, &mut routing);
@@ -173,6 +175,14 @@ fn build_rejects_bad_routes() {
         build(&[node_from(2).spec, weak], &d, SizeClass::Small),
         Err(BuildError::WeakOnionKey)
     );
+    // A key of the twist: its node could never read the layer.
+    let mut twist = node_from(1).spec;
+    twist.onion_key = [0; 32];
+    twist.onion_key[0] = 2;
+    assert_eq!(
+        build(&[node_from(2).spec, twist], &d, SizeClass::Small),
+        Err(BuildError::WeakOnionKey)
+    );
 }
 
 #[test]
@@ -235,15 +245,17 @@ fn wrong_key_fails_previous_key_works_and_failure_leaves_the_buffer() {
 }
 
 #[test]
-fn small_order_alpha_fails() {
+fn small_order_and_twist_alphas_fail() {
     let route = nodes(1);
     let built = build(&specs(&route), &delivery(b"hi"), SizeClass::Small).expect("builds");
     let mut packet = built.packet;
-    for point in [[0u8; 32], {
-        let mut one = [0u8; 32];
-        one[0] = 1;
-        one
-    }] {
+    let u = |first: u8| {
+        let mut u = [0u8; 32];
+        u[0] = first;
+        u
+    };
+    // 0 and 1: small order; 2: a point of the twist.
+    for point in [u(0), u(1), u(2)] {
         packet[ALPHA_AT..BETA_AT].copy_from_slice(&point);
         assert_eq!(
             peel(&[&route[0].secret], &packet),
