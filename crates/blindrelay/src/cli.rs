@@ -184,6 +184,10 @@ pub struct RunArgs {
     /// fewer than 2).
     #[arg(long)]
     pub crypto_slots: Option<usize>,
+    /// The async runtime's worker threads, which read, refuse and answer requests (default:
+    /// half the CPU threads rounded down, at least 1: the half the crypto slots leave).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub workers: Option<u16>,
     /// How long this node's own send (`POST /v1/send`, probes) may wait for a crypto slot before
     /// it is refused (`backpressure`). Relay requests from other nodes never wait: they get a
     /// slot at once or `backpressure` at once.

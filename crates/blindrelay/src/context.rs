@@ -32,6 +32,18 @@ pub fn crypto_slots(threads: usize) -> usize {
     threads.div_ceil(2).clamp(4, 8)
 }
 
+/// The async runtime's worker threads for a host with `threads` CPU threads: the half the
+/// crypto slots leave (the slots take half of them rounded up), at least one. The workers read,
+/// refuse and answer requests; the cryptography runs on the slots' blocking threads.
+pub fn runtime_workers(threads: usize) -> usize {
+    (threads / 2).max(1)
+}
+
+/// Runtime workers for this host.
+pub fn default_runtime_workers() -> usize {
+    runtime_workers(std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
 /// How long the node's own send may wait for a crypto slot by default before it is refused.
 pub const DEFAULT_CRYPTO_WAIT: Duration = Duration::from_millis(50);
 
@@ -248,6 +260,15 @@ mod tests {
         assert_eq!(crypto_slots(2), 4);
         assert_eq!(crypto_slots(12), 6);
         assert_eq!(crypto_slots(64), 8);
+    }
+
+    #[test]
+    fn the_workers_take_the_other_half() {
+        assert_eq!(runtime_workers(1), 1);
+        assert_eq!(runtime_workers(2), 1);
+        assert_eq!(runtime_workers(3), 1);
+        assert_eq!(runtime_workers(12), 6);
+        assert_eq!(runtime_workers(64), 32);
     }
 
     fn context(slots: usize) -> (tempfile::TempDir, Context) {

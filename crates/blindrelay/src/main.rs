@@ -25,7 +25,13 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    let workers = match &cli.command {
+        Command::Run(args) => args.workers.map(usize::from),
+        _ => None,
+    }
+    .unwrap_or_else(blindrelay::context::default_runtime_workers);
     let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
         .enable_all()
         .build()
     {
