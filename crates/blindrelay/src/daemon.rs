@@ -443,7 +443,7 @@ pub async fn serve(
         report,
     } = node;
     let ctx = Arc::clone(relay.ctx());
-    let tls = match crate::links::server_config(ctx.node.signing_key()) {
+    let tls = match crate::links::node_server_config(ctx.node.signing_key()) {
         Ok(c) => tokio_rustls::TlsAcceptor::from(c),
         Err(e) => {
             tracing::error!(%e, "cannot make the links' TLS identity; not serving");

@@ -40,9 +40,10 @@ use sha2::{Digest, Sha256};
 use tracing::debug;
 
 use crate::counters::Counters;
-use crate::links::Links;
+use crate::links::{Links, Posted};
 use crate::outbound::Turn;
 use crate::proto::answer::Accepted;
+use crate::proto::link::MAX_ANSWER;
 use crate::proto::sphinx::Report;
 use crate::proto::{NodeId, Prefix, RouteId};
 use crate::reason::Reason;
@@ -53,8 +54,6 @@ pub const MAX_ATTEMPTS: u32 = 3;
 pub const MAX_BUSY_RETRIES: u32 = 40;
 /// A busy retry waits at most this many times the formula's delay.
 pub const MAX_BUSY_BACKOFF: u32 = 8;
-/// Largest answer read from a next hop.
-pub const MAX_ANSWER: usize = 16 * 1024;
 /// How long a hop may take to answer a frame, whatever its position on the route.
 pub const HOP_DEADLINE: Duration = Duration::from_secs(6);
 /// How long a hop may go on with a forward after it answered `route_in_flight` at its
@@ -181,7 +180,31 @@ enum Attempt {
     Failed(&'static str),
 }
 
-async fn attempt(http: &reqwest::Client, url: &str, frame: &[u8], deadline: Instant) -> Attempt {
+/// One attempt to `next_hop` at `url`: over its framed link, or HTTP where it speaks only that.
+async fn attempt(
+    links: &Links,
+    next_hop: &NodeId,
+    url: &str,
+    frame: &[u8],
+    deadline: Instant,
+) -> Attempt {
+    match links.post_framed(next_hop, url, frame, deadline).await {
+        Posted::Answer(status, body) => Attempt::Answer(status, Some(body)),
+        Posted::Failed(kind) => Attempt::Failed(kind),
+        Posted::UseHttp => {
+            let http = links.client(Some(next_hop));
+            attempt_http(&http, url, frame, deadline).await
+        }
+    }
+}
+
+/// One attempt over HTTP: `POST url`.
+async fn attempt_http(
+    http: &reqwest::Client,
+    url: &str,
+    frame: &[u8],
+    deadline: Instant,
+) -> Attempt {
     let left = deadline.saturating_duration_since(clock::now());
     let work = async {
         match http
@@ -265,7 +288,6 @@ pub async fn post(
 ) -> Forwarded {
     let hop = *turn.hop();
     let next_hop = &hop;
-    let http = &links.client(Some(next_hop));
     let (mut failures, mut busy_retries, mut retry) = (0u32, 0u32, 0u32);
     loop {
         if !turn.try_now() {
@@ -275,7 +297,7 @@ pub async fn post(
                 break;
             }
         }
-        let got = attempt(http, url, envelope, deadline).await;
+        let got = attempt(links, next_hop, url, envelope, deadline).await;
         turn.answered(matches!(got, Attempt::Answer(..)));
         match got {
             Attempt::Answer(status, body) => {

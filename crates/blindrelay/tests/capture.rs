@@ -5,12 +5,13 @@
 //! after every node restarted.
 //!
 //! This process is the sender: it builds the packet itself (so it knows every layer's replay tag
-//! and expiry), frames it under a key of its own and posts it to the entry hop's proxy, as a
-//! node's sender does (same headers); the nodes forward it through the proxies in front of each
-//! other.
+//! and expiry) and posts it to the entry hop's proxy over a framed link under a key of its own,
+//! as a node's sender does; the nodes forward it through the proxies in front of each other.
+//! Answers over HTTP (a sender that offers no framed link) have one length of their own.
 
 mod common;
 
+use blindrelay::links::{LinkLimits, Links, Posted};
 use blindrelay::node::Node as NodeKeys;
 use blindrelay::proto::descriptor::Descriptor;
 use blindrelay::proto::frame::frame_len;
@@ -59,21 +60,44 @@ fn build(path: &[&Descriptor], payload: &[u8], class: SizeClass) -> Sent {
     }
 }
 
-/// Posts `body` to `endpoint` as a node does (`forward::LINK_HOST`, octet-stream): the status
-/// and the JSON answer.
-async fn post(endpoint: &str, body: Vec<u8>) -> (u16, Value) {
-    post_to(endpoint, "/v2/relay", body).await
+/// Posts `body` to the node of `to` as a node does: over the framed link (`blindrelay/1`), as
+/// [`sender`]; the status and the JSON answer.
+async fn post(to: &Descriptor, body: Vec<u8>) -> (u16, Value) {
+    let url = format!("{}/v2/relay", to.endpoint);
+    let deadline = blindrelay::clock::now() + std::time::Duration::from_secs(15);
+    match sender()
+        .post_framed(&to.node_id, &url, &body, deadline)
+        .await
+    {
+        Posted::Answer(status, body) => {
+            (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
+        }
+        other => panic!("no answer on the framed link: {other:?}"),
+    }
 }
 
-/// The test's sender: one identity for every request it posts, so its retry is a retry.
-fn sender() -> &'static reqwest::Client {
+/// The test's sender: one identity for every frame it posts, so its retry is a retry (its
+/// links made anew for each post: each test has its own runtime).
+fn sender() -> Links {
+    static KEY: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    blindrelay::links::install_provider();
+    let limits = LinkLimits {
+        idle_per_peer: 1,
+        clients: 16,
+    };
+    let key = SigningKey::from_bytes(KEY.get_or_init(rand::random));
+    Links::new(None, std::sync::Arc::default(), limits, Some(&key))
+}
+
+/// The test's HTTP sender (a node that speaks only HTTP, a tool): one identity throughout.
+fn http_sender() -> &'static reqwest::Client {
     static SENDER: std::sync::OnceLock<reqwest::Client> = std::sync::OnceLock::new();
     SENDER.get_or_init(http)
 }
 
-/// As [`post`], to `path`, as [`sender`].
+/// Posts `body` to `endpoint`'s `path` over HTTP, as [`http_sender`].
 async fn post_to(endpoint: &str, path: &str, body: Vec<u8>) -> (u16, Value) {
-    post_as(sender(), endpoint, path, body).await
+    post_as(http_sender(), endpoint, path, body).await
 }
 
 /// As [`post_to`], from `client`.
@@ -150,7 +174,7 @@ async fn every_link_message_of_a_delivery_has_one_length_and_nothing_is_in_clear
             let path: Vec<&Descriptor> = ds[..hops].iter().collect();
             let s = build(&path, &payload, class);
             let mark = tap_mark();
-            let (status, answer) = post(&ds[0].endpoint, s.frame.clone()).await;
+            let (status, answer) = post(&ds[0], s.frame.clone()).await;
             assert_eq!(status, 200, "{class:?} over {hops}: {answer}");
             // The receipt names the message and verifies.
             let sealed = hex::decode(answer["receipt"].as_str().expect("receipt")).expect("hex");
@@ -185,21 +209,18 @@ async fn every_link_message_of_a_delivery_has_one_length_and_nothing_is_in_clear
             frame_len(class)
         );
     }
-    // A refusal's answer and a duplicate's have that length too: one decided after reading the
-    // body (not a frame), one before (a v1 request, whose connection is then closed), and a
-    // frame already delivered (its stored answer).
+    // A refusal's answer and a duplicate's have that length too: a frame that is not one
+    // (refused after reading it) and a frame already delivered (its stored answer).
     let (duplicate, _) = &sent[0];
-    let asks: [(&str, Vec<u8>, u16); 3] = [
-        ("/v2/relay", rand_bytes(frame_len(SizeClass::Small)), 400),
-        ("/v1/relay", rand_bytes(200), 400),
-        ("/v2/relay", duplicate.frame.clone(), 200),
-    ];
-    for (path, body, want) in asks {
+    for (body, want) in [
+        (rand_bytes(frame_len(SizeClass::Small)), 400),
+        (duplicate.frame.clone(), 200),
+    ] {
         let mark = tap_mark();
-        let (status, answer) = post_to(&ds[0].endpoint, path, body).await;
-        assert_eq!(status, want, "{path}: {answer}");
+        let (status, answer) = post(&ds[0], body).await;
+        assert_eq!(status, want, "{answer}");
         let answers = link_answers(&taps, mark);
-        assert_eq!(answers.len(), 1, "{path} {answer}: {answers:?}");
+        assert_eq!(answers.len(), 1, "{answer}: {answers:?}");
         println!("answer {status} {answer}: {} bytes on the wire", answers[0]);
         answer_lens.extend(answers);
     }
@@ -208,8 +229,33 @@ async fn every_link_message_of_a_delivery_has_one_length_and_nothing_is_in_clear
         "answers of different lengths on the links: {answer_lens:?}"
     );
     println!(
-        "every answer (accepted, refused, replayed) {} bytes on the wire",
+        "every answer on a framed link (accepted, refused, replayed) {} bytes on the wire",
         answer_lens[0]
+    );
+    // Over HTTP (a sender that offers no framed link) every answer has one length of its own:
+    // one decided after reading the body (not a frame), one before (a v1 request, whose
+    // connection is then closed), and a layer already delivered, from another previous hop (a
+    // re-wrap: `replay_conflict`).
+    let mut http_lens = Vec::new();
+    for (path, body, want) in [
+        ("/v2/relay", rand_bytes(frame_len(SizeClass::Small)), 400),
+        ("/v1/relay", rand_bytes(200), 400),
+        ("/v2/relay", duplicate.frame.clone(), 400),
+    ] {
+        let mark = tap_mark();
+        let (status, answer) = post_to(&ds[0].endpoint, path, body).await;
+        assert_eq!(status, want, "{path}: {answer}");
+        let answers = link_answers(&taps, mark);
+        assert_eq!(answers.len(), 1, "{path} {answer}: {answers:?}");
+        http_lens.extend(answers);
+    }
+    assert!(
+        http_lens.iter().all(|l| *l == http_lens[0]),
+        "HTTP answers of different lengths: {http_lens:?}"
+    );
+    println!(
+        "every answer over HTTP (accepted, refused, replayed) {} bytes on the wire",
+        http_lens[0]
     );
     // Nothing in clear on any link: no node id (bytes or hex), no tag, no expiry, no payload.
     for (i, tap) in taps.iter().enumerate() {
@@ -276,7 +322,7 @@ async fn a_rewrapped_layer_is_refused_at_every_position_also_after_a_restart() {
     let path = [0, 1, 2];
     let route: Vec<&Descriptor> = path.iter().map(|&i| &ds[i]).collect();
     let s = build(&route, b"once only", SizeClass::Small);
-    let (status, answer) = post(&ds[0].endpoint, s.frame.clone()).await;
+    let (status, answer) = post(&ds[0], s.frame.clone()).await;
     assert_eq!(
         (status, answer["outcome"].as_str()),
         (200, Some("forwarded"))
@@ -310,7 +356,7 @@ async fn a_rewrapped_layer_is_refused_at_every_position_also_after_a_restart() {
             );
         }
         // The sender retrying its own frame gets the stored answer, not a second delivery.
-        let (status, again) = post(&ds[0].endpoint, s.frame.clone()).await;
+        let (status, again) = post(&ds[0], s.frame.clone()).await;
         assert_eq!(status, 200, "{again}");
         assert_eq!(again["receipt"], first_receipt, "the stored answer");
         assert_eq!(net.inbox_ids(2).await.len(), 1, "restarted: {restarted}");

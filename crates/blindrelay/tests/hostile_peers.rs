@@ -337,12 +337,15 @@ async fn logged(net: &Net, i: usize, needle: &str) -> String {
 async fn a_known_peer_sending_junk_is_named_as_the_cause_and_cannot_push_honest_traffic_back() {
     // The request gate and the previous-hop rate opened wide: the junk reaches crypto
     // admission, the step under test (the gate's share and the rate are tested on their own),
-    // with two inbound slots (one for strangers) whatever the machine's cores.
+    // with two inbound slots (one for strangers) and two workers reading requests whatever the
+    // machine's cores (one worker of a debug build reads them slower than the slots peel).
     let net = Net::start(
         3,
         &[
             "--probe-interval",
             "0s",
+            "--workers",
+            "2",
             "--crypto-slots",
             "3",
             "--admission-per-minute",

@@ -17,7 +17,9 @@
 //!   whatever it does.
 //! - **Wrap** ([`Wrap`]): an async step between accepting a TCP stream and speaking HTTP on it
 //!   (blindrelay's TLS acceptor); [`Plain`] serves the stream as it is. The caps are taken
-//!   before it starts.
+//!   before it starts. A connection the step agreed on a protocol of its own for (blindrelay's
+//!   framed link) is served by [`Wrap::serve_own`] instead of HTTP, within the same caps and
+//!   deadlines.
 //! - **Bounded stop**: when cancelled, the listener closes, kept-alive connections close after
 //!   the request in flight (hyper's graceful shutdown), [`Config::grace`] later every
 //!   connection left is dropped.
@@ -93,6 +95,9 @@ pub enum Closed {
     Http(hyper::Error),
     /// Closed by the stop: during its [`Wrap`] step, or dropped after [`Config::grace`].
     Stopped,
+    /// A protocol of the wrap step's own ([`Wrap::serve_own`]) ended on an error: a malformed
+    /// frame, a reset…
+    Own(io::Error),
 }
 
 impl Closed {
@@ -113,6 +118,7 @@ impl fmt::Display for Closed {
             Closed::Deadline => f.write_str("closed at its deadline"),
             Closed::Http(e) => write!(f, "{e}"),
             Closed::Stopped => f.write_str("closed at stop"),
+            Closed::Own(e) => write!(f, "{e}"),
         }
     }
 }
@@ -157,6 +163,23 @@ pub trait Wrap: Send + Sync + 'static {
         &self,
         tcp: TcpStream,
     ) -> impl Future<Output = io::Result<(Self::Stream, Self::Info)>> + Send;
+
+    /// Serves a wrapped connection that speaks a protocol of the step's own instead of HTTP
+    /// (what the wrap step agreed with the peer: a TLS application protocol, say), until it
+    /// ends: how it closed. `Err(stream)` gives it back to be served as HTTP: the default, and
+    /// what a connection that chose HTTP gets. [`Config::header_timeout`] is its idle timeout;
+    /// from `stop` on it must end soon (the loop drops it [`Config::grace`] later anyway), and
+    /// [`Config::conn_deadline`] bounds it as any connection.
+    fn serve_own(
+        &self,
+        stream: Self::Stream,
+        _peer: SocketAddr,
+        _info: &Self::Info,
+        _config: &Config,
+        _stop: &CancellationToken,
+    ) -> impl Future<Output = Result<Closed, Self::Stream>> + Send {
+        std::future::ready(Err(stream))
+    }
 }
 
 /// HTTP straight over TCP.
@@ -382,7 +405,10 @@ async fn connection<W: Wrap>(
             () = stop.cancelled() => return Closed::Stopped,
         };
         let (stream, info) = stream;
-        http1(stream, (peer, info), router, &config, &stop).await
+        match wrap.serve_own(stream, peer, &info, &config, &stop).await {
+            Ok(closed) => closed,
+            Err(stream) => http1(stream, (peer, info), router, &config, &stop).await,
+        }
     };
     match config.conn_deadline {
         Some(deadline) => tokio::time::timeout(deadline, served)

@@ -58,6 +58,7 @@ impl Hooks for Record {
             Closed::Deadline => "deadline",
             Closed::Http(_) => "http",
             Closed::Stopped => "stopped",
+            Closed::Own(_) => "own",
         };
         assert_eq!(
             how.timed_out(),

@@ -152,6 +152,18 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl ApiError {
+    /// The answer as a framed link carries it (`crate::proto::link`): its status and its body
+    /// at the one length of every relay answer.
+    pub(super) fn on_link(&self) -> (u16, Vec<u8>) {
+        let (status, error, _) = self.parts();
+        (
+            status.as_u16(),
+            crate::proto::answer::pad(&ErrorBody::code(error).to_json()),
+        )
+    }
+}
+
 /// Refusals after which the connection is closed: its body was not read (too large, too slow,
 /// a v1 request), or its source is over its share.
 fn closes(r: Reason) -> bool {

@@ -22,6 +22,7 @@ pub mod cookie;
 mod error;
 mod fixed;
 mod gossip;
+mod link;
 pub mod serve;
 
 use std::net::{IpAddr, SocketAddr};
@@ -39,7 +40,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::error::ApiError;
 use crate::links::LinkPeer;
-use crate::pipeline::Answer;
+use crate::pipeline::{Admitted, Pipeline};
 use crate::proto::frame::MAX_FRAME;
 use crate::proto::from_hex;
 use crate::reason::Reason;
@@ -174,31 +175,38 @@ async fn relay_request(
     };
     let admitted = pipeline.admit(&source, link, &body)?;
     drop(body);
-    // The request runs to its end in its own task, within its deadline, even if the client
-    // goes away: a reserved route is always completed (its answer stored for duplicates),
-    // never left in flight to the end of its window, and never run twice.
-    // Not over when the previous hop must have its answer: `route_in_flight`, which it may
-    // retry; the request goes on and its final answer is stored for that retry.
+    // Refused after admission (steps 2–8), the body was read and judged: the connection stays
+    // open whatever the reason (a stranger over its crypto share retries on it).
+    let (status, body) = process_admitted(pipeline, admitted).await?;
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    Ok(fixed::relay_response(status, &body, false))
+}
+
+/// Steps 2–8 for an admitted relay request (over HTTP or a framed link): the answer or the
+/// refusal after admission as the protocol has it (a replayed one exactly as first sent), its
+/// status and unpadded body.
+///
+/// The request runs to its end in its own task, within its deadline, even if the client goes
+/// away: a reserved route is always completed (its answer stored for duplicates), never left in
+/// flight to the end of its window, and never run twice. Not over when the previous hop must
+/// have its answer: `route_in_flight`, which it may retry; the request goes on and its final
+/// answer is stored for that retry.
+async fn process_admitted(
+    pipeline: &Arc<Pipeline>,
+    admitted: Admitted,
+) -> Result<(u16, Vec<u8>), ApiError> {
     let answer_by = admitted.answer_by();
     let p = Arc::clone(pipeline);
     let mut task = tokio::spawn(async move { p.process(admitted).await });
     match tokio::time::timeout_at(answer_by, &mut task).await {
-        // Refused after admission (steps 2–8), the body was read and judged: the connection
-        // stays open whatever the reason (a stranger over its crypto share retries on it).
-        Ok(joined) => Ok(relay_answer(&joined.map_err(|_| ApiError::Internal)?)),
+        Ok(joined) => Ok(crate::pipeline::wire(
+            &joined.map_err(|_| ApiError::Internal)?,
+        )),
         Err(_) => {
             pipeline.ctx().counters.answered_in_flight.inc();
             Err(ApiError::Refused(Reason::RouteInFlight))
         }
     }
-}
-
-/// An answer or a refusal after admission as the protocol has it (a replayed one exactly as
-/// first sent), at the one length of every relay answer on the link, the connection kept open.
-fn relay_answer(verdict: &Result<Answer, Reason>) -> Response {
-    let (status, body) = crate::pipeline::wire(verdict);
-    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    fixed::relay_response(status, &body, false)
 }
 
 /// `POST /v1/send`'s query string.

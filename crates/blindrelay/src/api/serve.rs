@@ -13,7 +13,9 @@
 //! - The body's deadline is the relay handler's (`api::relay_request`).
 //! - **TLS** (the public listener, `crate::links`): the TLS 1.3 handshake must end within the
 //!   header timeout too; a slow or half-open handshake is closed then and counted as a timed
-//!   out connection. The connection caps above are taken before the handshake starts.
+//!   out connection. The connection caps above are taken before the handshake starts. A link
+//!   whose client chose the framed link (`blindrelay/1`, `crate::proto::link`) is served by
+//!   `api::link` instead of HTTP, within the same caps, the header timeout as its idle timeout.
 //! - **Stop**: kept-alive connections close after their request in flight; [`DRAIN`] later
 //!   every connection left is dropped.
 //!
@@ -176,5 +178,22 @@ impl Wrap for Tls {
         counters.tls_handshakes.inc();
         let peer = LinkPeer::of(stream.get_ref().1);
         Ok((stream, peer))
+    }
+
+    /// A link whose client chose the framed link (`blindrelay/1`) is served by
+    /// `api::link`; any other is HTTP.
+    async fn serve_own(
+        &self,
+        stream: TlsStream<TcpStream>,
+        peer: SocketAddr,
+        info: &LinkPeer,
+        config: &Config,
+        stop: &CancellationToken,
+    ) -> Result<Closed, TlsStream<TcpStream>> {
+        if stream.get_ref().1.alpn_protocol() != Some(crate::proto::link::ALPN) {
+            return Err(stream);
+        }
+        let pipeline = Arc::clone(&self.1);
+        Ok(super::link::serve(pipeline, stream, peer, info.0, config.header_timeout, stop).await)
     }
 }

@@ -12,6 +12,8 @@
 //! - [`receipt`]: the terminal's signed delivery receipt, sealed back to the sender.
 //! - [`descriptor`]: a node's signed, expiring descriptor (JSON) and the endpoint address policy.
 //! - [`answer`]: a hop's JSON answer to a relay request (accepted, or the refusal's reason).
+//! - [`link`]: the framed link (`blindrelay/1`): frames and their answers, each with an id, on
+//!   one TLS session in place of one HTTP request per frame.
 //!
 //! # Logging ids
 //! Full node ids, route ids, message ids, keys and endpoints never go to logs. The only loggable form of a node
@@ -20,6 +22,7 @@
 pub mod answer;
 pub mod descriptor;
 pub mod frame;
+pub mod link;
 pub mod receipt;
 pub mod sphinx;
 #[cfg(test)]

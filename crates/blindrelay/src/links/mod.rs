@@ -21,6 +21,10 @@
 //!   lets one without it connect (a descriptor fetch by a tool); such a link cannot post a
 //!   frame.
 //! - Peer URLs and descriptor endpoints are `https://IP:PORT`; `http://` is refused.
+//! - **Framed links** ([`framed`], `crate::proto::link`): a node offers `blindrelay/1` by
+//!   ALPN next to `http/1.1`, and its frames to a next hop that chose it travel on one link,
+//!   many at once; a next hop that chose HTTP gets one request per frame, as before. Everything
+//!   else (descriptors, gossip, tools) is HTTP.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -37,7 +41,12 @@ use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::{DigitallySignedStruct, DistinguishedName, SignatureScheme};
 use tracing::warn;
 
-use crate::proto::{NodeId, Prefix};
+use self::framed::Framed;
+pub use self::framed::Posted;
+use crate::clock::Instant;
+use crate::proto::{NodeId, Prefix, link};
+
+pub mod framed;
 
 /// The DER prefix of an Ed25519 SubjectPublicKeyInfo; the 32-byte key follows.
 const ED25519_SPKI: [u8; 12] = [
@@ -118,8 +127,25 @@ impl LinkPeer {
     }
 }
 
-/// The server side of this node's links.
+/// The server side of a link that speaks HTTP only (tools and tests acting as a node; a node
+/// serves [`node_server_config`]).
 pub fn server_config(key: &SigningKey) -> Result<Arc<rustls::ServerConfig>, LinkError> {
+    server_config_with(key, vec![HTTP1.to_vec()])
+}
+
+/// The server side of this node's links: the framed link (`blindrelay/1`) for a client that
+/// offers it, HTTP/1.1 for any other.
+pub fn node_server_config(key: &SigningKey) -> Result<Arc<rustls::ServerConfig>, LinkError> {
+    server_config_with(key, vec![link::ALPN.to_vec(), HTTP1.to_vec()])
+}
+
+/// The ALPN name of HTTP/1.1.
+const HTTP1: &[u8] = b"http/1.1";
+
+fn server_config_with(
+    key: &SigningKey,
+    alpn: Vec<Vec<u8>>,
+) -> Result<Arc<rustls::ServerConfig>, LinkError> {
     let e = |e: &dyn fmt::Display| LinkError(e.to_string());
     let (cert, private) = identity(key)?;
     let mut config = rustls::ServerConfig::builder_with_provider(provider())
@@ -128,7 +154,8 @@ pub fn server_config(key: &SigningKey) -> Result<Arc<rustls::ServerConfig>, Link
         .with_client_cert_verifier(Arc::new(ClientKey))
         .with_single_cert(vec![cert], private)
         .map_err(|x| e(&x))?;
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // The server's order decides: the framed link when both sides offer it.
+    config.alpn_protocols = alpn;
     // No tickets, no session cache: every link's handshake is a full one, checked against the
     // pinned key, and the server never writes while the client's first request is on its way
     // (a ticket sent after the handshake would cut that request's records in two on the wire).
@@ -323,6 +350,16 @@ fn client_config(
     refusals: Arc<Refusals>,
     me: Option<&(CertificateDer<'static>, PrivateKeyDer<'static>)>,
 ) -> rustls::ClientConfig {
+    client_config_with(expected, refusals, me, vec![HTTP1.to_vec()])
+}
+
+/// [`client_config`] offering `alpn`.
+fn client_config_with(
+    expected: Option<NodeId>,
+    refusals: Arc<Refusals>,
+    me: Option<&(CertificateDer<'static>, PrivateKeyDer<'static>)>,
+    alpn: Vec<Vec<u8>>,
+) -> rustls::ClientConfig {
     let builder = rustls::ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .expect("invariant: the ring provider supports TLS 1.3")
@@ -334,7 +371,7 @@ fn client_config(
             .expect("invariant: an Ed25519 key of our own certificate is usable"),
         None => builder.with_no_client_auth(),
     };
-    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    config.alpn_protocols = alpn;
     config
 }
 
@@ -377,6 +414,7 @@ pub struct Links {
     bind: Option<IpAddr>,
     limits: LinkLimits,
     clients: Arc<Mutex<HashMap<Option<NodeId>, reqwest::Client>>>,
+    framed: Arc<Framed>,
     refusals: Arc<Refusals>,
     me: Option<Arc<(CertificateDer<'static>, PrivateKeyDer<'static>)>>,
 }
@@ -407,9 +445,37 @@ impl Links {
                 clients: limits.clients.max(1),
             },
             clients: Arc::new(Mutex::new(HashMap::new())),
+            framed: Arc::new(Framed::new(bind, limits.clients)),
             refusals,
             me: me.and_then(|k| identity(k).ok()).map(Arc::new),
         }
+    }
+
+    /// Posts `frame` to `next_hop` at `url` (its `/v2/relay`) over its framed link, answered
+    /// by `deadline` ([`framed`]): [`Posted::UseHttp`] when the next hop does not speak it (or
+    /// this node presents no identity, or the URL is not a relay URL), then [`Links::client`]'s
+    /// HTTP it is.
+    pub async fn post_framed(
+        &self,
+        next_hop: &NodeId,
+        url: &str,
+        frame: &[u8],
+        deadline: Instant,
+    ) -> Posted {
+        let (Some(endpoint), Some(me)) = (framed::endpoint_of(url), self.me.as_deref()) else {
+            return Posted::UseHttp;
+        };
+        let tls = || {
+            Arc::new(client_config_with(
+                Some(*next_hop),
+                Arc::clone(&self.refusals),
+                Some(me),
+                vec![link::ALPN.to_vec(), HTTP1.to_vec()],
+            ))
+        };
+        self.framed
+            .post(next_hop, endpoint, tls, frame, deadline)
+            .await
     }
 
     /// Handshakes refused because the peer's TLS key was not the expected one.
