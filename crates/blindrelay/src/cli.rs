@@ -193,6 +193,12 @@ pub struct RunArgs {
     /// slot at once or `backpressure` at once.
     #[arg(long, default_value_t = humantime::Duration::from(context::DEFAULT_CRYPTO_WAIT))]
     pub crypto_wait: humantime::Duration,
+    /// Measuring only, not for a node in service: the cryptography runs on the runtime's
+    /// workers instead of the crypto slots' blocking threads, so the slots never run out and a
+    /// saturated node queues requests instead of refusing them at once (`backpressure`). What
+    /// taking it off the reactor costs is measured with it (BENCHMARKS.md).
+    #[arg(long, hide = true)]
+    pub crypto_on_reactor: bool,
     /// Relay requests in flight to one next hop at most.
     #[arg(long, default_value_t = forward::PER_NEXT_HOP)]
     pub per_next_hop: usize,
@@ -290,6 +296,7 @@ impl RunArgs {
                     .crypto_slots
                     .map_or_else(context::default_crypto_slots, |n| n.max(MIN_CRYPTO_SLOTS)),
                 crypto_wait: self.crypto_wait.into(),
+                crypto_on_reactor: self.crypto_on_reactor,
                 per_next_hop: self.per_next_hop,
                 hop_rate: HopRate {
                     limit: self.previous_hop_limit,

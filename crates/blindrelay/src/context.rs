@@ -69,6 +69,8 @@ pub struct Context {
     pub crypto: Gate,
     /// Woken whenever a crypto slot is given back.
     crypto_freed: Arc<Notify>,
+    /// See [`ContextConfig::crypto_on_reactor`].
+    crypto_on_reactor: bool,
     /// How long the node's own send may wait for a crypto slot.
     pub crypto_wait: Duration,
     /// Requests in flight per next hop.
@@ -102,6 +104,9 @@ pub struct ContextConfig {
     pub bind: Option<IpAddr>,
     /// No two hops of a route in one address block ([`Context::distinct_blocks`]).
     pub distinct_blocks: bool,
+    /// Measuring only (`--crypto-on-reactor`): the cryptography runs on the runtime's workers,
+    /// not on blocking threads ([`on_crypto_slot_then`]).
+    pub crypto_on_reactor: bool,
 }
 
 impl ContextConfig {
@@ -115,6 +120,7 @@ impl ContextConfig {
             queue: QueueLimits::default(),
             bind: None,
             distinct_blocks: true,
+            crypto_on_reactor: false,
         }
     }
 }
@@ -124,6 +130,8 @@ impl ContextConfig {
 pub struct CryptoSlot {
     permit: Option<Permit>,
     freed: Arc<Notify>,
+    /// Its work runs where it was asked for ([`ContextConfig::crypto_on_reactor`]).
+    on_reactor: bool,
 }
 
 impl Drop for CryptoSlot {
@@ -163,6 +171,7 @@ impl Context {
             health: Health::default(),
             crypto: Gate::new(config.crypto_slots),
             crypto_freed: Arc::new(Notify::new()),
+            crypto_on_reactor: config.crypto_on_reactor,
             crypto_wait: config.crypto_wait,
             next_hops: NextHopSlots::new(config.per_next_hop),
             hop_rate: config.hop_rate,
@@ -179,6 +188,7 @@ impl Context {
             .map(|permit| CryptoSlot {
                 permit: Some(permit),
                 freed: Arc::clone(&self.crypto_freed),
+                on_reactor: self.crypto_on_reactor,
             })
     }
 
@@ -235,11 +245,21 @@ pub async fn on_crypto_slot<T: Send + 'static>(
 /// `then` on the same thread with the work's output: disk work that follows the crypto work
 /// (a SQLite commit) takes no second hop off the reactor and holds no slot. `None` if either
 /// panicked. The thread runs below the workers' priority, as in [`on_crypto_slot`].
+///
+/// With `--crypto-on-reactor` (measuring only: what taking the work off the reactor costs)
+/// both run on the worker that asked, in place: the slots then never run out, as a worker runs
+/// one piece of work at a time, and a saturated node queues requests instead of refusing them
+/// at once, which is not the design's admission.
 pub async fn on_crypto_slot_then<A, T: Send + 'static>(
     slot: CryptoSlot,
     work: impl FnOnce() -> A + Send + 'static,
     then: impl FnOnce(A) -> T + Send + 'static,
 ) -> Option<T> {
+    if slot.on_reactor {
+        let out = work();
+        drop(slot);
+        return Some(then(out));
+    }
     tokio::task::spawn_blocking(move || {
         lower_this_threads_priority();
         let out = work();
@@ -315,6 +335,23 @@ mod tests {
         .await;
         assert_eq!(seen, Some((mine + CRYPTO_NICE).min(19)));
         assert_eq!(rustix::process::getpriority_process(None).unwrap(), mine);
+    }
+
+    #[tokio::test]
+    async fn on_the_reactor_the_work_runs_in_place_and_gives_its_slot_back() {
+        let (_dir, mut ctx) = context(1);
+        ctx.crypto_on_reactor = true;
+        let here = std::thread::current().id();
+        let slot = ctx.try_crypto_slot(1).unwrap();
+        let g = ctx.crypto.clone();
+        let seen = on_crypto_slot_then(
+            slot,
+            move || (std::thread::current().id(), g.in_use()),
+            |a| a,
+        )
+        .await;
+        assert_eq!(seen, Some((here, 1)));
+        assert_eq!(ctx.crypto.in_use(), 0);
     }
 
     #[tokio::test]

@@ -57,6 +57,8 @@ pub struct RelayConfig {
     pub crypto_slots: usize,
     /// How long this node's own send may wait for a crypto slot (relay requests never wait).
     pub crypto_wait: Duration,
+    /// Measuring only: the cryptography on the runtime's workers (`--crypto-on-reactor`).
+    pub crypto_on_reactor: bool,
     /// Requests in flight per next hop.
     pub per_next_hop: usize,
     /// The previous-hop rate: enforced on previous hops, assumed of next hops.
@@ -107,6 +109,7 @@ impl RelayConfig {
             listen: serve::ListenConfig::default(),
             crypto_slots: context::default_crypto_slots(),
             crypto_wait: context::DEFAULT_CRYPTO_WAIT,
+            crypto_on_reactor: false,
             per_next_hop: forward::PER_NEXT_HOP,
             hop_rate: HopRate::default(),
             queue: QueueLimits::default(),
@@ -256,6 +259,7 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
             queue: relay.queue,
             bind: relay.bind,
             distinct_blocks: !relay.same_subnet_paths,
+            crypto_on_reactor: relay.crypto_on_reactor,
         },
     ));
     let (registry, terminal) = (
