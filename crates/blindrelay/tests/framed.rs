@@ -291,3 +291,40 @@ async fn http_only_and_broken_next_hops() {
         );
     }
 }
+
+/// A next hop that accepts connections and never answers the handshake: the requests waiting
+/// for its link fail with the one try to make it (within the connect timeout), not one after
+/// another's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_waiting_for_a_link_fail_with_its_one_try() {
+    let listener = common::fresh_listener(common::RELAY_PORT).await;
+    let url = format!("https://{}/v2/relay", listener.local_addr().expect("addr"));
+    let held = tokio::spawn(async move {
+        let mut open = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            open.push(tcp);
+        }
+    });
+    let client = links(&SigningKey::from_bytes(&rand::random()));
+    let id = [9u8; 32];
+    let started = Instant::now();
+    let posts: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let frame = random_bytes(frame_len(SizeClass::Small));
+                client.post_framed(&id, &url, &frame, deadline(20)).await
+            })
+        })
+        .collect();
+    for p in posts {
+        let got = p.await.expect("joined");
+        assert!(matches!(got, Posted::Failed("connect")), "{got:?}");
+    }
+    let took = started.elapsed();
+    assert!(
+        took < blindrelay::links::CONNECT_TIMEOUT * 2,
+        "{took:?}: each waited for a try of its own"
+    );
+    held.abort();
+}

@@ -6,7 +6,7 @@
 //!   chooses HTTP (a node of an earlier version, a tool) is remembered for [`HTTP_ONLY_FOR`]
 //!   and reached over HTTP meanwhile ([`super::Links::client`]). Requests to a next hop whose
 //!   link is being made wait for it (one handshake, not one per request), within their
-//!   deadline and [`super::CONNECT_TIMEOUT`].
+//!   deadline and [`super::CONNECT_TIMEOUT`]; if it fails, they fail with it (`connect`).
 //! - **Writing**: one task per link writes every frame queued in one go (frames queued while a
 //!   write is under way leave with the next), then flushes.
 //! - **Reading**: one task per link reads the answers and hands each to its request. A
@@ -102,6 +102,9 @@ struct Peer {
     conn: tokio::sync::Mutex<Option<Arc<Conn>>>,
     /// It chose HTTP: until then, HTTP.
     http_until: Mutex<Option<Instant>>,
+    /// When the last try to make its link failed: requests that waited for that try fail with
+    /// it, instead of each trying again in turn.
+    connect_failed: Mutex<Option<Instant>>,
 }
 
 /// The framed links of a node's client side ([`super::Links::framed`]).
@@ -147,14 +150,18 @@ impl Framed {
         deadline: Instant,
     ) -> Posted {
         let peer = self.peer(next_hop);
-        let now = clock::now();
-        if lock(&peer.http_until).is_some_and(|until| now < until) {
+        let arrived = clock::now();
+        if lock(&peer.http_until).is_some_and(|until| arrived < until) {
             return Posted::UseHttp;
         }
         let conn = {
             let Ok(mut slot) = tokio::time::timeout_at(deadline, peer.conn.lock()).await else {
                 return Posted::Failed("timeout");
             };
+            if lock(&peer.connect_failed).is_some_and(|at| at >= arrived) {
+                return Posted::Failed("connect");
+            }
+            let now = clock::now();
             match slot.as_ref().filter(|c| c.usable(endpoint, now)) {
                 Some(c) => Arc::clone(c),
                 None => {
@@ -170,7 +177,10 @@ impl Framed {
                             *lock(&peer.http_until) = Some(now + HTTP_ONLY_FOR);
                             return Posted::UseHttp;
                         }
-                        Ok(Err(_)) | Err(_) => return Posted::Failed("connect"),
+                        Ok(Err(_)) | Err(_) => {
+                            *lock(&peer.connect_failed) = Some(clock::now());
+                            return Posted::Failed("connect");
+                        }
                     }
                 }
             }
