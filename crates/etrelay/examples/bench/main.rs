@@ -38,6 +38,7 @@
 //! measured side by side matter, not the absolute numbers. Every loop is bounded in time and
 //! every process started is killed by PID.
 
+mod cpu;
 mod latency;
 mod load;
 mod profile;
@@ -196,55 +197,6 @@ fn throughput(
     (counts.delivered.load(Ordering::Relaxed) - before) as f64 / secs
 }
 
-/// Time on a CPU (ns) of process `pid`'s threads and of its children's (nginx's worker), from
-/// `/proc/*/task/*/schedstat`; 0 where it cannot be read.
-fn cpu_ns(pid: u32) -> u64 {
-    let threads = |pid: u32| -> u64 {
-        let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return 0;
-        };
-        dir.flatten()
-            .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-            .sum()
-    };
-    let children: Vec<u32> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|c| c.parse().ok())
-        .collect();
-    threads(pid) + children.into_iter().map(threads).sum::<u64>()
-}
-
-/// Clock ticks process `pid` and its children (nginx's worker) spent in user space and in the
-/// kernel, from `/proc/*/stat`; (0, 0) where it cannot be read.
-fn user_and_kernel_ticks(pid: u32) -> (u64, u64) {
-    let of = |pid: u32| -> (u64, u64) {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            return (0, 0);
-        };
-        let fields: Vec<&str> = stat
-            .rsplit_once(')')
-            .map_or(Vec::new(), |(_, rest)| rest.split_whitespace().collect());
-        let tick = |i: usize| {
-            fields
-                .get(i)
-                .and_then(|f| f.parse::<u64>().ok())
-                .unwrap_or(0)
-        };
-        (tick(11), tick(12))
-    };
-    let children: Vec<u32> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-        .unwrap_or_default()
-        .split_whitespace()
-        .filter_map(|c| c.parse().ok())
-        .collect();
-    std::iter::once(pid)
-        .chain(children)
-        .map(of)
-        .fold((0, 0), |(u, k), (a, b)| (u + a, k + b))
-}
-
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -305,7 +257,7 @@ fn throughput_table(plan: &Plan, dir: &Path) {
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut summary = Vec::new();
     let relays = [("nginx", nginx.0.id()), ("etrelay", relay.0.id())];
-    let ticks_before = relays.map(|(_, pid)| user_and_kernel_ticks(pid));
+    let ticks_before = relays.map(|(_, pid)| cpu::user_and_kernel_ticks(pid));
     for size in [64, 1400] {
         for clients in [1, 32, 256] {
             let mut ratios = Vec::new();
@@ -337,6 +289,17 @@ fn throughput_table(plan: &Plan, dir: &Path) {
             ));
         }
     }
+    print_medians(summary);
+    cpu::print_user_share(&relays, &ticks_before);
+    drop(plain);
+    drop(relay);
+    drop(nginx);
+    stop.store(true, Ordering::Relaxed);
+    let _ = sink.join();
+}
+
+/// The medians of the throughput rounds: one row per size and client count.
+fn print_medians(summary: Vec<(usize, usize, [f64; 4], f64, f64, f64)>) {
     println!("\nMedians of the rounds:\n");
     println!(
         "| size | clients | direct | nginx 1 worker | etrelay | etrelay / nginx (median) | lowest round | {} / nginx (median) |",
@@ -349,23 +312,6 @@ fn throughput_table(plan: &Plan, dir: &Path) {
             m[0], m[1], m[2]
         );
     }
-    // How much of each relay's CPU is its own code: what no change in user space could save.
-    println!();
-    for ((name, pid), (u0, k0)) in relays.iter().zip(ticks_before) {
-        let (u, k) = user_and_kernel_ticks(*pid);
-        let (user, kernel) = (u.saturating_sub(u0), k.saturating_sub(k0));
-        let share = user as f64 / (user + kernel).max(1) as f64;
-        println!(
-            "{name} over these runs: {user} ticks in user space, {kernel} in the kernel: user space {:.1} % of its CPU (all of it saved would be at most {:.2} × the throughput).",
-            100.0 * share,
-            1.0 / (1.0 - share).max(f64::EPSILON)
-        );
-    }
-    drop(plain);
-    drop(relay);
-    drop(nginx);
-    stop.store(true, Ordering::Relaxed);
-    let _ = sink.join();
 }
 
 /// The paths of the latency runs, in the order they run each round.
@@ -454,7 +400,7 @@ fn latency_rounds(
     };
     for round in 1..=plan.lat_rounds {
         for (k, name) in latency_paths().iter().enumerate() {
-            let before = relay_of(k).map(|i| cpu_ns(pids[i]));
+            let before = relay_of(k).map(|i| cpu::cpu_ns(pids[i]));
             let r = if k == 3 {
                 let (r, sent) = flooded_run(socks, t.relay, plan.lat_secs);
                 flood_sent += sent;
@@ -463,7 +409,7 @@ fn latency_rounds(
                 latency::run(socks, t.of(k), plan.lat_secs)
             };
             if let (Some(before), Some(i)) = (before, relay_of(k)) {
-                cpu[i] += cpu_ns(pids[i]).saturating_sub(before);
+                cpu[i] += cpu::cpu_ns(pids[i]).saturating_sub(before);
             }
             println!(
                 "| {round} | {name} | {:.0} | {:.0} | {:.0} | {:.1} % |",
