@@ -49,6 +49,8 @@ pub const HTTP_ONLY_FOR: Duration = Duration::from_secs(600);
 pub const IDLE: Duration = Duration::from_secs(3);
 /// Frames waiting for their write, per link.
 pub const QUEUED: usize = 64;
+/// The largest write buffer a link keeps between two writes.
+const KEEP_BUFFER: usize = 256 * 1024;
 
 /// What one request on a framed link got.
 #[derive(Debug)]
@@ -285,6 +287,10 @@ async fn write_frames(
         };
         if !written {
             break;
+        }
+        // A burst of the largest frames leaves no buffer of their size behind.
+        if buf.capacity() > KEEP_BUFFER {
+            buf = Vec::new();
         }
     }
     over.cancel();
