@@ -3,8 +3,10 @@
 //!
 //! One `recvmmsg` (through `quinn-udp`, which also turns on UDP GRO where the kernel has it)
 //! takes up to [`BATCH`] datagrams per system call instead of one. Coalesced GRO buffers are
-//! split back into datagrams by their stride. The buffers are allocated once. [`send_batch`]
-//! sends up to [`BATCH`] datagrams on a connected socket with one `sendmmsg`.
+//! split back into datagrams by their stride. The buffers are allocated once. The control
+//! messages `quinn-udp` asks for and the relay never reads are turned off again
+//! ([`quiet_control_messages`]). [`send_batch`] sends up to [`BATCH`] datagrams on a connected
+//! socket with one `sendmmsg`.
 
 use std::io::{self, IoSlice, IoSliceMut};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -99,13 +101,15 @@ pub struct BatchRecv {
 }
 
 impl BatchRecv {
-    /// Prepares `socket` (GRO, packet info) and the buffers.
+    /// Prepares `socket` (GRO, no control messages the relay does not read) and the buffers.
     ///
     /// # Errors
     /// The socket options could not be read or set.
     pub fn new(socket: &ReadSocket) -> io::Result<Self> {
+        let state = UdpSocketState::new(socket.get_ref().into())?;
+        quiet_control_messages(socket.get_ref())?;
         Ok(BatchRecv {
-            state: UdpSocketState::new(socket.get_ref().into())?,
+            state,
             bufs: vec![0; BATCH * SLOT],
             metas: [RecvMeta::default(); BATCH],
             filled: 0,
@@ -131,20 +135,9 @@ impl BatchRecv {
         let mut iovs: [IoSliceMut<'_>; BATCH] = std::array::from_fn(|_| {
             IoSliceMut::new(chunks.next().expect("invariant: bufs holds BATCH slots"))
         });
-        let mut got = 0;
-        let r = socket.fd.try_io(Interest::READABLE, |s| {
-            got = state.recv(s.into(), &mut iovs, metas)?;
-            if got < BATCH {
-                Err(io::ErrorKind::WouldBlock.into())
-            } else {
-                Ok(got)
-            }
-        });
-        self.filled = got;
-        match r {
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => Ok(got),
-            r => r,
-        }
+        let r = recv_clearing(socket, state, &mut iovs, metas);
+        self.filled = *r.as_ref().unwrap_or(&0);
+        r
     }
 
     /// True when the last [`BatchRecv::try_recv`] found the queue empty after what it took: the
@@ -168,6 +161,133 @@ impl BatchRecv {
                 data.chunks(stride).map(move |d| (meta.addr, d))
             })
     }
+}
+
+/// Receives the game server's answers on the sessions' sockets: two slots per `recvmmsg`.
+///
+/// An ET server sends a player one datagram per server frame, so a session's socket mostly
+/// holds one answer when it wakes. A `recv` takes it, and a second one finds the queue empty
+/// (which is what clears the readiness). One `recvmmsg` of two slots does both: when it fills
+/// fewer than two, the queue was empty when the kernel answered, and the readiness is cleared
+/// then and there, race-free as in [`BatchRecv::try_recv`]. One system call of the seven of a
+/// relayed round trip saved, no allocation: the slots are the one buffer all sessions share.
+#[derive(Debug)]
+pub struct PairRecv {
+    /// `quinn-udp`'s receive state. On Linux its `recv` reads no setting of it; it is built once
+    /// from a socket of its own (closed at once), since building it sets options on the socket
+    /// it is given, and a session's socket needs none of them.
+    state: UdpSocketState,
+    /// Two slots of `slot` bytes.
+    bufs: Vec<u8>,
+    slot: usize,
+    metas: [RecvMeta; 2],
+    filled: usize,
+}
+
+impl PairRecv {
+    /// Two slots of `slot` bytes (a longer datagram is cut to `slot` bytes, as a `recv` cuts it).
+    ///
+    /// # Errors
+    /// No UDP socket could be opened to build the receive state.
+    pub fn new(slot: usize) -> io::Result<Self> {
+        let slot = slot.max(1);
+        let own = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
+            .or_else(|_| std::net::UdpSocket::bind((Ipv6Addr::LOCALHOST, 0)))?;
+        Ok(PairRecv {
+            state: UdpSocketState::new((&own).into())?,
+            bufs: vec![0; 2 * slot],
+            slot,
+            metas: [RecvMeta::default(); 2],
+            filled: 0,
+        })
+    }
+
+    /// Takes up to two datagrams queued on `socket` (connected) without waiting.
+    ///
+    /// # Errors
+    /// `WouldBlock` when none is queued (the readiness is cleared, so `readable()` waits
+    /// again); other errors from the socket (an ICMP error reported on it).
+    pub fn try_recv(&mut self, socket: &ReadSocket) -> io::Result<usize> {
+        let PairRecv {
+            state,
+            bufs,
+            slot,
+            metas,
+            ..
+        } = self;
+        let (a, b) = bufs.split_at_mut(*slot);
+        let mut iovs = [IoSliceMut::new(a), IoSliceMut::new(b)];
+        let r = recv_clearing(socket, state, &mut iovs, metas);
+        self.filled = *r.as_ref().unwrap_or(&0);
+        r
+    }
+
+    /// True when the last [`PairRecv::try_recv`] found the queue empty after what it took.
+    pub fn drained(&self) -> bool {
+        self.filled < 2
+    }
+
+    /// The datagrams of the last [`PairRecv::try_recv`].
+    pub fn datagrams(&self) -> impl Iterator<Item = &[u8]> {
+        self.metas[..self.filled]
+            .iter()
+            .zip(self.bufs.chunks(self.slot))
+            .map(|(meta, slot)| &slot[..meta.len.min(slot.len())])
+    }
+}
+
+/// One `recvmmsg` on `socket` into `iovs`: the datagrams taken. Fewer than `iovs.len()` means
+/// the queue was empty when the kernel answered, and the readiness is cleared then and there
+/// (tokio clears only the readiness it had seen before the call, so a datagram that arrived
+/// since makes the socket ready again).
+///
+/// # Errors
+/// `WouldBlock` when nothing is queued (readiness cleared); other errors from the socket.
+fn recv_clearing(
+    socket: &ReadSocket,
+    state: &UdpSocketState,
+    iovs: &mut [IoSliceMut<'_>],
+    metas: &mut [RecvMeta],
+) -> io::Result<usize> {
+    let mut got = 0;
+    let r = socket.fd.try_io(Interest::READABLE, |s| {
+        got = state.recv(s.into(), iovs, metas)?;
+        if got < iovs.len() {
+            Err(io::ErrorKind::WouldBlock.into())
+        } else {
+            Ok(got)
+        }
+    });
+    match r {
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock && got > 0 => Ok(got),
+        r => r,
+    }
+}
+
+/// Turns off the control messages `quinn-udp` turns on for a QUIC endpoint and the relay never
+/// reads: the destination address (`IP_PKTINFO`, `IPV6_RECVPKTINFO`), the ECN bits
+/// (`IP_RECVTOS`, `IPV6_RECVTCLASS`) and the receive time (`SO_TIMESTAMPNS`).
+///
+/// The relay keys on the source address alone and answers from the address it listens on, so
+/// each of these is only cost: the kernel builds and copies up to three of them per datagram
+/// received, and a socket asking for receive times makes the kernel read the clock for every
+/// packet the host receives, on any socket. UDP GRO stays on.
+///
+/// # Errors
+/// An option could not be set.
+pub(crate) fn quiet_control_messages(socket: &std::net::UdpSocket) -> io::Result<()> {
+    use nix::sys::socket::{setsockopt, sockopt};
+    setsockopt(socket, sockopt::ReceiveTimestampns, &false)?;
+    if socket.local_addr()?.is_ipv4() {
+        setsockopt(socket, sockopt::Ipv4PacketInfo, &false)?;
+        setsockopt(socket, sockopt::IpRecvTos, &false)?;
+    } else {
+        setsockopt(socket, sockopt::Ipv6RecvPacketInfo, &false)?;
+        setsockopt(socket, sockopt::Ipv6RecvTClass, &false)?;
+        // A dual-stack socket's IPv4 peers: `quinn-udp` asks for their TOS too.
+        setsockopt(socket, sockopt::IpRecvTos, &false)?;
+    }
+    Ok(())
 }
 
 /// Sends `datagrams` (at most [`BATCH`] of them) on the connected, non-blocking `socket` with
@@ -263,6 +383,93 @@ mod tests {
         // IPv4-compatible (deprecated) addresses are not mapped ones.
         let compat: IpAddr = "::192.0.2.5".parse().unwrap();
         assert_eq!(canonical_ip(compat), compat);
+    }
+
+    /// The public socket asks the kernel for no control message the relay does not read (each
+    /// would be built and copied for every datagram), and keeps UDP GRO.
+    #[tokio::test]
+    async fn the_public_socket_gets_no_control_messages_it_does_not_read() {
+        use nix::sys::socket::{getsockopt, sockopt};
+        for addr in ["127.0.0.1:0", "[::1]:0"] {
+            let Ok(bound) = UdpSocket::bind(addr).await else {
+                continue; // no IPv6 on this host
+            };
+            let public = ReadSocket::new(bound).unwrap();
+            let mut batch = BatchRecv::new(&public).unwrap();
+            let s = public.get_ref();
+            assert!(
+                !getsockopt(s, sockopt::ReceiveTimestampns).unwrap(),
+                "{addr}"
+            );
+            assert!(!getsockopt(s, sockopt::IpRecvTos).unwrap(), "{addr}");
+            if addr.starts_with('[') {
+                assert!(!getsockopt(s, sockopt::Ipv6RecvPacketInfo).unwrap());
+                assert!(!getsockopt(s, sockopt::Ipv6RecvTClass).unwrap());
+            } else {
+                assert!(!getsockopt(s, sockopt::Ipv4PacketInfo).unwrap());
+            }
+            // `quinn-udp` turned GRO on (every kernel since 5.0 has it); it stays on.
+            assert!(getsockopt(s, sockopt::UdpGroSegment).unwrap(), "{addr}");
+            // And a datagram still arrives with its source.
+            let client = std::net::UdpSocket::bind(if addr.starts_with('[') {
+                "[::1]:0"
+            } else {
+                "127.0.0.1:0"
+            })
+            .unwrap();
+            client.send_to(b"hello", s.local_addr().unwrap()).unwrap();
+            tokio::time::timeout(std::time::Duration::from_secs(5), public.readable())
+                .await
+                .expect("woken by a datagram")
+                .unwrap();
+            assert_eq!(batch.try_recv(&public).unwrap(), 1);
+            let (from, data) = batch.datagrams().next().unwrap();
+            assert_eq!(from, client.local_addr().unwrap());
+            assert_eq!(data, b"hello");
+        }
+    }
+
+    /// The answers' receiver takes two datagrams per call; one alone clears the readiness
+    /// (the next datagram still wakes the reader); a datagram longer than a slot is cut.
+    #[tokio::test]
+    async fn answers_come_two_per_call_and_one_alone_clears_readiness() {
+        let server = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+        let session = session_socket(server.local_addr().unwrap()).unwrap();
+        let to = session.get_ref().local_addr().unwrap();
+        let ready = || async {
+            tokio::time::timeout(std::time::Duration::from_secs(5), session.readable())
+                .await
+                .expect("woken by a datagram")
+                .unwrap();
+        };
+        let mut rx = PairRecv::new(8).unwrap();
+        for round in 0..3u8 {
+            server.send_to(&[round], to).unwrap();
+            ready().await;
+            assert_eq!(rx.try_recv(&session).unwrap(), 1);
+            assert!(rx.drained());
+            assert_eq!(rx.datagrams().collect::<Vec<_>>(), [&[round][..]]);
+        }
+        for i in 0..3u8 {
+            server.send_to(&[i; 3], to).unwrap();
+        }
+        ready().await;
+        assert_eq!(rx.try_recv(&session).unwrap(), 2);
+        assert!(!rx.drained(), "two taken: more may be queued");
+        assert_eq!(
+            rx.datagrams().collect::<Vec<_>>(),
+            [&[0; 3][..], &[1; 3][..]]
+        );
+        assert_eq!(rx.try_recv(&session).unwrap(), 1);
+        assert!(rx.drained());
+        assert_eq!(
+            rx.try_recv(&session).unwrap_err().kind(),
+            io::ErrorKind::WouldBlock
+        );
+        server.send_to(&[7; 20], to).unwrap();
+        ready().await;
+        assert_eq!(rx.try_recv(&session).unwrap(), 1);
+        assert_eq!(rx.datagrams().next().unwrap(), &[7; 8][..]);
     }
 
     /// A short batch clears the readiness without a second `recvmmsg`, and the next datagram

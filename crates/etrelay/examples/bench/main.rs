@@ -523,7 +523,7 @@ fn main() {
             secs: 2.0,
             rounds: 3,
             lat_secs: 3.0,
-            lat_rounds: 5,
+            lat_rounds: 7,
             ping_pongs: 2_000,
         }
     };

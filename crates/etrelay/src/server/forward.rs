@@ -252,17 +252,25 @@ pub(super) fn flush_through(ring: &mut SendRing, shared: &Shared, sessions: &[Ar
     }
 }
 
-/// Reads what the game server sent (a bounded number per turn) and relays it.
+/// Reads what the game server sent (a bounded number per turn, two per system call) and
+/// relays it.
 fn drain(shared: &Shared, session: &Session, upstream: &ReadSocket) {
-    for _ in 0..READS_PER_TURN {
-        let r = shared.with_recv_buf(|buf| {
-            let n = upstream.try_recv(buf)?;
-            reply(shared, session, &buf[..n]);
-            Ok::<(), io::Error>(())
+    for _ in 0..READS_PER_TURN / 2 {
+        let r = shared.with_answers(|rx| {
+            rx.try_recv(upstream)?;
+            for data in rx.datagrams() {
+                if session.is_closed() {
+                    break;
+                }
+                reply(shared, session, data);
+            }
+            Ok::<bool, io::Error>(rx.drained())
         });
         match r {
-            Ok(()) if session.is_closed() => return,
-            Ok(()) => {}
+            // The queue was empty after what it took: the readiness is cleared.
+            Ok(true) => return,
+            Ok(false) if session.is_closed() => return,
+            Ok(false) => {}
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
             // ICMP "port unreachable" from a game server that is down, surfacing on the
             // connected socket: nothing to relay, nothing to stop.

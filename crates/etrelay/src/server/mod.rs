@@ -122,9 +122,11 @@ impl ServerHandle {
         let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
         let _ = sock.set_send_buffer_size(SOCKET_BUFFER);
         let public = crate::net::ReadSocket::new(public)?;
+        let answers = crate::net::PairRecv::new(config.session.max_packet)?;
         let shared = Arc::new(Shared::new(
             config,
             public,
+            answers,
             public_addr,
             budget,
             parent.child_token(),

@@ -29,7 +29,7 @@ use super::table::Table;
 use crate::bans::BanTable;
 use crate::clock::{Instant, unix, wall_now};
 use crate::config::ServerConfig;
-use crate::net::ReadSocket;
+use crate::net::{PairRecv, ReadSocket};
 
 /// At most one warning of refused sessions (by the process's caps) or failed sockets per
 /// server per this interval.
@@ -65,9 +65,9 @@ pub(super) struct Shared {
     epoch: Instant,
     /// Session slots and queued bytes, shared by every server of the process.
     pub(super) budget: Budget,
-    /// What the session tasks receive the game server's answers into (one at a time: no task
+    /// What the session tasks receive the game server's answers with (one at a time: no task
     /// waits while holding it).
-    recv_buf: Mutex<Vec<u8>>,
+    answers: Mutex<PairRecv>,
     /// Refusals since the last warning, and when it was written.
     warned: Mutex<Throttle>,
     /// The next session's id.
@@ -87,10 +87,12 @@ pub(super) struct Shared {
 }
 
 impl Shared {
-    /// The state of a server starting now on `public`.
+    /// The state of a server starting now on `public`; `answers` receives the game server's
+    /// answers on the sessions' sockets.
     pub(super) fn new(
         config: ServerConfig,
         public: ReadSocket,
+        answers: PairRecv,
         public_addr: SocketAddr,
         budget: Budget,
         cancel: CancellationToken,
@@ -107,7 +109,7 @@ impl Shared {
             proven,
         };
         Shared {
-            recv_buf: Mutex::new(vec![0; config.session.max_packet.max(1)]),
+            answers: Mutex::new(answers),
             warned: Mutex::new(Throttle::new(WARN_EVERY)),
             config,
             public,
@@ -206,10 +208,10 @@ impl Shared {
             .set(t.established() as u64);
     }
 
-    /// Runs `f` on the receive buffer of the session tasks.
-    pub(super) fn with_recv_buf<T>(&self, f: impl FnOnce(&mut [u8]) -> T) -> T {
-        let mut buf = self.recv_buf.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut buf)
+    /// Runs `f` on the session tasks' receiver of the game server's answers.
+    pub(super) fn with_answers<T>(&self, f: impl FnOnce(&mut PairRecv) -> T) -> T {
+        let mut rx = self.answers.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut rx)
     }
 
     /// Counts a session refused by a cap (`reason`) for `who`, and warns at most once per
