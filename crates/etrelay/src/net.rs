@@ -174,8 +174,8 @@ impl BatchRecv {
 #[derive(Debug)]
 pub struct PairRecv {
     /// `quinn-udp`'s receive state. On Linux its `recv` reads no setting of it; it is built once
-    /// from a socket of its own (closed at once), since building it sets options on the socket
-    /// it is given, and a session's socket needs none of them.
+    /// from a socket of its own (never bound, closed at once), since building it sets options
+    /// on the socket it is given, and a session's socket needs none of them.
     state: UdpSocketState,
     /// Two slots of `slot` bytes.
     bufs: Vec<u8>,
@@ -188,11 +188,12 @@ impl PairRecv {
     /// Two slots of `slot` bytes (a longer datagram is cut to `slot` bytes, as a `recv` cuts it).
     ///
     /// # Errors
-    /// No UDP socket could be opened to build the receive state.
+    /// No UDP socket could be created to build the receive state.
     pub fn new(slot: usize) -> io::Result<Self> {
         let slot = slot.max(1);
-        let own = std::net::UdpSocket::bind((Ipv4Addr::LOCALHOST, 0))
-            .or_else(|_| std::net::UdpSocket::bind((Ipv6Addr::LOCALHOST, 0)))?;
+        // Never bound: no port is opened, and no address (not even loopback) is needed.
+        let own = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::DGRAM, None)
+            .or_else(|_| socket2::Socket::new(socket2::Domain::IPV6, socket2::Type::DGRAM, None))?;
         Ok(PairRecv {
             state: UdpSocketState::new((&own).into())?,
             bufs: vec![0; 2 * slot],
