@@ -310,6 +310,12 @@ pub struct RunArgs {
     #[arg(long, default_value_t = config::ANSWER_PREFIX_V6, value_parser = clap::value_parser!(u8).range(16..=128))]
     pub answer_prefix_v6: u8,
 
+    /// Never sleep waiting for datagrams: the relay keeps one CPU busy all the time, idle or
+    /// not, and answers without the wake-up a sleeping thread needs (on a virtual machine,
+    /// most of the time the relay adds to a round trip). Off unless asked for.
+    #[arg(long, env = "ETRELAY_BUSY_POLLING")]
+    pub busy_polling: bool,
+
     /// Log every session and connectionless packet (overridden by `RUST_LOG`).
     #[arg(long)]
     pub debug: bool,

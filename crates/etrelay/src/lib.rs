@@ -38,6 +38,7 @@
 
 pub mod admin;
 pub mod bans;
+pub mod busy_poll;
 pub mod cli;
 pub mod clock;
 pub mod config;

@@ -33,13 +33,23 @@ fn main() -> ExitCode {
         };
     }
     init_logs(cli.run.debug);
+    let busy_polling = cli.run.busy_polling;
+    // Started within the runtime, stopped with the relay.
+    let polling = move || {
+        busy_polling.then(|| {
+            info!("busy polling: one CPU kept busy, datagrams read without a wake-up");
+            etrelay::busy_poll::start()
+        })
+    };
     match cli.run.mode() {
-        Ok(Mode::Single(config)) => exit(
-            runtime.block_on(async { etrelay::single::run(config, stopping(), reloads()).await }),
-        ),
-        Ok(Mode::Multi(config)) => exit(
-            runtime.block_on(async { etrelay::daemon::run(config, stopping(), reloads()).await }),
-        ),
+        Ok(Mode::Single(config)) => exit(runtime.block_on(async {
+            let _polling = polling();
+            etrelay::single::run(config, stopping(), reloads()).await
+        })),
+        Ok(Mode::Multi(config)) => exit(runtime.block_on(async {
+            let _polling = polling();
+            etrelay::daemon::run(config, stopping(), reloads()).await
+        })),
         Err(e) => exit(Err(e)),
     }
 }

@@ -62,6 +62,18 @@ impl Proc {
     fn log_text(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }
+
+    /// A `getinfo` through the relay gets the server's `infoResponse` (`when`: for the message).
+    async fn answers_getinfo(&self, when: &str) {
+        let client = udp::bind(unique_ip()).await.unwrap();
+        let answers = udp::exchange(&client, self.addr, &udp::oob(b"getinfo xyz"), S, 5 * S).await;
+        assert!(
+            answers
+                .iter()
+                .any(|(_, a)| a.starts_with(b"\xff\xff\xff\xffinfoResponse")),
+            "no answer {when}: {answers:?}"
+        );
+    }
 }
 
 fn listen() -> String {
@@ -128,14 +140,52 @@ async fn sighup_reloads_and_the_relay_goes_on() {
         p.child.try_wait().unwrap().is_none(),
         "SIGHUP stopped the relay"
     );
-    let client = udp::bind(unique_ip()).await.unwrap();
-    let answers = udp::exchange(&client, p.addr, &udp::oob(b"getinfo xyz"), S, 5 * S).await;
-    assert!(
-        answers
-            .iter()
-            .any(|(_, a)| a.starts_with(b"\xff\xff\xff\xffinfoResponse")),
-        "no answer after the reload: {answers:?}"
+    p.answers_getinfo("after the reload").await;
+    p.signal("-TERM");
+    assert_eq!(
+        master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await,
+        vec![p.addr]
     );
+    assert!(p.wait_exit().await.success());
+}
+
+/// Time on a CPU of process `pid`'s main thread (the runtime's), from `/proc/PID/schedstat`.
+fn cpu_time(pid: u32) -> Duration {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).unwrap();
+    Duration::from_nanos(text.split_whitespace().next().unwrap().parse().unwrap())
+}
+
+/// The share of the wall clock process `pid` spends on a CPU over `over`, with no traffic.
+async fn busy_share(pid: u32, over: Duration) -> f64 {
+    let (cpu, t) = (cpu_time(pid), std::time::Instant::now());
+    tokio::time::sleep(over).await;
+    (cpu_time(pid) - cpu).as_secs_f64() / t.elapsed().as_secs_f64()
+}
+
+/// `--busy-polling`: the relay answers, its thread stays on a CPU with no traffic at all (a
+/// relay without the flag sleeps), and SIGTERM still ends it with its flatline.
+#[tokio::test]
+async fn busy_polling_keeps_a_cpu_answers_and_stops_on_sigterm() {
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let master = FakeMaster::start(unique_ip(), MasterStyle::Classic).unwrap();
+    let (m, u) = (master.addr().to_string(), et.addr().to_string());
+    let (l, plain_l) = (listen(), listen());
+    let mut p = Proc::start(&["--busy-polling", "--listen", &l, "--masters", &m, &u]).await;
+    let plain = Proc::start(&["--listen", &plain_l, "--masters", "", &u]).await;
+    assert!(
+        p.logged("busy polling: one CPU kept busy"),
+        "{}",
+        p.log_text()
+    );
+    assert!(master.wait_listed(p.addr, 10 * S).await);
+    p.answers_getinfo("while polling").await;
+    let over = Duration::from_millis(500);
+    let pid = |p: &Proc| p.child.id().expect("running");
+    // Loose bounds: the tests share the machine's CPUs with each other.
+    let busy = busy_share(pid(&p), over).await;
+    assert!(busy > 0.2, "on a CPU {:.0} % of the time", busy * 100.0);
+    let idle = busy_share(pid(&plain), over).await;
+    assert!(idle < 0.05, "without the flag: {:.1} %", idle * 100.0);
     p.signal("-TERM");
     assert_eq!(
         master.wait_heartbeats("ETFlatline-1", 1, 5 * S).await,

@@ -1,23 +1,59 @@
 //! What the relays' processes spent on a CPU, from `/proc`.
 
-/// Time on a CPU (ns) of process `pid`'s threads and of its children's (nginx's worker), from
-/// `/proc/*/task/*/schedstat`; 0 where it cannot be read.
-pub(crate) fn cpu_ns(pid: u32) -> u64 {
-    let threads = |pid: u32| -> u64 {
+/// What a process's threads spent on a CPU, from `/proc/*/task/*/schedstat`.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Sched {
+    /// Time on a CPU, ns.
+    pub(crate) ns: u64,
+    /// Times a thread was put on a CPU: its wake-ups, and its preemptions.
+    pub(crate) runs: u64,
+}
+
+impl Sched {
+    /// What was spent between `before` and `self`.
+    pub(crate) fn since(self, before: Sched) -> Sched {
+        Sched {
+            ns: self.ns.saturating_sub(before.ns),
+            runs: self.runs.saturating_sub(before.runs),
+        }
+    }
+
+    fn add(self, other: Sched) -> Sched {
+        Sched {
+            ns: self.ns + other.ns,
+            runs: self.runs + other.runs,
+        }
+    }
+}
+
+/// [`Sched`] of process `pid`'s threads and of its children's (nginx's worker); zero where it
+/// cannot be read.
+pub(crate) fn sched(pid: u32) -> Sched {
+    let threads = |pid: u32| -> Sched {
         let Ok(dir) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
-            return 0;
+            return Sched::default();
         };
         dir.flatten()
             .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
-            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
-            .sum()
+            .map(|s| {
+                let mut f = s.split_whitespace().map(|f| f.parse::<u64>().unwrap_or(0));
+                let ns = f.next().unwrap_or(0);
+                Sched {
+                    ns,
+                    runs: f.nth(1).unwrap_or(0),
+                }
+            })
+            .fold(Sched::default(), Sched::add)
     };
     let children: Vec<u32> = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
         .unwrap_or_default()
         .split_whitespace()
         .filter_map(|c| c.parse().ok())
         .collect();
-    threads(pid) + children.into_iter().map(threads).sum::<u64>()
+    children
+        .into_iter()
+        .map(threads)
+        .fold(threads(pid), Sched::add)
 }
 
 /// Clock ticks process `pid` and its children (nginx's worker) spent in user space and in the

@@ -202,3 +202,58 @@ pub(crate) fn flood(
     });
     (t, sent)
 }
+
+/// The medians of the rounds per path, the flood's effect, and the relays' CPU time per round
+/// trip.
+pub(crate) fn print_medians(
+    plan: &crate::Plan,
+    all: &[Vec<Rtt>; crate::PATHS],
+    flood_sent: u64,
+    cpu: &[crate::cpu::Sched; 4],
+) {
+    println!(
+        "\nFlood: {} `getstatus` sent in all ({} per second while it ran, {} sources).\n",
+        flood_sent, FLOOD_RATE, FLOOD_SOURCES
+    );
+    println!("Medians of the rounds:\n");
+    println!("| path | p50 | p99 | p99.9 | p99 / nginx's |");
+    println!("|---|---:|---:|---:|---:|");
+    let med = |k: usize, f: fn(&Rtt) -> f64| crate::median(all[k].iter().map(f).collect());
+    let nginx_p99 = med(1, |r| r.p99);
+    for (k, name) in crate::latency_paths().iter().enumerate() {
+        println!(
+            "| {name} | {:.0} | {:.0} | {:.0} | {:.2} |",
+            med(k, |r| r.p50),
+            med(k, |r| r.p99),
+            med(k, |r| r.p999),
+            med(k, |r| r.p99) / nginx_p99
+        );
+    }
+    println!(
+        "\netrelay's p99 under the flood ÷ without: **{:.2}**",
+        med(3, |r| r.p99) / med(2, |r| r.p99)
+    );
+    // Round trips sent per path over the rounds (the share that came back is ~100 %).
+    let trips = (RATE as f64 * plan.lat_secs * plan.lat_rounds as f64).max(1.0);
+    println!(
+        "\nCPU time of the relay per round trip, unloaded runs (its processes' time on a CPU, \
+         `/proc/PID/schedstat`): nginx {:.1} µs, etrelay {:.1} µs ({:.2}×), {} {:.1} µs, \
+         --busy-polling {:.1} µs ({:.1}×).",
+        cpu[0].ns as f64 / 1000.0 / trips,
+        cpu[1].ns as f64 / 1000.0 / trips,
+        cpu[1].ns as f64 / cpu[0].ns.max(1) as f64,
+        crate::alt(true),
+        cpu[2].ns as f64 / 1000.0 / trips,
+        cpu[3].ns as f64 / 1000.0 / trips,
+        cpu[3].ns as f64 / cpu[0].ns.max(1) as f64,
+    );
+    println!(
+        "Times the relay was put on a CPU per round trip (its wake-ups and preemptions, the \
+         same file): nginx {:.2}, etrelay {:.2}, {} {:.2}, --busy-polling {:.2}.",
+        cpu[0].runs as f64 / trips,
+        cpu[1].runs as f64 / trips,
+        crate::alt(true),
+        cpu[2].runs as f64 / trips,
+        cpu[3].runs as f64 / trips,
+    );
+}

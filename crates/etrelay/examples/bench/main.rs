@@ -17,7 +17,9 @@
 //!   of its CPU over the runs (`/proc/PID/stat`): what no change to its own code could save.
 //! - **Latency**: round trip to an echo server at an ET-like load (64 clients, 10 000
 //!   datagrams/s in all, 64 B), direct, nginx, etrelay (and etrelay `--no-io-uring`) in turn,
-//!   round after round; the median of the rounds of each percentile.
+//!   round after round; the median of the rounds of each percentile. Last in each round,
+//!   etrelay `--busy-polling`, started for its run and stopped after it: it keeps a CPU busy,
+//!   which running beside the others would make the whole machine answer faster for them too.
 //! - **Under attack**: the same etrelay latency while 1 000 loopback sources (127.88.x.y, each
 //!   on its own /24) send 20 000 `getstatus` per second to it, started just before the run and
 //!   stopped just after.
@@ -25,7 +27,8 @@
 //!   apart, direct, nginx, etrelay in turn: a datagram on an idle path, no burst to queue
 //!   behind.
 //! - **CPU per round trip**: the relay's processes' time on a CPU (`/proc/PID/schedstat`) over
-//!   the unloaded latency runs, per round trip sent.
+//!   the unloaded latency runs, per round trip sent, and the times they were put on a CPU
+//!   (their wake-ups).
 //!
 //! With `ETRELAY_BASELINE=<binary>` (an etrelay built from another commit), that binary takes
 //! the place of `--no-io-uring` in every table, labelled `baseline`: an A/B of two builds side
@@ -315,15 +318,22 @@ fn print_medians(summary: Vec<(usize, usize, [f64; 4], f64, f64, f64)>) {
 }
 
 /// The paths of the latency runs, in the order they run each round.
-fn latency_paths() -> [&'static str; 5] {
+fn latency_paths() -> [&'static str; PATHS] {
     [
         "direct",
         "nginx 1 worker",
         "etrelay",
         "etrelay, getstatus flood",
         alt(true),
+        "etrelay --busy-polling",
     ]
 }
+
+/// Paths of the latency runs.
+const PATHS: usize = 6;
+/// The path of [`latency_paths`] whose relay runs only during its own runs: it keeps a CPU
+/// busy, which would make the machine answer faster for every other path too.
+const BUSY: usize = 5;
 
 /// Where the latency runs send: the echo server itself, and the relays in front of it.
 #[derive(Clone, Copy)]
@@ -332,12 +342,15 @@ struct LatencyTargets {
     nginx: SocketAddr,
     relay: SocketAddr,
     plain: SocketAddr,
+    busy: SocketAddr,
 }
 
 impl LatencyTargets {
     /// The address path `k` of [`latency_paths`] sends to.
     fn of(&self, k: usize) -> SocketAddr {
-        [self.echo, self.nginx, self.relay, self.relay, self.plain][k]
+        [
+            self.echo, self.nginx, self.relay, self.relay, self.plain, self.busy,
+        ][k]
     }
 }
 
@@ -352,8 +365,9 @@ fn latency_table(plan: &Plan, dir: &Path) {
         nginx: (Ipv4Addr::new(127, 78, 0, 3), 27961).into(),
         relay: (Ipv4Addr::new(127, 78, 0, 4), 27960).into(),
         plain: (Ipv4Addr::new(127, 78, 0, 5), 27960).into(),
+        busy: (Ipv4Addr::new(127, 78, 0, 6), 27960).into(),
     };
-    ports_free(&[t.nginx, t.relay, t.plain]);
+    ports_free(&[t.nginx, t.relay, t.plain, t.busy]);
     let nginx = start_nginx(&dir.join("nginx-l"), t.nginx, echo_addr);
     let relay = start_etrelay(t.relay, echo_addr, &[]);
     let plain = start_alt(t.plain, echo_addr);
@@ -364,7 +378,7 @@ fn latency_table(plan: &Plan, dir: &Path) {
     }
     let pids = [nginx.0.id(), relay.0.id(), plain.0.id()];
     let (all, flood_sent, cpu) = latency_rounds(plan, &socks, t, pids);
-    print_latency_medians(plan, &all, flood_sent, &cpu);
+    latency::print_medians(plan, &all, flood_sent, &cpu);
     one_client_alone(plan, t);
     drop(plain);
     drop(relay);
@@ -374,14 +388,15 @@ fn latency_table(plan: &Plan, dir: &Path) {
 }
 
 /// The rounds of the latency runs over every path, each run's line printed: the round trips of
-/// each path, the `getstatus` sent by the floods, and the CPU time (ns) of the relays'
-/// processes (`pids`: nginx, etrelay, etrelay --no-io-uring) during their unloaded runs.
+/// each path, the `getstatus` sent by the floods, and what the relays' processes (`pids`:
+/// nginx, etrelay, etrelay --no-io-uring; then etrelay --busy-polling, started for each of
+/// its runs and stopped after it) spent on a CPU during their unloaded runs.
 fn latency_rounds(
     plan: &Plan,
     socks: &[UdpSocket],
     t: LatencyTargets,
     pids: [u32; 3],
-) -> ([Vec<Rtt>; 5], u64, [u64; 3]) {
+) -> ([Vec<Rtt>; PATHS], u64, [cpu::Sched; 4]) {
     println!(
         "\n### Round trip at the ET-like load ({} clients, {} datagrams/s in all, 64 B), µs\n",
         latency::CLIENTS,
@@ -389,9 +404,9 @@ fn latency_rounds(
     );
     println!("| round | path | p50 | p99 | p99.9 | came back |");
     println!("|---:|---|---:|---:|---:|---:|");
-    let mut all: [Vec<Rtt>; 5] = Default::default();
+    let mut all: [Vec<Rtt>; PATHS] = Default::default();
     let mut flood_sent = 0;
-    let mut cpu = [0u64; 3];
+    let mut cpu = [cpu::Sched::default(); 4];
     // The path's index in `pids` and `cpu`, for the unloaded relays.
     let relay_of = |k: usize| match k {
         1 | 2 => Some(k - 1),
@@ -400,7 +415,13 @@ fn latency_rounds(
     };
     for round in 1..=plan.lat_rounds {
         for (k, name) in latency_paths().iter().enumerate() {
-            let before = relay_of(k).map(|i| cpu::cpu_ns(pids[i]));
+            if k == BUSY {
+                let r = busy_polling_run(plan, socks, t, &mut cpu[3]);
+                print_run(round, name, &r);
+                all[k].push(r);
+                continue;
+            }
+            let before = relay_of(k).map(|i| cpu::sched(pids[i]));
             let r = if k == 3 {
                 let (r, sent) = flooded_run(socks, t.relay, plan.lat_secs);
                 flood_sent += sent;
@@ -409,19 +430,45 @@ fn latency_rounds(
                 latency::run(socks, t.of(k), plan.lat_secs)
             };
             if let (Some(before), Some(i)) = (before, relay_of(k)) {
-                cpu[i] += cpu::cpu_ns(pids[i]).saturating_sub(before);
+                let spent = cpu::sched(pids[i]).since(before);
+                cpu[i].ns += spent.ns;
+                cpu[i].runs += spent.runs;
             }
-            println!(
-                "| {round} | {name} | {:.0} | {:.0} | {:.0} | {:.1} % |",
-                r.p50,
-                r.p99,
-                r.p999,
-                r.returned * 100.0
-            );
+            print_run(round, name, &r);
             all[k].push(r);
         }
     }
     (all, flood_sent, cpu)
+}
+
+/// One latency run's line.
+fn print_run(round: usize, name: &str, r: &Rtt) {
+    println!(
+        "| {round} | {name} | {:.0} | {:.0} | {:.0} | {:.1} % |",
+        r.p50,
+        r.p99,
+        r.p999,
+        r.returned * 100.0
+    );
+}
+
+/// A latency run through etrelay `--busy-polling`, started for it (sessions opened by a short
+/// run first) and stopped after it; what its process spent on a CPU during the run is added to
+/// `cpu`.
+fn busy_polling_run(
+    plan: &Plan,
+    socks: &[UdpSocket],
+    t: LatencyTargets,
+    cpu: &mut cpu::Sched,
+) -> Rtt {
+    let relay = start_etrelay(t.busy, t.echo, &["--busy-polling"]);
+    let _ = latency::run(socks, t.busy, 0.3);
+    let before = cpu::sched(relay.0.id());
+    let r = latency::run(socks, t.busy, plan.lat_secs);
+    let spent = cpu::sched(relay.0.id()).since(before);
+    cpu.ns += spent.ns;
+    cpu.runs += spent.runs;
+    r
 }
 
 /// A latency run through the relay at `relay` while a `getstatus` flood runs against it; the
@@ -434,46 +481,6 @@ fn flooded_run(socks: &[UdpSocket], relay: SocketAddr, secs: f64) -> (Rtt, u64) 
     fstop.store(true, Ordering::Relaxed);
     let _ = t.join();
     (r, sent.load(Ordering::Relaxed))
-}
-
-/// The medians of the rounds per path, the flood's effect, and the relays' CPU time per round
-/// trip.
-fn print_latency_medians(plan: &Plan, all: &[Vec<Rtt>; 5], flood_sent: u64, cpu: &[u64; 3]) {
-    println!(
-        "\nFlood: {} `getstatus` sent in all ({} per second while it ran, {} sources).\n",
-        flood_sent,
-        latency::FLOOD_RATE,
-        latency::FLOOD_SOURCES
-    );
-    println!("Medians of the rounds:\n");
-    println!("| path | p50 | p99 | p99.9 | p99 / nginx's |");
-    println!("|---|---:|---:|---:|---:|");
-    let med = |k: usize, f: fn(&Rtt) -> f64| median(all[k].iter().map(f).collect());
-    let nginx_p99 = med(1, |r| r.p99);
-    for (k, name) in latency_paths().iter().enumerate() {
-        println!(
-            "| {name} | {:.0} | {:.0} | {:.0} | {:.2} |",
-            med(k, |r| r.p50),
-            med(k, |r| r.p99),
-            med(k, |r| r.p999),
-            med(k, |r| r.p99) / nginx_p99
-        );
-    }
-    println!(
-        "\netrelay's p99 under the flood ÷ without: **{:.2}**",
-        med(3, |r| r.p99) / med(2, |r| r.p99)
-    );
-    // Round trips sent per path over the rounds (the share that came back is ~100 %).
-    let trips = (latency::RATE as f64 * plan.lat_secs * plan.lat_rounds as f64).max(1.0);
-    println!(
-        "\nCPU time of the relay per round trip, unloaded runs (its processes' time on a CPU, \
-         `/proc/PID/schedstat`): nginx {:.1} µs, etrelay {:.1} µs ({:.2}×), {} {:.1} µs.",
-        cpu[0] as f64 / 1000.0 / trips,
-        cpu[1] as f64 / 1000.0 / trips,
-        cpu[1] as f64 / cpu[0].max(1) as f64,
-        alt(true),
-        cpu[2] as f64 / 1000.0 / trips,
-    );
 }
 
 /// One client alone: what a datagram costs on an idle path, no burst to queue behind. Its own
