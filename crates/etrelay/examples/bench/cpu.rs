@@ -18,7 +18,8 @@ impl Sched {
         }
     }
 
-    fn add(self, other: Sched) -> Sched {
+    /// Both together.
+    pub(crate) fn add(self, other: Sched) -> Sched {
         Sched {
             ns: self.ns + other.ns,
             runs: self.runs + other.runs,

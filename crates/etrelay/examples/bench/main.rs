@@ -416,7 +416,8 @@ fn latency_rounds(
     for round in 1..=plan.lat_rounds {
         for (k, name) in latency_paths().iter().enumerate() {
             if k == BUSY {
-                let r = busy_polling_run(plan, socks, t, &mut cpu[3]);
+                let (r, spent) = busy_polling_run(plan, socks, t);
+                cpu[3] = cpu[3].add(spent);
                 print_run(round, name, &r);
                 all[k].push(r);
                 continue;
@@ -430,9 +431,7 @@ fn latency_rounds(
                 latency::run(socks, t.of(k), plan.lat_secs)
             };
             if let (Some(before), Some(i)) = (before, relay_of(k)) {
-                let spent = cpu::sched(pids[i]).since(before);
-                cpu[i].ns += spent.ns;
-                cpu[i].runs += spent.runs;
+                cpu[i] = cpu[i].add(cpu::sched(pids[i]).since(before));
             }
             print_run(round, name, &r);
             all[k].push(r);
@@ -453,22 +452,14 @@ fn print_run(round: usize, name: &str, r: &Rtt) {
 }
 
 /// A latency run through etrelay `--busy-polling`, started for it (sessions opened by a short
-/// run first) and stopped after it; what its process spent on a CPU during the run is added to
-/// `cpu`.
-fn busy_polling_run(
-    plan: &Plan,
-    socks: &[UdpSocket],
-    t: LatencyTargets,
-    cpu: &mut cpu::Sched,
-) -> Rtt {
+/// run first) and stopped after it; the round trips, and what its process spent on a CPU
+/// during the run.
+fn busy_polling_run(plan: &Plan, socks: &[UdpSocket], t: LatencyTargets) -> (Rtt, cpu::Sched) {
     let relay = start_etrelay(t.busy, t.echo, &["--busy-polling"]);
     let _ = latency::run(socks, t.busy, 0.3);
     let before = cpu::sched(relay.0.id());
     let r = latency::run(socks, t.busy, plan.lat_secs);
-    let spent = cpu::sched(relay.0.id()).since(before);
-    cpu.ns += spent.ns;
-    cpu.runs += spent.runs;
-    r
+    (r, cpu::sched(relay.0.id()).since(before))
 }
 
 /// A latency run through the relay at `relay` while a `getstatus` flood runs against it; the
