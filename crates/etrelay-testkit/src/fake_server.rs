@@ -16,15 +16,24 @@
 //!   chars, or containing `\ / % ; "` or a byte < 32 or > 126) gets no reply;
 //! * `getchallenge` gets `challengeResponse <random positive int>`, remembered for the asking
 //!   address (the last [`MAX_CHALLENGES`]);
-//! * a plaintext `CONNECT "<userinfo>"` gets `connectResponse` only when its `challenge` is one
-//!   given to that same address (else `print\nNo or bad challenge for address.\n`), and then
-//!   makes the sender a connected client with the userinfo's `qport`; a Huffman-compressed
-//!   `connect` (which the fake cannot read) gets `connectResponse` unchecked;
+//! * the join and the in-game stream come in two flavours ([`Handshake`], chosen in
+//!   [`FakeEtConfig::handshake`]):
+//!   * [`Handshake::Scripted`] (the default): a plaintext `CONNECT "<userinfo>"` gets
+//!     `connectResponse` only when its `challenge` is one given to that same address (else
+//!     `print\nNo or bad challenge for address.\n`), and then makes the sender a connected
+//!     client with the userinfo's `qport`; a Huffman-compressed `connect` gets
+//!     `connectResponse` unchecked; a connected client's in-game packet gets one packet back
+//!     (the sequence number it sent, then `snap`);
+//!   * [`Handshake::Engine`]: ET 2.60b's own checks (`engine`): a `connect` spelled exactly so
+//!     is Huffman-decompressed ([`crate::huffman`]), the protocol must be 84 and the challenge
+//!     one given to that address, refusals are ET's `print` texts; then a real netchan with
+//!     each client ([`crate::netchan`]): fragments, sequence checks, the XOR encoding with the
+//!     client's challenge both ways, patterned messages counted as decoded or garbled
+//!     ([`FakeEtServer::netchan_counts`]), one server message per client message;
 //! * an in-game packet is routed as ET 2.60b and ioquake3 do (`et-protocol.md` §4b): to the
 //!   connected client with the same **IP and qport**; when its port differs, the client is
-//!   re-pointed to the new port ("fixing up a translated port"); the client then gets one
-//!   in-game packet back (the sequence number it sent, then `snap`), which is the fake's
-//!   in-game stream. In-game packets of no connected client are recorded only;
+//!   re-pointed to the new port ("fixing up a translated port"). In-game packets of no
+//!   connected client are recorded only;
 //! * `rcon <password> <command>` honours ET 2.60b's global 500 ms gap between
 //!   rcon packets (a packet inside the gap is dropped silently, good password
 //!   or not); a bad password gets `print\nBad rconpassword.\n`; a good one
@@ -50,10 +59,15 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use self::answer::handle;
+use self::engine::Client;
+use crate::netchan::session::Counts;
 use crate::q3model::Dispatch;
 
 mod answer;
+mod engine;
 mod rcon;
+
+pub use self::engine::{CHALLENGE_REFUSAL, PROTOCOL_REFUSAL};
 
 /// ET 2.60b's minimum gap between two accepted rcon packets (global).
 const RCON_GAP: Duration = Duration::from_millis(500);
@@ -61,6 +75,18 @@ const RCON_GAP: Duration = Duration::from_millis(500);
 const MAX_CHALLENGE: usize = 64;
 /// Challenges remembered (ET 2.60b keeps `MAX_CHALLENGES` 1024).
 pub const MAX_CHALLENGES: usize = 1024;
+
+/// How a [`FakeEtServer`] handles joins and in-game packets (see the module docs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum Handshake {
+    /// The scripted behaviour: plaintext connects checked for the challenge only, compressed
+    /// ones accepted unread, one `<sequence>snap` packet per in-game packet.
+    #[default]
+    Scripted,
+    /// ET 2.60b's: compressed connects read, protocol and challenge checked, a netchan with
+    /// XOR-encoded, fragmented, patterned messages both ways.
+    Engine,
+}
 
 /// Initial settings of a [`FakeEtServer`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,6 +102,18 @@ pub struct FakeEtConfig {
     /// Players as `(score, ping, name)`, listed in statusResponse and counted
     /// in the `clients` key.
     pub players: Vec<(i32, i32, String)>,
+    /// How joins and in-game packets are handled.
+    pub handshake: Handshake,
+}
+
+impl FakeEtConfig {
+    /// The default settings with [`Handshake::Engine`].
+    pub fn engine() -> FakeEtConfig {
+        FakeEtConfig {
+            handshake: Handshake::Engine,
+            ..FakeEtConfig::default()
+        }
+    }
 }
 
 impl Default for FakeEtConfig {
@@ -86,6 +124,7 @@ impl Default for FakeEtConfig {
             max_clients: 20,
             rcon_password: "secret".to_string(),
             players: Vec::new(),
+            handshake: Handshake::Scripted,
         }
     }
 }
@@ -114,10 +153,14 @@ struct State {
     last_rcon: Option<Instant>,
     /// Challenges given, oldest first.
     challenges: std::collections::VecDeque<(SocketAddr, i32)>,
-    /// Connected clients: address and qport.
-    clients: Vec<(SocketAddr, u16)>,
+    /// Connected clients.
+    clients: Vec<Client>,
     /// Times a client was re-pointed to a new port.
     fixups: usize,
+    /// How joins and in-game packets are handled.
+    handshake: Handshake,
+    /// The netchan counts of clients no longer connected.
+    retired: Counts,
 }
 
 impl State {
@@ -229,6 +272,8 @@ impl FakeEtServer {
             challenges: std::collections::VecDeque::new(),
             clients: Vec::new(),
             fixups: 0,
+            handshake: config.handshake,
+            retired: Counts::default(),
         }));
         let task = tokio::spawn(serve(Arc::clone(&socket), Arc::clone(&state)));
         Ok(FakeEtServer {
@@ -281,7 +326,43 @@ impl FakeEtServer {
 
     /// Connected clients (address as last seen, qport).
     pub fn clients(&self) -> Vec<(SocketAddr, u16)> {
-        lock(&self.state).clients.clone()
+        lock(&self.state)
+            .clients
+            .iter()
+            .map(|c| (c.addr, c.qport))
+            .collect()
+    }
+
+    /// The in-game counts summed over every client, past and present ([`Handshake::Engine`];
+    /// all zero otherwise): `messages_received`/`decoded_ok`/`decoded_bad` are the clients'
+    /// messages, `messages_sent`/`datagrams_sent` the server's.
+    pub fn netchan_counts(&self) -> Counts {
+        engine::total_counts(&lock(&self.state))
+    }
+
+    /// The in-game counts of the connected client with `qport`, if any.
+    pub fn client_counts(&self, qport: u16) -> Option<Counts> {
+        lock(&self.state)
+            .clients
+            .iter()
+            .find(|c| c.qport == qport)
+            .and_then(|c| c.session.as_ref())
+            .map(|s| s.counts())
+    }
+
+    /// Sends `messages` more server messages to every connected client (their netchans, in
+    /// [`Handshake::Engine`]), on top of the answers to their own messages; returns the
+    /// datagrams sent.
+    ///
+    /// # Errors
+    ///
+    /// A send failed.
+    pub async fn stream(&self, messages: usize) -> io::Result<usize> {
+        let datagrams = engine::stream(&mut lock(&self.state), messages);
+        for (to, d) in &datagrams {
+            self.socket.send_to(d, *to).await?;
+        }
+        Ok(datagrams.len())
     }
 
     /// Times a client was re-pointed to a new port by an in-game packet with its qport.
@@ -340,7 +421,7 @@ fn reply(text: &str) -> Option<Vec<u8>> {
     Some(crate::udp::oob(text.as_bytes()))
 }
 
-/// The receive loop: one datagram at a time, the reply computed under the
+/// The receive loop: one datagram at a time, the replies computed under the
 /// lock and sent after it is released.
 async fn serve(socket: Arc<UdpSocket>, state: Arc<Mutex<State>>) {
     let mut buf = vec![0u8; 65_536];
@@ -351,8 +432,8 @@ async fn serve(socket: Arc<UdpSocket>, state: Arc<Mutex<State>>) {
             Err(_) => continue,
         };
         let packet = &buf[..len];
-        let reply = handle(&mut lock(&state), from, packet);
-        if let Some(reply) = reply {
+        let replies = handle(&mut lock(&state), from, packet);
+        for reply in replies {
             let _ = socket.send_to(&reply, from).await;
         }
     }

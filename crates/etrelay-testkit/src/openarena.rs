@@ -83,7 +83,7 @@ type SpawnRequest = (Command, mpsc::Sender<io::Result<Child>>);
 /// Spawns `command` from a helper thread that never exits, so that
 /// `PR_SET_PDEATHSIG` (which fires when the *thread* that forked the child
 /// ends) only fires when the whole test process ends.
-fn spawn_from_helper(command: Command) -> io::Result<Child> {
+pub(crate) fn spawn_from_helper(command: Command) -> io::Result<Child> {
     static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnRequest>>> = OnceLock::new();
     let spawner = SPAWNER.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<SpawnRequest>();
@@ -111,7 +111,7 @@ fn spawn_from_helper(command: Command) -> io::Result<Child> {
 }
 
 /// A fresh private directory under the system temp dir.
-fn fresh_dir() -> io::Result<PathBuf> {
+pub(crate) fn fresh_dir() -> io::Result<PathBuf> {
     static N: AtomicU32 = AtomicU32::new(0);
     let base = std::env::temp_dir();
     for _ in 0..100 {
@@ -208,7 +208,7 @@ pub struct OpenArena {
 
 /// The command that runs `wrapper`: under `setpriv --pdeathsig KILL` where it is installed
 /// (the server dies with the test), inside network namespace `netns` if given.
-fn command_for(wrapper: &Path, netns: Option<&str>) -> Command {
+pub(crate) fn command_for(wrapper: &Path, netns: Option<&str>) -> Command {
     let mut prefix: Vec<String> = Vec::new();
     if let Some(setpriv) = setpriv() {
         prefix.push(setpriv.display().to_string());
@@ -430,7 +430,7 @@ impl OpenArena {
 }
 
 /// The last `n` lines of `text`.
-fn tail(text: &str, n: usize) -> String {
+pub(crate) fn tail(text: &str, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }

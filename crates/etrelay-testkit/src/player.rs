@@ -5,13 +5,26 @@
 //! * `getchallenge` (ET) or `getchallenge <clientChallenge> <gamename>` (ioquake3), answered by
 //!   `challengeResponse <challenge> …`; retransmitted every 3 s until answered;
 //! * `connect "<userinfo>"` with `\challenge\<challenge>\qport\<qport>\protocol\<n>…`. Real
-//!   clients Huffman-compress it and spell the command exactly `connect`; the engines dispatch
-//!   the command case-insensitively and decompress only that exact spelling, so this client
-//!   sends it as plaintext `CONNECT`, which every engine accepts the same way (checked on the
-//!   OpenArena server);
+//!   clients Huffman-compress it from offset 12 and spell the command exactly `connect`
+//!   (`NET_OutOfBandData`); the engines dispatch the command case-insensitively and decompress
+//!   only that exact spelling. [`ConnectStyle`] picks which this client sends: plaintext
+//!   `CONNECT` (the default, which every engine accepts the same way, checked on the OpenArena
+//!   server), or the real client's compressed `connect` ([`crate::huffman`]);
 //! * answered by `connectResponse` (ET) or `connectResponse <challenge>` (ioquake3), after which
 //!   the server streams in-game packets to the client;
 //! * in-game packets: a 4-byte little-endian sequence number, the 16-bit qport, the payload.
+//!   [`Player::send_game`] sends such raw packets; after a join the client also has a netchan
+//!   session ([`crate::netchan::session`], in `session`): [`Player::send_message`] sends
+//!   patterned messages with the netchan's header (the qport; the checksum of a stock
+//!   ioquake3) and the XOR encoding with the challenge (ET, and ioquake3's legacy netchan,
+//!   which Debian's OpenArena speaks: see [`Dialect::netchan`]), and the receiving methods
+//!   reassemble, check and decode the server's messages and count them.
+//!
+//! With [`ConnectStyle::Engine`] the client also checks what a real one checks (ioquake3's
+//! `CL_ConnectionlessPacket`): its `getchallenge` carries a random client challenge that the
+//! `challengeResponse` must echo, and `connectResponse <challenge>` must carry the challenge it
+//! holds; answers that fail are ignored, as the real client ignores them. ET's client checks
+//! neither.
 
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
@@ -20,7 +33,11 @@ use std::time::Duration;
 use tokio::net::UdpSocket;
 use tokio::time::{Instant, timeout_at};
 
+use crate::netchan;
+use crate::netchan::session::{Role, Session};
 use crate::udp::oob;
+
+mod session;
 
 /// How often a real client retransmits its connect steps (`RETRANSMIT_TIMEOUT`).
 pub const RETRANSMIT: Duration = Duration::from_secs(3);
@@ -51,6 +68,34 @@ impl Dialect {
             Dialect::Ioq3 { .. } => 71,
         }
     }
+
+    /// The netchan this client speaks in game unless told otherwise
+    /// ([`Player::with_netchan`]): ET's, or for ioquake3 the legacy one (no checksum, XOR), as
+    /// Debian's OpenArena client and server do: their wrappers set `com_protocol 71` and
+    /// `com_legacyprotocol 71`, so a protocol 71 client is a "compat" client
+    /// (`SV_DirectConnect`: `version == com_legacyprotocol`; `CL_CheckForResend`: the two
+    /// equal). A stock ioquake3 (`com_legacyprotocol 68`) speaks [`netchan::Dialect::Ioq3`]
+    /// (the checksum) with protocol 71 clients.
+    pub fn netchan(&self) -> netchan::Dialect {
+        match self {
+            Dialect::Et => netchan::Dialect::Et,
+            Dialect::Ioq3 { .. } => netchan::Dialect::Ioq3Legacy,
+        }
+    }
+}
+
+/// The userinfo keys a real client adds, in [`ConnectStyle::Engine`].
+const ENGINE_USERINFO: &str = "\\cl_maxpackets\\30\\cl_timenudge\\0\\cg_predictItems\\1\\cl_anonymous\\0\\g_password\\none\\cl_punkbuster\\0\\cl_wwwDownload\\1\\cg_uinfo\\13 0 30\\color\\4\\handicap\\100\\model\\sarge\\headmodel\\sarge\\team_model\\sarge\\sex\\male";
+
+/// How the client spells and checks its join (see the module docs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum ConnectStyle {
+    /// Plaintext `CONNECT "<userinfo>"`, no checks of the answers' arguments (the default).
+    #[default]
+    Plaintext,
+    /// A real client's: `connect` Huffman-compressed from offset 12, the ioquake3 client
+    /// challenge echo and the `connectResponse` challenge checked.
+    Engine,
 }
 
 /// Why a join failed.
@@ -75,6 +120,15 @@ pub struct Player {
     dialect: Dialect,
     seq: u32,
     buf: Vec<u8>,
+    style: ConnectStyle,
+    /// The challenge of the last successful join.
+    challenge: Option<i32>,
+    /// The netchan session set up by the last successful join.
+    session: Option<Session>,
+    /// A challenge to connect with instead of the server's (to test refusals).
+    challenge_override: Option<i32>,
+    /// The in-game netchan.
+    netchan: netchan::Dialect,
 }
 
 impl Player {
@@ -89,10 +143,40 @@ impl Player {
             sock: UdpSocket::bind(SocketAddr::from((ip, 0))).await?,
             server,
             qport,
-            dialect,
             seq: 0,
             buf: vec![0; 65_536],
+            style: ConnectStyle::Plaintext,
+            challenge: None,
+            session: None,
+            challenge_override: None,
+            netchan: dialect.netchan(),
+            dialect,
         })
+    }
+
+    /// The same client, speaking `netchan` in game (for ioquake3: [`netchan::Dialect::Ioq3`]
+    /// with a stock server, the legacy one, the default, with Debian's OpenArena).
+    pub fn with_netchan(mut self, netchan: netchan::Dialect) -> Player {
+        self.netchan = netchan;
+        self
+    }
+
+    /// The same client, joining in `style` from now on.
+    pub fn with_connect_style(mut self, style: ConnectStyle) -> Player {
+        self.style = style;
+        self
+    }
+
+    /// The same client, connecting with `challenge` whatever the server gave it (a client
+    /// with a wrong challenge, to test refusals).
+    pub fn with_challenge_override(mut self, challenge: i32) -> Player {
+        self.challenge_override = Some(challenge);
+        self
+    }
+
+    /// The challenge of the last successful join.
+    pub fn challenge(&self) -> Option<i32> {
+        self.challenge
     }
 
     /// The client's own address.
@@ -106,7 +190,8 @@ impl Player {
     }
 
     /// Runs the handshake, retransmitting each step every `retransmit` as a real client does,
-    /// until `within` has passed. Returns how long it took.
+    /// until `within` has passed. Returns how long it took. On success the client holds the
+    /// challenge and a fresh netchan session.
     ///
     /// # Errors
     /// See [`JoinError`].
@@ -117,19 +202,57 @@ impl Player {
     ) -> Result<Duration, JoinError> {
         let start = Instant::now();
         let deadline = start + within;
+        let engine = self.style == ConnectStyle::Engine;
+        // ioquake3's client challenge: fixed in the plaintext style, random in the engine's.
+        let mine: i32 = if engine {
+            rand::random_range(1..=i32::MAX)
+        } else {
+            4242
+        };
         let getchallenge = match &self.dialect {
             Dialect::Et => oob(b"getchallenge"),
-            Dialect::Ioq3 { gamename } => oob(format!("getchallenge 4242 {gamename}").as_bytes()),
+            Dialect::Ioq3 { gamename } => oob(format!("getchallenge {mine} {gamename}").as_bytes()),
         };
-        let challenge = self
-            .step(&getchallenge, b"challengeResponse", deadline, retransmit)
+        let echo_needed = engine && matches!(self.dialect, Dialect::Ioq3 { .. });
+        let accept = |args: &[String]| -> bool {
+            !echo_needed || args.get(2).is_some_and(|a| atoi(a) == mine)
+        };
+        let answer = self
+            .step(
+                &getchallenge,
+                "challengeResponse",
+                &accept,
+                deadline,
+                retransmit,
+            )
             .await?
             .ok_or(JoinError::NoChallenge)?;
-        let challenge = String::from_utf8_lossy(&challenge)
-            .split_whitespace()
-            .nth(1)
-            .unwrap_or("0")
-            .to_string();
+        let text = answer.get(1).cloned().unwrap_or_else(|| "0".to_string());
+        let challenge = self.challenge_override.unwrap_or_else(|| atoi(&text));
+        let shown = match engine || self.challenge_override.is_some() {
+            true => challenge.to_string(),
+            false => text,
+        };
+        let connect = self.connect_packet(&shown);
+        let check = engine && matches!(self.dialect, Dialect::Ioq3 { .. });
+        let accept = |args: &[String]| -> bool {
+            !check || args.get(1).is_some_and(|a| atoi(a) == challenge)
+        };
+        self.step(&connect, "connectResponse", &accept, deadline, retransmit)
+            .await?
+            .ok_or(JoinError::NoConnectResponse)?;
+        self.challenge = Some(challenge);
+        self.session = Some(Session::new(
+            Role::Client,
+            self.netchan,
+            self.qport,
+            challenge,
+        ));
+        Ok(start.elapsed())
+    }
+
+    /// The `connect` datagram for `challenge`, in the client's style.
+    fn connect_packet(&self, challenge: &str) -> Vec<u8> {
         let mut userinfo = format!(
             "\\challenge\\{challenge}\\qport\\{}\\protocol\\{}\\name\\player{}\\rate\\25000\\snaps\\20",
             self.qport,
@@ -139,23 +262,28 @@ impl Player {
         if matches!(self.dialect, Dialect::Ioq3 { .. }) {
             userinfo.push_str(&format!("\\cl_guid\\{:032X}", u128::from(self.qport)));
         }
-        let connect = oob(format!("CONNECT \"{userinfo}\"").as_bytes());
-        self.step(&connect, b"connectResponse", deadline, retransmit)
-            .await?
-            .ok_or(JoinError::NoConnectResponse)?;
-        Ok(start.elapsed())
+        match self.style {
+            ConnectStyle::Plaintext => oob(format!("CONNECT \"{userinfo}\"").as_bytes()),
+            ConnectStyle::Engine => {
+                // A real client's userinfo is long enough to fit the engine's Huffman limit (a
+                // short one comes out cut): the usual keys.
+                userinfo.push_str(ENGINE_USERINFO);
+                crate::huffman::connect_packet(format!("\"{userinfo}\"").as_bytes())
+            }
+        }
     }
 
-    /// Sends `packet` every `retransmit` until an OOB answer starting with `want` arrives
-    /// (returned without the marker) or `deadline` passes (`None`). A `print` answer is a
-    /// refusal.
+    /// Sends `packet` every `retransmit` until an OOB answer starting with `want` whose words
+    /// pass `accept` arrives (returned as its words) or `deadline` passes (`None`). A `print`
+    /// answer is a refusal.
     async fn step(
         &mut self,
         packet: &[u8],
-        want: &[u8],
+        want: &str,
+        accept: &(dyn Fn(&[String]) -> bool + Sync),
         deadline: Instant,
         retransmit: Duration,
-    ) -> Result<Option<Vec<u8>>, JoinError> {
+    ) -> Result<Option<Vec<String>>, JoinError> {
         while Instant::now() < deadline {
             self.sock
                 .send_to(packet, self.server)
@@ -168,8 +296,12 @@ impl Player {
                 let Some(text) = data.strip_prefix(&[0xFF; 4]) else {
                     continue;
                 };
-                if text.starts_with(want) {
-                    return Ok(Some(text.to_vec()));
+                let words: Vec<String> = String::from_utf8_lossy(text)
+                    .split_whitespace()
+                    .map(str::to_string)
+                    .collect();
+                if text.starts_with(want.as_bytes()) && accept(&words) {
+                    return Ok(Some(words));
                 }
                 if let Some(msg) = text.strip_prefix(b"print\n") {
                     return Err(JoinError::Refused(
@@ -181,7 +313,8 @@ impl Player {
         Ok(None)
     }
 
-    /// Sends one in-game packet: the next sequence number, the qport, `payload`.
+    /// Sends one in-game packet: the next sequence number, the qport, `payload` (a sequence of
+    /// its own, not the netchan session's).
     ///
     /// # Errors
     /// The send failed.
@@ -206,6 +339,16 @@ impl Player {
     }
 }
 
+/// `atoi`: the leading integer of `text` (0 when there is none).
+fn atoi(text: &str) -> i32 {
+    let t = text.trim_start();
+    let end = t
+        .char_indices()
+        .find(|&(i, c)| !(c.is_ascii_digit() || (i == 0 && (c == '-' || c == '+'))))
+        .map_or(t.len(), |(i, _)| i);
+    t[..end].parse::<i64>().map_or(0, |n| n as i32)
+}
+
 /// An in-game packet as a client sends it: sequence number (little-endian), qport
 /// (little-endian), payload.
 pub fn game_packet(seq: u32, qport: u16, payload: &[u8]) -> Vec<u8> {
@@ -219,6 +362,31 @@ pub fn game_packet(seq: u32, qport: u16, payload: &[u8]) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_engine_connect_fits_the_huffman_limit() {
+        let server = SocketAddr::from(([127, 0, 0, 1], 27960));
+        for dialect in [Dialect::Et, Dialect::openarena()] {
+            for qport in [0, 7, 27960, u16::MAX] {
+                let p = Player::bind(Ipv4Addr::LOCALHOST, server, qport, dialect.clone())
+                    .await
+                    .unwrap()
+                    .with_connect_style(ConnectStyle::Engine);
+                for challenge in ["1", "-2147483648", "2147483647"] {
+                    let text = packet_text(&p.connect_packet(challenge));
+                    let head = format!("\"\\challenge\\{challenge}\\qport\\{qport}\\");
+                    assert!(text.starts_with(head.as_bytes()));
+                    assert!(text.ends_with(b"\\sex\\male\""), "read back whole");
+                    assert!(crate::huffman::try_compress(&text).is_some());
+                }
+            }
+        }
+    }
+
+    /// The text a compressed connect carries.
+    fn packet_text(packet: &[u8]) -> Vec<u8> {
+        crate::huffman::decompress(&packet[12..]).unwrap()
+    }
 
     #[test]
     fn game_packets_carry_sequence_then_qport() {

@@ -1,6 +1,7 @@
 //! A local demo on loopback that needs nothing installed: a scripted ET 2.60b-style game
 //! server and an etmaster-style master on 127.0.0.x, the relay in front of the server with
-//! `--debug` logging, and a browser that queries the server through the relay.
+//! `--debug` logging, a browser that queries the server through the relay, an attacker's rcon,
+//! and a player who joins with the relay's own challenge and plays.
 //!
 //! Run with `cargo run -p etrelay --example demo`.
 
@@ -9,6 +10,8 @@ use std::time::Duration;
 
 use etrelay::config::{MAX_QUEUED_BYTES, MAX_SESSIONS, ServerConfig};
 use etrelay::server::{Budget, DropReason, ServerHandle};
+use etrelay_testkit::fake_server::Handshake;
+use etrelay_testkit::player::{ConnectStyle, Dialect, Player, RETRANSMIT};
 use etrelay_testkit::{FakeEtConfig, FakeEtServer, FakeMaster, MasterStyle, udp, unique_ip};
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
@@ -38,6 +41,7 @@ async fn main() -> Result<()> {
     let browser = udp::bind(Ipv4Addr::new(127, 0, 0, 1)).await?;
     browse(&browser, addr).await;
     try_rcon(&browser, &relay, &et).await?;
+    play(addr, &relay).await?;
 
     relay.stop().await;
     let flat = master
@@ -58,6 +62,7 @@ fn peers() -> Result<(FakeEtServer, FakeMaster)> {
         FakeEtConfig {
             hostname: "demo-et".into(),
             players,
+            handshake: Handshake::Engine,
             ..Default::default()
         },
     )?;
@@ -131,6 +136,32 @@ async fn try_rcon(browser: &UdpSocket, relay: &ServerHandle, et: &FakeEtServer) 
         relay.metrics().drops(DropReason::Rcon),
         et.rcon_executed().len(),
         replies.len()
+    );
+    Ok(())
+}
+
+/// A player joins through the relay as a real ET client does (`getchallenge`, the relay's own
+/// challenge, a Huffman-compressed `connect`), then plays: every in-game packet is rewritten for
+/// the challenge of the side it goes to.
+async fn play(addr: SocketAddr, relay: &ServerHandle) -> Result<()> {
+    println!("# a player joins with the relay's challenge and plays\n");
+    let mut p = Player::bind(Ipv4Addr::new(127, 0, 0, 1), addr, 4242, Dialect::Et)
+        .await?
+        .with_connect_style(ConnectStyle::Engine);
+    let took = p
+        .join(Duration::from_secs(5), RETRANSMIT)
+        .await
+        .map_err(|e| format!("the player did not join: {e:?}"))?;
+    let c = p.play(20, Duration::from_secs(1)).await?;
+    let m = relay.metrics();
+    println!(
+        "\n# joined in {took:.1?} with the relay's challenge {:?}; the game server gave its own \
+         ({} asked); {} of {} messages from the server decoded, {} garbled\n",
+        p.challenge(),
+        m.challenges_asked.get(),
+        c.decoded_ok,
+        c.messages_received,
+        c.decoded_bad
     );
     Ok(())
 }

@@ -10,8 +10,8 @@ use clap::builder::TypedValueParser as _;
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{
-    self, BadMaster, DEFAULT_MASTERS, Game, JoinLimits, QueryLimits, ReflectionLimits,
-    ServerConfig, SessionCaps, SessionLimits,
+    self, BadMaster, ChallengeConfig, DEFAULT_MASTERS, Game, JoinLimits, QueryLimits,
+    ReflectionLimits, ServerConfig, SessionCaps, SessionLimits,
 };
 use crate::control::listen::{self, ListenLimits};
 use crate::daemon::{DaemonConfig, PortsError};
@@ -256,9 +256,23 @@ pub struct RunArgs {
     #[arg(long, conflicts_with = "ports")]
     pub metrics: Option<SocketAddr>,
 
-    /// Largest datagram relayed, in bytes; larger ones are dropped.
-    #[arg(long, default_value_t = config::MAX_PACKET, value_parser = clap::value_parser!(u32).range(16..=65_535).map(|v| v as usize))]
+    /// Largest datagram a client may send, in bytes; larger ones are dropped (and counted, and
+    /// a flood of them logged). The default, 1400, is the engines' `MAX_PACKETLEN`: no Quake 3
+    /// engine client (ioquake3, ET 2.60b, ET: Legacy) sends more.
+    #[arg(long, env = "ETRELAY_MAX_PACKET", default_value_t = config::MAX_PACKET, value_parser = clap::value_parser!(u32).range(16..=65_535).map(|v| v as usize))]
     pub max_packet: usize,
+
+    /// Let the game server give the challenges, as without the relay: every getchallenge goes
+    /// to it through the fair join gate and nothing is translated. By default the relay answers
+    /// getchallenge itself (no server challenge spent, no session opened, for a spoofed one)
+    /// and translates the challenge of every client it lets in, for the protocols it knows
+    /// (ioquake3's 71, ET's 82 to 84).
+    #[arg(long, env = "ETRELAY_SERVER_CHALLENGES")]
+    pub server_challenges: bool,
+
+    /// getchallenge the relay answers itself per second at most, all sources together.
+    #[arg(long, default_value_t = config::CHALLENGE_ANSWERS, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub challenge_answers: u32,
 
     /// Send to the game server one socket at a time (`sendmmsg`), not a whole batch over all
     /// sessions' sockets with one `io_uring` call. Without this flag io_uring is used where the
@@ -335,6 +349,10 @@ impl RunArgs {
                         .state_dir
                         .as_ref()
                         .map(|d| d.join(format!("proven-{}.json", self.listen.port()))),
+                    carry_file: self
+                        .state_dir
+                        .as_ref()
+                        .map(|d| crate::server::carry_path(d, self.listen.port())),
                     ..self.server_config(resolve(u)?)?
                 },
                 listen: self.listen,
@@ -450,6 +468,11 @@ impl RunArgs {
                 max_prefixes: config::MAX_ANSWER_PREFIXES,
             },
             proven_file: None,
+            challenges: ChallengeConfig {
+                server: self.server_challenges,
+                answers_per_second: self.challenge_answers,
+            },
+            carry_file: None,
         })
     }
 }
@@ -491,7 +514,8 @@ mod tests {
         assert_eq!(c.heartbeat_interval, config::HEARTBEAT_INTERVAL);
         assert_eq!(c.session.timeout, config::SESSION_TIMEOUT);
         assert_eq!(c.session.queue, 64);
-        assert_eq!(c.session.max_packet, 65_535);
+        assert_eq!(c.session.max_packet, 1_400);
+        assert!(!c.challenges.server);
         assert_eq!(cli.max_sessions, 2048);
         assert_eq!(c.query.burst, 5);
         assert_eq!(c.query.max_sources, 65_536);

@@ -15,8 +15,15 @@ pub const SESSION_TIMEOUT: Duration = duration(SESSION_TIMEOUT_TEXT);
 pub const SESSION_TIMEOUT_TEXT: &str = "2m";
 /// Packets a session holds for the game server before it drops more.
 pub const SESSION_QUEUE: usize = 64;
-/// Largest datagram relayed.
-pub const MAX_PACKET: usize = 65_535;
+/// Largest datagram a client may send, whatever `--game`: `MAX_PACKETLEN` of ioquake3, ET 2.60b
+/// and ET: Legacy. Their clients never send more (a message over 1 300 bytes goes in
+/// fragments); their servers refuse only from `MAX_MSGLEN` on (16 384 bytes for ioquake3,
+/// 32 768 for ET), so anything between is junk the relay keeps off the tunnel.
+pub const MAX_PACKET: usize = 1_400;
+/// Largest datagram read from the game server (a `statusResponse` can exceed 16 KiB).
+pub const MAX_ANSWER: usize = 65_535;
+/// `getchallenge` the relay answers itself a second at most, all sources together.
+pub const CHALLENGE_ANSWERS: u32 = 50_000;
 /// Sessions open at once, all servers together (one socket each).
 pub const MAX_SESSIONS: usize = 2048;
 /// `getstatus`/`getinfo` a source IP may send at once…
@@ -190,6 +197,30 @@ pub struct ServerConfig {
     /// Where the sources that proved their address are kept (`server::proven`); `None`: in
     /// memory only.
     pub proven_file: Option<PathBuf>,
+    /// Who gives the challenges (`server::challenges`).
+    pub challenges: ChallengeConfig,
+    /// Where the translated sessions are kept across a restart (`server::carry`); `None`: not
+    /// kept.
+    pub carry_file: Option<PathBuf>,
+}
+
+/// Who gives the challenges a client connects with.
+#[derive(Debug, Clone, Copy)]
+pub struct ChallengeConfig {
+    /// `--server-challenges`: the game server, as without the relay (the relay then translates
+    /// nothing); else the relay, when the server's protocol is one it translates.
+    pub server: bool,
+    /// `getchallenge` the relay answers a second at most, all sources together.
+    pub answers_per_second: u32,
+}
+
+impl Default for ChallengeConfig {
+    fn default() -> Self {
+        ChallengeConfig {
+            server: false,
+            answers_per_second: CHALLENGE_ANSWERS,
+        }
+    }
 }
 
 /// Caps on one server's sessions (the process-wide ones are in [`crate::server::Budget`]).
@@ -291,7 +322,7 @@ pub struct SessionLimits {
     pub timeout: Duration,
     /// Packets queued towards the game server per session.
     pub queue: usize,
-    /// Largest datagram relayed; larger ones are dropped.
+    /// Largest datagram a client may send; larger ones are dropped.
     pub max_packet: usize,
     /// Send a batch's datagrams to the game server, over all its sessions' sockets, with one
     /// `io_uring` system call where the kernel allows it.
@@ -349,6 +380,8 @@ impl ServerConfig {
             joins: JoinLimits::for_game(GAME),
             reflection: ReflectionLimits::default(),
             proven_file: None,
+            challenges: ChallengeConfig::default(),
+            carry_file: None,
         }
     }
 }

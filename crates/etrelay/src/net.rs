@@ -228,12 +228,15 @@ impl PairRecv {
         self.filled < 2
     }
 
-    /// The datagrams of the last [`PairRecv::try_recv`].
-    pub fn datagrams(&self) -> impl Iterator<Item = &[u8]> {
+    /// The datagrams of the last [`PairRecv::try_recv`], to be read and rewritten in place.
+    pub fn datagrams(&mut self) -> impl Iterator<Item = &mut [u8]> {
         self.metas[..self.filled]
             .iter()
-            .zip(self.bufs.chunks(self.slot))
-            .map(|(meta, slot)| &slot[..meta.len.min(slot.len())])
+            .zip(self.bufs.chunks_mut(self.slot))
+            .map(|(meta, slot)| {
+                let len = meta.len.min(slot.len());
+                &mut slot[..len]
+            })
     }
 }
 

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::daemon::{BIN, Daemon, ports};
 use common::*;
+use etrelay_testkit::player::Dialect;
 use etrelay_testkit::{OpenArena, qstat, udp, unique_ip};
 
 /// Runs `etrelay admin <args>`; returns success, stdout and stderr.
@@ -95,17 +96,19 @@ async fn register_openarena_then_sessions_ban_unban_leave() {
     assert_eq!(v["name"], "etrelay-test");
 
     // A client's session, mapped to the port the server sees.
-    let player = client().await;
-    let r = ask(&player, public, &udp::oob(b"getchallenge 123 Quake3Arena")).await;
+    let probe = client().await;
+    let r = ask(&probe, public, &udp::oob(b"getchallenge 123 Quake3Arena")).await;
     assert_eq!(r.len(), 1, "{}", d.log_text());
     assert!(r[0].1.starts_with(b"\xff\xff\xff\xffchallengeResponse "));
+    let joined = joined(public, 4321, Dialect::openarena()).await;
+    let player = client_on(ip_of(&joined)).await;
     let (ok, out, err) = admin(&[
         "sessions", "--json", common[0], common[1], common[2], common[3],
     ])
     .await;
     assert!(ok, "{err}");
     let sessions: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let me = player.local_addr().unwrap().to_string();
+    let me = joined.local_addr().unwrap().to_string();
     assert!(
         sessions["sessions"]
             .as_array()

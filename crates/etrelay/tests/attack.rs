@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::daemon::{Daemon, new_key, ports};
-use common::single::{SingleRelay, scrape};
+use common::single::{SingleRelay, drops, scrape};
 use etrelay::proof::fingerprint;
 use etrelay_testkit::flood::{Flood, many_ips, many_ports};
 use etrelay_testkit::player::{Dialect, Player, game_packet};
@@ -55,16 +55,6 @@ fn sample(text: &str, prefix: &str) -> u64 {
         .find(|l| l.starts_with(prefix))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
         .unwrap_or(0)
-}
-
-fn drops(text: &str, reason: &str) -> u64 {
-    text.lines()
-        .filter(|l| {
-            l.starts_with("etrelay_dropped_packets_total")
-                && l.contains(&format!("reason=\"{reason}\""))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum()
 }
 
 /// An address whose /24 holds none of `sources`: an honest player the flood does not share a
@@ -232,13 +222,17 @@ async fn no_flood_locks_players_out_and_memory_stays_bounded() {
         "the established player lost {} of {sent} packets",
         sent - et.game_packets_with_qport(4242) as u64
     );
-    assert!(
-        drops(&text, "ip_cap") > 0,
-        "the port cycler met the per-IP cap:\n{text}"
-    );
+    // The relay gives the challenges: in-game packets of addresses that never joined open no
+    // session at all (the port cycler never reaches a cap), and connects without the relay's
+    // challenge go nowhere.
     assert!(
         drops(&text, "no_session") > 0,
-        "connects without a session were dropped"
+        "in-game packets without a session were dropped:\n{text}"
+    );
+    assert_eq!(drops(&text, "ip_cap"), 0, "{text}");
+    assert!(
+        drops(&text, "bad_cookie") > 0,
+        "connects without the relay's challenge were dropped"
     );
     if std::env::var_os("ATTACK_FIGURES").is_some() {
         println!(

@@ -243,11 +243,11 @@ async fn debug_logs_read_as_in_the_design() {
         .unwrap();
     let me = c.local_addr().unwrap();
     let ma = master.addr();
+    // The etmaster-style master's getChallenge gets the relay's own challenge: no session.
     let want = [
         format!("heartbeat EnemyTerritory-1 -> {ma} ({ma})"),
-        format!("session + {ma} (1 active)"),
         format!("{ma} -> ET getChallenge ("),
-        format!("{ma} <- ET challengeResponse ("),
+        format!("{ma} <- ET challengeResponse (31 B, the relay's challenge)"),
         format!("{ma} -> ET getInfo ("),
         format!("{ma} <- ET infoResponse ("),
         format!("{me} -> ET getstatus (13 B)"),
@@ -263,6 +263,7 @@ async fn debug_logs_read_as_in_the_design() {
     }
     p.signal("-TERM");
     assert!(p.wait_exit().await.success());
+    assert!(!p.logged("session +"), "{}", p.log_text());
 }
 
 #[tokio::test]
@@ -302,7 +303,8 @@ fn help_explains_every_flag_with_its_default() {
         ("--session-timeout", "2m"),
         ("--session-queue", "64"),
         ("--max-sessions", "2048"),
-        ("--max-packet", "65535"),
+        ("--max-packet", "1400"),
+        ("--challenge-answers", "50000"),
         ("--query-burst", "5"),
         ("--query-interval", "1s"),
         ("--query-sources", "65536"),

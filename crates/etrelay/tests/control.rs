@@ -8,6 +8,7 @@ use std::time::Duration;
 use common::daemon::{Daemon, TOKEN, new_key, ports};
 use common::*;
 use etrelay::proof::fingerprint;
+use etrelay_testkit::player::Dialect;
 use etrelay_testkit::{FakeEtConfig, FakeEtServer, FakeMaster, MasterStyle, udp, unique_ip};
 use reqwest::Method;
 use serde_json::json;
@@ -44,13 +45,12 @@ async fn register_relay_ban_unban_leave() {
     assert_eq!(me["relaying"], true);
 
     // A player connects through the public port.
-    let player = client().await;
-    let r = ask(&player, public, &udp::oob(b"getchallenge")).await;
-    assert_eq!(r.len(), 1, "{}", d.log_text());
+    let joined = joined(public, 4321, Dialect::Et).await;
     let (_, sessions) = d.call(Method::GET, "/sessions", &key, None).await;
     let list = sessions["sessions"].as_array().unwrap();
     assert_eq!(list.len(), 1);
-    assert_eq!(list[0]["client"], player.local_addr().unwrap().to_string());
+    assert_eq!(list[0]["client"], joined.local_addr().unwrap().to_string());
+    let player = client_on(ip_of(&joined)).await;
     // The port the game server sees the player as.
     let seen = et
         .received()
@@ -346,6 +346,8 @@ async fn metrics_need_the_relay_token_and_hold_aggregates_only() {
             .len(),
         1
     );
+    // A session: a client that joined.
+    let _joined = joined(d.public(27960), 4321, Dialect::Et).await;
     assert_eq!(
         d.http.get(d.url("/metrics")).send().await.unwrap().status(),
         401

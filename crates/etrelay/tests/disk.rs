@@ -115,17 +115,6 @@ async fn ban(d: &Daemon, key: &str, ip: &str) -> (u16, Value) {
     .await
 }
 
-async fn banned(d: &Daemon, key: &str) -> Vec<String> {
-    let (status, bans) = d.call(Method::GET, "/bans", key, None).await;
-    assert_eq!(status, 200);
-    bans["bans"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|b| b["ip"].as_str().unwrap().to_string())
-        .collect()
-}
-
 /// One round trip through the public port.
 async fn relays(d: &Daemon, port: u16) {
     let c = client().await;
@@ -178,7 +167,7 @@ async fn a_full_or_read_only_state_dir_is_a_clear_error_and_relaying_goes_on() {
         (507, Some("state_disk_full"))
     );
     assert_eq!(d.call(Method::GET, "/server", &k2, None).await.0, 401);
-    let now = banned(&d, &key).await;
+    let now = d.banned(&key).await;
     assert!(!now.contains(&lost_ip), "a refused ban changes nothing");
     assert_eq!(now.len(), acked.len());
     relays(&d, 27960).await;
@@ -211,7 +200,7 @@ async fn a_full_or_read_only_state_dir_is_a_clear_error_and_relaying_goes_on() {
     let (status, body) = d.call(Method::DELETE, "/server", &k2, None).await;
     assert_eq!(status, 500, "{body}");
     assert_eq!(d.call(Method::GET, "/server", &k2, None).await.0, 200);
-    assert_eq!(banned(&d, &key).await.len(), acked.len());
+    assert_eq!(d.banned(&key).await.len(), acked.len());
     // Writable again: the ban stores opened read-only stay so until a restart.
     fs.remount("rw");
     d.stop().await;
@@ -224,7 +213,7 @@ async fn a_full_or_read_only_state_dir_is_a_clear_error_and_relaying_goes_on() {
     d.stop().await;
     whole(&state);
     let d = Daemon::start_on(ip, &state, &ports(2), &[]).await;
-    let mut now = banned(&d, &key).await;
+    let mut now = d.banned(&key).await;
     now.sort();
     acked.sort();
     assert_eq!(now, acked);

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use common::daemon::{Daemon, TOKEN, new_key};
 use common::*;
 use etrelay::proof::{fingerprint, key_hash};
+use etrelay_testkit::player::Dialect;
 use etrelay_testkit::{FakeEtConfig, FakeEtServer, FakeMaster, MasterStyle, udp, unique_ip};
 use reqwest::Method;
 use serde_json::json;
@@ -229,15 +230,12 @@ async fn bans_bite_on_a_dual_stack_socket() {
     );
 
     for (i, spelling) in ["plain", "mapped"].iter().enumerate() {
-        let player = client().await;
-        let me = player.local_addr().unwrap();
         let public = SocketAddr::from((Ipv4Addr::LOCALHOST, ports[0]));
-        assert_eq!(
-            ask(&player, public, &udp::oob(b"getchallenge")).await.len(),
-            1,
-            "{}",
-            d.log_text()
-        );
+        // A client joins through the dual-stack socket: the relay's challenge to it, its
+        // connect with it.
+        let joined = joined(public, 4000 + i as u16, Dialect::Et).await;
+        let me = joined.local_addr().unwrap();
+        let player = client_on(ip_of(&joined)).await;
         let (_, sessions) = d.call(Method::GET, "/sessions", &key, None).await;
         assert!(
             sessions["sessions"]

@@ -188,3 +188,63 @@ async fn rounds_start_one_interval_apart_even_when_probes_time_out() {
     assert_eq!(probes(&et), want);
     relay.handle.stop().await;
 }
+
+/// A relay on a dual-stack socket (`[::]`, as `--listen [::]:27960` or `--bind ::` give it)
+/// heartbeats a master that has only an IPv4 address (as an IPv4-mapped address), the master
+/// lists it, and players join over both IPv4 and IPv6.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dual_stack_relay_heartbeats_ipv4_masters_and_takes_both_families() {
+    use etrelay_testkit::player::{Dialect, Player, RETRANSMIT};
+    use etrelay_testkit::udp::oob;
+    let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
+    let master = FakeMaster::start(unique_ip(), MasterStyle::Classic).unwrap();
+    let mut cfg = config(et.addr());
+    cfg.masters = vec![master.addr().to_string()];
+    let public = tokio::net::UdpSocket::bind("[::]:0").await.unwrap();
+    let port = public.local_addr().unwrap().port();
+    let relay = start_on(
+        cfg,
+        public,
+        etrelay::server::Budget::new(
+            etrelay::config::MAX_SESSIONS,
+            etrelay::config::MAX_QUEUED_BYTES,
+        ),
+    );
+    // The heartbeat leaves from the IPv4 side of the socket: the master sees (and lists) the
+    // relay at 127.0.0.1.
+    let seen = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    assert!(
+        master.wait_listed(seen, 10 * S).await,
+        "{:?} {:?}",
+        master.heartbeats(),
+        master.rejections()
+    );
+    assert_eq!(relay.handle.metrics().heartbeat_errors.get(), 0);
+    // An IPv4 player.
+    let mut v4 = Player::bind(unique_ip(), seen, 41, Dialect::Et)
+        .await
+        .unwrap();
+    v4.join(5 * S, RETRANSMIT)
+        .await
+        .expect("an IPv4 player joins");
+    // An IPv6 player (the handshake by hand: the test kit's player is IPv4).
+    let v6 = tokio::net::UdpSocket::bind("[::1]:0").await.unwrap();
+    let to: std::net::SocketAddr = format!("[::1]:{port}").parse().unwrap();
+    let answer = ask(&v6, to, &oob(b"getchallenge")).await;
+    let text = String::from_utf8_lossy(&answer[0].1[4..]).into_owned();
+    let challenge = text
+        .strip_prefix("challengeResponse ")
+        .expect("a challenge");
+    let connect = oob(format!(
+        "CONNECT \"\\challenge\\{challenge}\\qport\\42\\protocol\\84\\name\\six\""
+    )
+    .as_bytes());
+    let r = ask(&v6, to, &connect).await;
+    assert!(
+        r.iter()
+            .any(|(_, p)| p.starts_with(b"\xff\xff\xff\xffconnectResponse")),
+        "{r:?}"
+    );
+    assert_eq!(relay.handle.session_count(), 2);
+    relay.handle.stop().await;
+}

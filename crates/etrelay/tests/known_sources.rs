@@ -97,9 +97,9 @@ async fn polls(ip: Ipv4Addr, to: SocketAddr) -> u32 {
     answered
 }
 
-/// Runs `flood` for [`FLOOD_FOR`] while `master` checks the relay every second; returns the
-/// challenges sent during it and how many were answered.
-async fn master_under_flood(style: MasterStyle, sources: Vec<SocketAddr>, label: &str) {
+/// A relay in front of a scripted ET server, heartbeating a `style` master every second, listed
+/// by it.
+async fn listed_relay(style: MasterStyle) -> (FakeEtServer, FakeMaster, SingleRelay) {
     let et = FakeEtServer::start(honest_ip(), FakeEtConfig::default()).unwrap();
     let master = FakeMaster::start(honest_ip(), style).unwrap();
     let masters = master.addr().to_string();
@@ -110,8 +110,15 @@ async fn master_under_flood(style: MasterStyle, sources: Vec<SocketAddr>, label:
     .await;
     assert!(
         master.wait_listed(relay.public, 10 * S).await,
-        "listed before the flood"
+        "listed at the start"
     );
+    (et, master, relay)
+}
+
+/// Runs `flood` for [`FLOOD_FOR`] while `master` checks the relay every second; returns the
+/// challenges sent during it and how many were answered.
+async fn master_under_flood(style: MasterStyle, sources: Vec<SocketAddr>, label: &str) {
+    let (_et, master, relay) = listed_relay(style).await;
     // A player who joined before the flood; a browser the relay never saw.
     let player = honest_ip();
     Player::bind(player, relay.public, 700, Dialect::Et)
@@ -285,8 +292,13 @@ async fn a_returning_player_joins_openarena_at_once_under_a_spoofed_getchallenge
     );
     let again = again.expect("the returning player joins");
     assert!(again <= S, "first try within 1 s: {again:?}");
-    let warns = relay.warns("join flood");
+    // The flood costs the server nothing (the relay answers it), and the admin is told once.
+    let warns = relay.warns("challenge flood");
     assert_eq!(warns.len(), 1, "one WARN in under a minute: {warns:?}");
+    assert!(
+        sum(&text, "etrelay_challenges_answered_total", "") >= u64::from(rate),
+        "{text}"
+    );
     relay.stop().await;
 }
 
@@ -331,4 +343,161 @@ async fn get_server_says_since_when_a_query_flood_goes_on() {
             .any(|f| f["kind"] == "reflection" && f["dropped"].as_u64() >= Some(20)),
         "{me}"
     );
+}
+
+/// `getinfo` spoofed from the master's own address (other ports of its IP) at `rate` a second
+/// while it checks the relay after each heartbeat (every second here): the master's checks,
+/// which come right after the relay's heartbeats, fall in the windows the relay keeps for them;
+/// what the spoofing makes the relay send that address stays within the lane's bound.
+async fn master_spoofed(style: MasterStyle, rate: u32) {
+    let (_et, master, relay) = listed_relay(style).await;
+    let ip = match master.addr().ip() {
+        std::net::IpAddr::V4(ip) => ip,
+        std::net::IpAddr::V6(_) => unreachable!(),
+    };
+    let sources: Vec<SocketAddr> = (0..200)
+        .map(|i| SocketAddr::from((ip, 30_000 + i)))
+        .collect();
+    let before = scrape(relay.metrics).await;
+    let (c0, a0) = (master.challenges(), master.answered());
+    let flood_for = 10 * S;
+    let flood = Flood::start(
+        sources,
+        relay.public,
+        oob(b"getinfo spoofed"),
+        Some(rate),
+        u64::from(rate) * flood_for.as_secs(),
+        flood_for + 5 * S,
+    );
+    let t0 = Instant::now();
+    while flood.sent() < u64::from(rate) * flood_for.as_secs() && t0.elapsed() < flood_for + 5 * S {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let sent = flood.stop();
+    let challenges = master.challenges() - c0;
+    eventually(3 * S, || master.answered() - a0 >= challenges).await;
+    let answered = master.answered() - a0;
+    let text = scrape(relay.metrics).await;
+    let out =
+        sum(&text, "etrelay_reply_bytes_total", "") - sum(&before, "etrelay_reply_bytes_total", "");
+    // Per second: a window (256 KiB) per heartbeat (one a second here), and the bucket (4 a
+    // second) of answers of at most 1 400 bytes.
+    let bound = (256.0 * 1024.0 + 4.0 * 1400.0) * secs + 16.0 * 1400.0;
+    println!(
+        "FIGURE {style:?} master spoofed: {sent} getinfo from its IP in {secs:.1} s ({:.0}/s); \
+         master challenges {challenges}, answered {answered}; sent to the master's address \
+         {:.0} B/s (bound with a heartbeat a second {:.0} B/s; with the default 5 min \
+         interval, 256 KiB per 300 s plus 4 answers a second); lane answers {}, refused {}, \
+         heartbeats {}",
+        sent as f64 / secs,
+        out as f64 / secs,
+        bound / secs,
+        sum(&text, "etrelay_master_queries_total", "")
+            - sum(&before, "etrelay_master_queries_total", ""),
+        sum(
+            &text,
+            "etrelay_dropped_packets_total",
+            "reason=\"master_limit\""
+        ) - sum(
+            &before,
+            "etrelay_dropped_packets_total",
+            "reason=\"master_limit\""
+        ),
+        sum(&text, "etrelay_heartbeats_total", "") - sum(&before, "etrelay_heartbeats_total", ""),
+    );
+    assert!(challenges >= 5, "{challenges} challenges");
+    assert!(
+        answered * 10 >= challenges * 9,
+        "{answered} of {challenges} checks answered"
+    );
+    assert!(
+        master.listed().contains(&relay.public),
+        "the relay stays listed"
+    );
+    assert!((out as f64) <= bound, "{out} B to the master's address");
+    relay.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dpmaster_style_master_checks_the_relay_through_500_spoofed_getinfo_a_second_from_its_address()
+ {
+    master_spoofed(MasterStyle::Classic, 500).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dpmaster_style_master_checks_the_relay_through_5000_spoofed_getinfo_a_second_from_its_address()
+ {
+    master_spoofed(MasterStyle::Classic, 5_000).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etmaster_style_master_checks_the_relay_through_5000_spoofed_getinfo_a_second_from_its_address()
+ {
+    master_spoofed(MasterStyle::EtMaster, 5_000).await;
+}
+
+/// A relay started during 20 000 spoofed `getchallenge` a second is listed by a master at its
+/// first heartbeat: the flood reaches neither the server nor its budget, so the relay's own
+/// query (its probe, the cache refresh of the master's check) is answered at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_relay_started_during_a_getchallenge_flood_is_listed_at_its_first_heartbeat() {
+    assert!(
+        OpenArena::available(),
+        "openarena-server is needed: run scripts/test, which installs it"
+    );
+    let oa = OpenArena::start(honest_ip(), "secret").expect("start openarena-server");
+    let master = FakeMaster::start(honest_ip(), MasterStyle::Classic).unwrap();
+    // The relay's address, known before it starts (the flood is aimed at it first).
+    let public = std::net::UdpSocket::bind((honest_ip(), 0))
+        .and_then(|s| s.local_addr())
+        .unwrap();
+    let rate = 20_000;
+    let flood = Flood::start(
+        spoofed(10_000, 1),
+        public,
+        oob(b"getchallenge 1 Quake3Arena"),
+        Some(rate),
+        u64::from(rate) * 30,
+        30 * S,
+    );
+    assert!(eventually(5 * S, || flood.sent() >= u64::from(rate)).await);
+    let masters = master.addr().to_string();
+    let relay = SingleRelay::start_on(
+        oa.addr(),
+        public,
+        &[
+            "--game",
+            "q3",
+            "--masters",
+            &masters,
+            "--heartbeat-interval",
+            "5m",
+        ],
+    )
+    .await;
+    let listed = master.wait_listed(relay.public, 5 * S).await;
+    let sent = flood.stop();
+    let text = scrape(relay.metrics).await;
+    println!(
+        "FIGURE relay started during {rate} spoofed getchallenge/s ({sent} sent): listed at its \
+         first heartbeat: {listed}; cache refreshes {}, answered {}; heartbeats {}; server log \
+         rate limits {}",
+        sum(&text, "etrelay_cache_refreshes_total", ""),
+        sum(&text, "etrelay_cache_refresh_answers_total", ""),
+        sum(&text, "etrelay_heartbeats_total", ""),
+        oa.log().matches("rate limit").count()
+    );
+    assert!(listed, "listed by the first heartbeat's check");
+    assert_eq!(
+        sum(&text, "etrelay_heartbeats_total", ""),
+        1,
+        "one heartbeat so far"
+    );
+    assert_eq!(
+        sum(&text, "etrelay_cache_refresh_answers_total", ""),
+        sum(&text, "etrelay_cache_refreshes_total", ""),
+        "every refresh answered"
+    );
+    relay.stop().await;
 }

@@ -101,7 +101,10 @@ pub fn open_durable(path: &Path, how: Durable) -> Result<Connection, OpenError> 
 
 /// A second connection to the file at `path` (opened with [`open_durable`] and
 /// [`Durable::manual_checkpoints`]) that folds the write-ahead log back into the database: it
-/// never checkpoints automatically either.
+/// never checkpoints automatically either, and syncs as the writer does (`synchronous=FULL`: a
+/// checkpoint syncs the log before it copies pages into the database, and the database before
+/// it lets the log be started over or truncated). It has no busy timeout: a checkpoint that
+/// would have to wait for another connection does what it can at once instead.
 ///
 /// # Errors
 /// The file cannot be opened.
@@ -116,6 +119,11 @@ pub fn open_checkpointer(path: &Path) -> Result<Connection, OpenError> {
     let conn = Connection::open(path).map_err(step("open the checkpointing connection"))?;
     conn.pragma_update(None, "wal_autocheckpoint", 0)
         .map_err(step("set wal_autocheckpoint=0"))?;
+    conn.pragma_update(None, "synchronous", "FULL")
+        .map_err(step("set synchronous=FULL"))?;
+    // rusqlite gives every connection a 5 s busy timeout.
+    conn.busy_timeout(Duration::ZERO)
+        .map_err(step("set busy_timeout=0"))?;
     Ok(conn)
 }
 
@@ -171,6 +179,8 @@ mod tests {
         assert_eq!(pragma(&conn, "wal_autocheckpoint"), "0");
         let checkpointer = open_checkpointer(&path).unwrap();
         assert_eq!(pragma(&checkpointer, "wal_autocheckpoint"), "0");
+        assert_eq!(pragma(&checkpointer, "synchronous"), "2");
+        assert_eq!(pragma(&checkpointer, "busy_timeout"), "0");
     }
 
     #[test]

@@ -1,10 +1,11 @@
 //! What the fake answers each datagram: queries, `getchallenge`, `connect`, in-game packets
-//! (rcon: [`super::rcon`]).
+//! (rcon: [`super::rcon`]; the engine's join and netchan: [`super::engine`]).
 
 use std::net::SocketAddr;
 
+use super::engine::{self, Client, MAX_CLIENTS};
 use super::rcon::rcon;
-use super::{MAX_CHALLENGE, MAX_CHALLENGES, Received, State, reply};
+use super::{Handshake, MAX_CHALLENGE, MAX_CHALLENGES, Received, State, reply};
 use crate::q3model::{self, Dispatch, Engine};
 
 /// `SV_VerifyChallenge` of ET 2.60b: may this challenge be answered?
@@ -15,7 +16,8 @@ fn challenge_ok(challenge: &[u8]) -> bool {
             .all(|&c| (32..=126).contains(&c) && !b"\\/%;\"".contains(&c))
 }
 
-pub(super) fn handle(st: &mut State, from: SocketAddr, packet: &[u8]) -> Option<Vec<u8>> {
+/// Records `packet` and returns the datagrams to send back to `from`.
+pub(super) fn handle(st: &mut State, from: SocketAddr, packet: &[u8]) -> Vec<Vec<u8>> {
     let dispatch = q3model::dispatch(Engine::Et260, packet);
     tracing::debug!(%from, ?dispatch, len = packet.len(), "fake ET server received");
     st.received.push(Received {
@@ -24,8 +26,20 @@ pub(super) fn handle(st: &mut State, from: SocketAddr, packet: &[u8]) -> Option<
         dispatch,
     });
     if !st.answering {
-        return None;
+        return Vec::new();
     }
+    let engine = st.handshake == Handshake::Engine;
+    match dispatch {
+        Dispatch::Connect | Dispatch::HuffmanConnect if engine => {
+            engine::connect(st, from, packet).into_iter().collect()
+        }
+        Dispatch::NotConnectionless => in_game(st, from, packet),
+        _ => query(st, from, packet, dispatch).into_iter().collect(),
+    }
+}
+
+/// The connectionless packets (and the scripted join).
+fn query(st: &mut State, from: SocketAddr, packet: &[u8], dispatch: Dispatch) -> Option<Vec<u8>> {
     let args = q3model::argv(Engine::Et260, packet);
     let arg = |i: usize| args.get(i).map(Vec::as_slice).unwrap_or(b"");
     match dispatch {
@@ -64,10 +78,25 @@ pub(super) fn handle(st: &mut State, from: SocketAddr, packet: &[u8]) -> Option<
             reply(&format!("challengeResponse {n}"))
         }
         Dispatch::Connect => connect(st, from, arg(1)),
-        Dispatch::HuffmanConnect => reply("connectResponse"),
-        Dispatch::NotConnectionless => in_game(st, from, packet),
+        Dispatch::HuffmanConnect => huffman_connect(st, from, packet),
         Dispatch::Rcon => rcon(st, packet, &args),
         _ => None,
+    }
+}
+
+/// A Huffman-compressed `connect`: read as the server reads it and checked as a plaintext one
+/// when it decompresses to a userinfo with a challenge; one that does not (a test's junk) still
+/// gets `connectResponse` unchecked, as the scripted join always did.
+fn huffman_connect(st: &mut State, from: SocketAddr, packet: &[u8]) -> Option<Vec<u8>> {
+    let text = crate::huffman::server_view(packet, 32_768);
+    let line = q3model::read_string_line(Engine::Et260, text.get(4..).unwrap_or_default());
+    let args = q3model::tokenize(Engine::Et260, &line);
+    let userinfo = args
+        .get(1)
+        .filter(|u| crate::info::get(&crate::info::parse(u), "challenge").is_some());
+    match userinfo {
+        Some(u) => connect(st, from, &u.clone()),
+        None => reply("connectResponse"),
     }
 }
 
@@ -83,28 +112,44 @@ fn connect(st: &mut State, from: SocketAddr, userinfo: &[u8]) -> Option<Vec<u8>>
     let Some(qport) = qport.filter(|_| given).and_then(|q| u16::try_from(q).ok()) else {
         return reply("print\nNo or bad challenge for address.\n");
     };
-    st.clients.retain(|(a, _)| *a != from);
-    if st.clients.len() < 64 {
-        st.clients.push((from, qport));
+    engine::retire(st, |c| c.addr == from);
+    if st.clients.len() < MAX_CLIENTS {
+        st.clients.push(Client {
+            addr: from,
+            qport,
+            session: None,
+        });
     }
     reply("connectResponse")
 }
 
-/// An in-game packet: routed by IP and qport, the port fixed up, answered with one packet.
-fn in_game(st: &mut State, from: SocketAddr, packet: &[u8]) -> Option<Vec<u8>> {
-    let qport = u16::from_le_bytes([*packet.get(4)?, *packet.get(5)?]);
-    let client = st
+/// An in-game packet: routed by IP and qport, the port fixed up, then answered: one
+/// `<sequence>snap` packet (scripted), or the client's netchan (engine).
+fn in_game(st: &mut State, from: SocketAddr, packet: &[u8]) -> Vec<Vec<u8>> {
+    let (Some(&low), Some(&high)) = (packet.get(4), packet.get(5)) else {
+        return Vec::new();
+    };
+    let qport = u16::from_le_bytes([low, high]);
+    let Some(client) = st
         .clients
         .iter_mut()
-        .find(|(a, q)| a.ip() == from.ip() && *q == qport)?;
-    if client.0 != from {
+        .find(|c| c.addr.ip() == from.ip() && c.qport == qport)
+    else {
+        return Vec::new();
+    };
+    if client.addr != from {
         tracing::debug!("fake ET server: fixing up a translated port");
-        client.0 = from;
+        client.addr = from;
         st.fixups += 1;
     }
-    let mut out = packet[..4].to_vec();
-    out.extend_from_slice(b"snap");
-    Some(out)
+    match client.session.as_mut() {
+        Some(session) => engine::in_game(session, packet),
+        None => {
+            let mut out = packet[..4].to_vec();
+            out.extend_from_slice(b"snap");
+            vec![out]
+        }
+    }
 }
 
 /// ET 2.60b `SVC_Info` key list, in order.

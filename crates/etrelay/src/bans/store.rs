@@ -2,26 +2,33 @@
 //! FULL`: a ban answered is on disk, as the JSON file's fsync made it before).
 //!
 //! A ban or an unban is one row written in one transaction: its cost does not grow with the
-//! number of bans (the JSON file was rewritten whole on every change). The journal is folded
-//! back into the database in the background, every [`CHECKPOINT_EVERY`] changes, on a second
-//! connection ([`Store::checkpoint`]): no request waits for it. A `bans-<port>.json` of an earlier version is imported once, in one
+//! number of bans (the JSON file was rewritten whole on every change). The journal (`-wal`) is
+//! folded back into the database in the background once it passes [`CHECKPOINT_BYTES`], and
+//! started over from its beginning ([`Store::checkpoint`], `store/journal.rs`): no request runs
+//! a checkpoint, and the state dir stays bounded under any burst of changes. The table never
+//! holds more than [`MAX_BANS`] rows plus one: a new ban that would pass it first deletes the
+//! expired ones. A `bans-<port>.json` of an earlier version is imported once, in one
 //! transaction, then removed.
 //!
 //! Blocking: every call runs off the reactor (the registry uses `spawn_blocking`). One
 //! connection per server, behind a mutex: the changes of one server are applied one at a time,
 //! those of different servers side by side.
 
+mod journal;
+
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Mutex, MutexGuard};
 use std::time::SystemTime;
 
 use guard::sqlite::{Durable, OpenError};
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, Transaction, params};
 
 use super::{Ban, MAX_BANS};
-use crate::clock::{from_unix, unix};
+use crate::clock::{from_unix, unix, wall_now};
+
+pub use self::journal::{CHECKPOINT_BYTES, MAX_WAL_BYTES};
 
 /// Why the ban store could not be opened or written.
 #[derive(Debug, thiserror::Error)]
@@ -91,18 +98,58 @@ const SCHEMA: i64 = 1;
 #[derive(Debug)]
 pub struct Store {
     path: PathBuf,
-    conn: Mutex<Connection>,
+    /// The journal, `bans-<port>.db-wal`: its size after each commit says when a checkpoint is
+    /// due.
+    wal: PathBuf,
+    /// The connection that writes, and what it knows of the table.
+    writer: Mutex<Writer>,
     /// A second connection that folds the journal back into the database, in the background
-    /// (a passive checkpoint waits for no writer and no writer waits for it).
+    /// ([`journal`]).
     checkpointer: Mutex<Connection>,
-    /// Changes committed since the last checkpoint.
-    since_checkpoint: AtomicUsize,
+    /// Bytes in the journal after the last commit or checkpoint.
+    wal_bytes: AtomicU64,
+    /// Journal size at which a checkpoint is due: [`CHECKPOINT_BYTES`], further on after one
+    /// failed.
+    checkpoint_at: AtomicU64,
     /// Opened read-only (a read-only state dir): every write fails.
     read_only: bool,
 }
 
-/// Changes after which [`Store::needs_checkpoint`] says a checkpoint is due.
-pub const CHECKPOINT_EVERY: usize = 256;
+/// The connection that writes (every change goes through it, one at a time) and what it
+/// counted of the table, so that a change never has to scan it.
+#[derive(Debug)]
+struct Writer {
+    conn: Connection,
+    /// Rows in the table: bans in force and expired ones not deleted yet.
+    rows: usize,
+    /// No row expires before this (Unix seconds; `None`: none expires): expired rows are
+    /// looked for only once it is past.
+    first_expiry: Option<i64>,
+}
+
+impl Writer {
+    /// `conn` with the table's rows counted.
+    fn counted(conn: Connection, path: &Path) -> Result<Writer, StoreError> {
+        let (rows, first_expiry) = census(&conn).map_err(|source| StoreError::Db {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Ok(Writer {
+            conn,
+            rows,
+            first_expiry,
+        })
+    }
+}
+
+/// The rows of the table and its first expiry (a scan: at open, after a bulk write or a purge).
+fn census(conn: &Connection) -> rusqlite::Result<(usize, Option<i64>)> {
+    let (rows, first): (i64, Option<i64>) =
+        conn.query_row("SELECT count(*), min(expires_at) FROM bans", [], |r| {
+            Ok((r.get(0)?, r.get(1)?))
+        })?;
+    Ok((usize::try_from(rows).unwrap_or(0), first))
+}
 
 /// `bans-<port>.db` in `dir`.
 pub fn db_path(dir: &Path, port: u16) -> PathBuf {
@@ -241,11 +288,14 @@ impl Store {
             });
         }
         let checkpointer = Connection::open_with_flags(&uri, flags).map_err(db)?;
+        let writer = Writer::counted(conn, &path)?;
         Ok(Store {
+            wal: with_suffix(&path, "-wal"),
             path,
-            conn: Mutex::new(conn),
+            writer: Mutex::new(writer),
             checkpointer: Mutex::new(checkpointer),
-            since_checkpoint: AtomicUsize::new(0),
+            wal_bytes: AtomicU64::new(0),
+            checkpoint_at: AtomicU64::new(CHECKPOINT_BYTES),
             read_only: true,
         })
     }
@@ -262,6 +312,10 @@ impl Store {
             manual_checkpoints: true,
         };
         let conn = guard::sqlite::open_durable(&path, durable)?;
+        // The journal file is reused from its start after each checkpoint, and trimmed back to
+        // this size when a burst made it longer ([`journal`]).
+        conn.pragma_update(None, "journal_size_limit", CHECKPOINT_BYTES as i64)
+            .map_err(db)?;
         let check: String = conn
             .query_row("PRAGMA quick_check", [], |r| r.get(0))
             .map_err(db)?;
@@ -294,13 +348,19 @@ impl Store {
             }
         }
         let checkpointer = guard::sqlite::open_checkpointer(&path)?;
-        Ok(Store {
+        let writer = Writer::counted(conn, &path)?;
+        let store = Store {
+            wal: with_suffix(&path, "-wal"),
             path,
-            conn: Mutex::new(conn),
+            writer: Mutex::new(writer),
             checkpointer: Mutex::new(checkpointer),
-            since_checkpoint: AtomicUsize::new(0),
+            wal_bytes: AtomicU64::new(0),
+            checkpoint_at: AtomicU64::new(CHECKPOINT_BYTES),
             read_only: false,
-        })
+        };
+        // A journal left by a kill: its size says whether a checkpoint is due.
+        store.note_wal();
+        Ok(store)
     }
 
     /// The database file.
@@ -308,8 +368,8 @@ impl Store {
         &self.path
     }
 
-    fn lock(&self) -> MutexGuard<'_, Connection> {
-        self.conn.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Writer> {
+        self.writer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn db(&self) -> impl FnOnce(rusqlite::Error) -> StoreError + '_ {
@@ -319,31 +379,29 @@ impl Store {
         }
     }
 
-    /// Puts `bans` in, in one transaction; `replace`: drops every other ban first.
+    /// Puts `bans` in, in one transaction; `replace`: drops every other ban first. A bulk
+    /// write (an import, a move): the journal then holds about the whole table, so it is folded
+    /// back at once.
     fn put_all(&self, bans: &[Ban], replace: bool) -> Result<(), StoreError> {
-        let mut conn = self.lock();
-        let tx = conn.transaction().map_err(self.db())?;
-        if replace {
-            tx.execute("DELETE FROM bans", []).map_err(self.db())?;
-        }
         {
-            let mut stmt = tx
-                .prepare_cached(
-                    "INSERT OR REPLACE INTO bans (ip, reason, since, expires_at) \
-                     VALUES (?1, ?2, ?3, ?4)",
-                )
-                .map_err(self.db())?;
-            for b in bans {
-                stmt.execute(params![
-                    b.ip.to_string(),
-                    b.reason,
-                    unix(b.since) as i64,
-                    b.expires.map(|e| unix(e) as i64)
-                ])
-                .map_err(self.db())?;
+            let mut w = self.lock();
+            let tx = w.conn.transaction().map_err(self.db())?;
+            if replace {
+                tx.execute("DELETE FROM bans", []).map_err(self.db())?;
             }
+            for b in bans {
+                upsert(&tx, b).map_err(self.db())?;
+            }
+            let counted = census(&tx).map_err(self.db())?;
+            tx.commit().map_err(self.db())?;
+            (w.rows, w.first_expiry) = counted;
+            self.note_wal();
         }
-        tx.commit().map_err(self.db())
+        // The bans are in; a checkpoint that fails leaves them in the journal.
+        if let Err(e) = self.checkpoint_now() {
+            tracing::warn!("ban store checkpoint: {e}");
+        }
+        Ok(())
     }
 
     /// Drops the bans expired at `now`; returns the rest (at most [`MAX_BANS`], oldest first).
@@ -361,16 +419,15 @@ impl Store {
     /// # Errors
     /// As [`Store::load`].
     pub fn each(&self, now: SystemTime, mut each: impl FnMut(Ban)) -> Result<(), StoreError> {
-        let conn = self.lock();
+        let mut w = self.lock();
         // A read-only store keeps its expired bans on disk; they are skipped below.
         if !self.read_only {
-            conn.execute(
-                "DELETE FROM bans WHERE expires_at IS NOT NULL AND expires_at <= ?1",
-                params![unix(now) as i64],
-            )
-            .map_err(self.db())?;
+            let n = delete_expired(&w.conn, now).map_err(self.db())?;
+            w.rows = w.rows.saturating_sub(n);
+            self.note_wal();
         }
-        let mut stmt = conn
+        let mut stmt = w
+            .conn
             .prepare(
                 "SELECT ip, reason, since, expires_at FROM bans
                  WHERE expires_at IS NULL OR expires_at > ?2 ORDER BY since, ip LIMIT ?1",
@@ -402,34 +459,37 @@ impl Store {
         Ok(())
     }
 
-    /// Saves `ban` (replacing a ban of the same address): durable when this returns.
+    /// Saves `ban` (replacing a ban of the same address): durable when this returns. A new
+    /// address that would take the table past [`MAX_BANS`] rows first deletes the expired ones,
+    /// in the same transaction.
     ///
     /// # Errors
     /// The database refused; nothing changed.
     pub fn put(&self, ban: &Ban) -> Result<(), StoreError> {
-        self.put_all(std::slice::from_ref(ban), false)?;
-        self.since_checkpoint.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// True when enough changes were committed since the last checkpoint.
-    pub fn needs_checkpoint(&self) -> bool {
-        self.since_checkpoint.load(Ordering::Relaxed) >= CHECKPOINT_EVERY
-    }
-
-    /// Folds the journal back into the database (a passive checkpoint, on the second
-    /// connection: bans go on meanwhile). Blocking; one at a time (a second call while one
-    /// runs returns at once).
-    ///
-    /// # Errors
-    /// The database refused.
-    pub fn checkpoint(&self) -> Result<(), StoreError> {
-        let Ok(conn) = self.checkpointer.try_lock() else {
-            return Ok(());
+        let mut w = self.writer();
+        let now = wall_now();
+        let full = w.rows >= MAX_BANS;
+        let due = w.first_expiry.is_some_and(|t| t <= unix(now) as i64);
+        let tx = w.conn.transaction().map_err(self.db())?;
+        let added = upsert(&tx, ban).map_err(self.db())?;
+        // After a purge the next expiry is further on: found once here, not on every change.
+        let counted = if added && full && due {
+            delete_expired(&tx, now).map_err(self.db())?;
+            Some(census(&tx).map_err(self.db())?)
+        } else {
+            None
         };
-        self.since_checkpoint.store(0, Ordering::Relaxed);
-        conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
-            .map_err(self.db())
+        tx.commit().map_err(self.db())?;
+        let expires = ban.expires.map(|e| unix(e) as i64);
+        (w.rows, w.first_expiry) = match counted {
+            Some(c) => c,
+            None => (
+                w.rows + usize::from(added),
+                min_expiry(w.first_expiry, expires),
+            ),
+        };
+        self.note_wal();
+        Ok(())
     }
 
     /// Deletes the ban of `ip`; false when there was none.
@@ -437,26 +497,74 @@ impl Store {
     /// # Errors
     /// The database refused; nothing changed.
     pub fn delete(&self, ip: IpAddr) -> Result<bool, StoreError> {
-        let n = self
-            .lock()
+        let mut w = self.writer();
+        let n = w
+            .conn
             .execute("DELETE FROM bans WHERE ip = ?1", params![ip.to_string()])
             .map_err(self.db())?;
-        self.since_checkpoint.fetch_add(1, Ordering::Relaxed);
+        w.rows = w.rows.saturating_sub(n);
+        self.note_wal();
         Ok(n > 0)
     }
 
-    /// Deletes the bans expired at `now` (to make room when the table is full).
+    /// Deletes the bans expired at `now`; returns how many.
     ///
     /// # Errors
     /// The database refused.
     pub fn purge(&self, now: SystemTime) -> Result<usize, StoreError> {
-        self.lock()
-            .execute(
-                "DELETE FROM bans WHERE expires_at IS NOT NULL AND expires_at <= ?1",
-                params![unix(now) as i64],
-            )
-            .map_err(self.db())
+        let mut w = self.writer();
+        let tx = w.conn.transaction().map_err(self.db())?;
+        let n = delete_expired(&tx, now).map_err(self.db())?;
+        let counted = census(&tx).map_err(self.db())?;
+        tx.commit().map_err(self.db())?;
+        (w.rows, w.first_expiry) = counted;
+        self.note_wal();
+        Ok(n)
     }
+
+    /// Rows in the table now: bans in force and expired ones not deleted yet.
+    pub fn rows(&self) -> usize {
+        self.lock().rows
+    }
+}
+
+/// Writes `b`, replacing a ban of the same address; true when its address is new.
+fn upsert(tx: &Transaction<'_>, b: &Ban) -> rusqlite::Result<bool> {
+    let (ip, since, expires) = (
+        b.ip.to_string(),
+        unix(b.since) as i64,
+        b.expires.map(|e| unix(e) as i64),
+    );
+    let values = params![ip, b.reason, since, expires];
+    let added = tx
+        .prepare_cached(
+            "INSERT INTO bans (ip, reason, since, expires_at) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (ip) DO NOTHING",
+        )?
+        .execute(values)?;
+    if added == 0 {
+        tx.prepare_cached(
+            "UPDATE bans SET reason = ?2, since = ?3, expires_at = ?4 WHERE ip = ?1",
+        )?
+        .execute(values)?;
+    }
+    Ok(added == 1)
+}
+
+/// The earlier of two expiries (`None`: none).
+fn min_expiry(a: Option<i64>, b: Option<i64>) -> Option<i64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// Deletes the bans expired at `now`; returns how many.
+fn delete_expired(conn: &Connection, now: SystemTime) -> rusqlite::Result<usize> {
+    conn.execute(
+        "DELETE FROM bans WHERE expires_at IS NOT NULL AND expires_at <= ?1",
+        params![unix(now) as i64],
+    )
 }
 
 #[cfg(test)]
@@ -508,6 +616,30 @@ mod tests {
         assert_eq!(bans, old[1..]);
         remove(dir.path(), 27960).unwrap();
         assert!(!db_path(dir.path(), 27960).exists());
+    }
+
+    #[test]
+    fn a_new_ban_past_the_cap_deletes_the_expired_ones_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let past = clock::unix(clock::wall_now()) - 10;
+        // Every row a ban that ran out 10 s ago (the server's table forgot them already).
+        let expired: Vec<Ban> = (0..MAX_BANS as u32)
+            .map(|i| ban(i, past - 100, Some(past)))
+            .collect();
+        let s = Store::create_with(dir.path(), 27960, &expired).unwrap();
+        assert_eq!(s.rows(), MAX_BANS);
+        // Replacing one adds no row: nothing deleted.
+        s.put(&ban(0, past, None)).unwrap();
+        assert_eq!(s.rows(), MAX_BANS);
+        // A new address deletes the expired ones first.
+        s.put(&ban(MAX_BANS as u32, past, None)).unwrap();
+        assert_eq!(s.rows(), 2);
+        drop(s);
+        let (_, bans) = Store::open(dir.path(), 27960, clock::wall_now()).unwrap();
+        assert_eq!(
+            bans,
+            vec![ban(0, past, None), ban(MAX_BANS as u32, past, None)]
+        );
     }
 
     #[test]

@@ -3,7 +3,7 @@
 //!
 //! Every error is `{"error": "<code>", "message": "…"}` with a 4xx/5xx status, extractor
 //! rejections included; a failed request changes nothing (the [`Registry`] writes state files
-//! before it changes memory).
+//! before it changes memory). Ban changes are logged in a bounded way ([`ban_log`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+pub mod ban_log;
 mod error;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -33,6 +34,9 @@ mod state_error;
 
 use guard::throttle::Throttle;
 pub use listen::ListenLimits;
+
+use self::ban_log::BanLog;
+pub use self::ban_log::{BAN_LINES, BAN_LOG_WINDOW};
 
 pub use self::error::ControlError;
 use crate::bans::{self, Ban, BanRecord};
@@ -57,6 +61,8 @@ pub struct ControlState {
     token_hash: Arc<RwLock<Secret<[u8; 32]>>>,
     /// Wait for each proof `getstatus`.
     proof_timeout: Duration,
+    /// The ban lines, bounded per server.
+    ban_log: Arc<BanLog>,
 }
 
 impl ControlState {
@@ -68,6 +74,7 @@ impl ControlState {
                 Sha256::digest(token.as_bytes()).into(),
             ))),
             proof_timeout,
+            ban_log: Arc::default(),
         }
     }
 
@@ -224,7 +231,9 @@ pub async fn serve_on(
         ),
         Err(e) => warn!("control API: {e}"),
     }
+    let ban_log = Arc::clone(&state.ban_log);
     listen::serve(listener, router(state), limits, cancel).await;
+    ban_log.flush_all();
 }
 
 #[derive(Debug, Deserialize)]
@@ -374,7 +383,7 @@ async fn put_ban(
     let r = require_key(&st, &headers)?;
     let ban = read_put_ban(&ip, &body, wall_now())?;
     st.registry.ban(r.port, ban.clone()).await?;
-    info!("port {}: {} banned", r.port, ban.ip);
+    st.ban_log.banned(r.port, ban.ip);
     Ok(Json(ban_json(&ban)))
 }
 
@@ -386,7 +395,7 @@ async fn delete_ban(
     let r = require_key(&st, &headers)?;
     let ip = bans::normalize(parse_ip(&ip)?);
     st.registry.unban(r.port, ip).await?;
-    info!("port {}: {ip} unbanned", r.port);
+    st.ban_log.unbanned(r.port, ip);
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -4,8 +4,12 @@
 //! - [`classify`]: what a packet from a client is, and whether it may pass.
 //! - [`info`]: info strings in `infoResponse`/`statusResponse`, and the `challenge` rewrite.
 
+pub mod challenge;
 pub mod classify;
+pub mod connect;
+pub mod huffman;
 pub mod info;
+pub mod netchan;
 pub mod tokenizer;
 
 /// The 4-byte marker of a connectionless (out-of-band) packet.

@@ -88,7 +88,12 @@ pub fn line(body: &[u8]) -> &[u8] {
 
 /// The first two tokens of `line` as `engine` reads them (ranges into `line`).
 pub fn first_tokens(engine: Engine, line: &[u8]) -> [Option<Range<usize>>; 2] {
-    let mut out = [None, None];
+    tokens(engine, line)
+}
+
+/// The first `N` tokens of `line` as `engine` reads them (ranges into `line`).
+pub fn tokens<const N: usize>(engine: Engine, line: &[u8]) -> [Option<Range<usize>>; N] {
+    let mut out = std::array::from_fn(|_| None);
     let at = |i: usize| engine.map(line[i]);
     let mut i = 0;
     for slot in out.iter_mut() {

@@ -446,6 +446,7 @@ impl Inner {
         let mut config = self.config.template.clone();
         config.upstream = upstream;
         config.proven_file = Some(crate::server::proven_path(&self.config.state_dir, port));
+        config.carry_file = Some(crate::server::carry_path(&self.config.state_dir, port));
         let handle = ServerHandle::start_held(config, public, self.budget.clone(), &self.cancel)
             .map_err(|source| RegistryError::Bind { port, source })?;
         Ok(Arc::new(handle))

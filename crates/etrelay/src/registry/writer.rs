@@ -70,16 +70,21 @@ async fn save_servers(inner: &Inner, map: &BTreeMap<u16, Registered>) -> Result<
     blocking(move || Ok(statefile::save_json(&path, &file)?)).await
 }
 
-/// Removes the ban store and the proven sources of `port`.
+/// Removes the ban store, the proven sources and the carried sessions of `port`.
 fn remove_store(inner: &Inner, port: u16) {
     if let Err(e) = store::remove(&inner.config.state_dir, port) {
         warn!("cannot remove the bans of port {port}: {e}");
     }
-    let proven = crate::server::proven_path(&inner.config.state_dir, port);
-    match std::fs::remove_file(&proven) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => warn!("cannot remove {}: {e}", proven.display()),
+    let dir = &inner.config.state_dir;
+    for file in [
+        crate::server::proven_path(dir, port),
+        crate::server::carry_path(dir, port),
+    ] {
+        match std::fs::remove_file(&file) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => warn!("cannot remove {}: {e}", file.display()),
+        }
     }
 }
 

@@ -35,8 +35,9 @@ pub(super) const MAX_WAITERS: usize = 256;
 pub(super) const REFRESH_TIMEOUT: Duration = Duration::from_secs(1);
 /// Refreshes the relay may send at once…
 pub(super) const REFRESH_BURST: u32 = 5;
-/// …then one per this interval (both kinds together).
-pub(super) const REFRESH_INTERVAL: Duration = Duration::from_secs(1);
+/// …then one per this interval (both kinds together): under ioquake3's limit of one request
+/// a second from the relay's address, at least half of it is left to joins.
+pub(super) const REFRESH_INTERVAL: Duration = Duration::from_secs(2);
 /// Characters of a refresh's challenge.
 const NONCE_LEN: usize = 10;
 

@@ -16,7 +16,7 @@
 //! short while half-open), when its server stops, or at once when it is cut (a ban, recycling,
 //! a cap at promotion). It then removes itself from the table and gives its slot back.
 
-use std::io;
+use std::io::{self, Write};
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -26,6 +26,7 @@ use guard::admission::Permit;
 use tokio::time::Sleep;
 use tracing::{debug, trace, warn};
 
+use super::handshake::Answer;
 use super::metrics::DropReason;
 use super::session::{Flushed, Phase, Refused, Session};
 use super::shared::Shared;
@@ -230,6 +231,7 @@ pub(super) fn flush_through(ring: &mut SendRing, shared: &Shared, sessions: &[Ar
                         Ok(()) => refused.1 += 1,
                         Err(Refused::QueueFull) => m.drop(DropReason::QueueFull),
                         Err(Refused::OverBudget) => m.drop(DropReason::QueuedBytes),
+                        Err(Refused::Forged) => m.drop(DropReason::Forged),
                     }
                 }
                 Err(_) => m.drop(DropReason::Upstream),
@@ -279,15 +281,26 @@ fn drain(shared: &Shared, session: &Session, upstream: &ReadSocket) {
     }
 }
 
-/// One answer of the game server: the session's phase, then back to the client from the public
-/// socket.
-fn reply(shared: &Shared, session: &Session, data: &[u8]) {
+/// One answer of the game server: the challenge exchange and its translation
+/// ([`super::handshake`]), the session's phase, then back to the client from the public socket.
+fn reply(shared: &Shared, session: &Session, data: &mut [u8]) {
     session.touch(shared.now_ms());
+    shared.heard();
     shared.metrics.server_packets.inc();
     shared.metrics.server_bytes.add(data.len() as u64);
     session.packets_down.inc();
     session.bytes_down.add(data.len() as u64);
     let oob = et::is_oob(data);
+    let mut rewritten = [0u8; 64];
+    let data: &[u8] = if oob {
+        match server_oob(shared, session, data, &mut rewritten) {
+            Some(d) => d,
+            None => return,
+        }
+    } else {
+        session.translator.to_client(data);
+        data
+    };
     if session.phase() != Phase::Established && !advance(shared, session, data, oob) {
         return;
     }
@@ -300,6 +313,83 @@ fn reply(shared: &Shared, session: &Session, data: &[u8]) {
         );
     }
     shared.try_send_to_client(data, client);
+}
+
+/// A connectionless answer of the server, through the session's challenge exchange: what to
+/// send the client (`data` itself, or a rewritten `connectResponse` written into `buf`), or
+/// `None` when the answer is the relay's (the server's challenge: the client's `connect` goes
+/// to the server now).
+fn server_oob<'a>(
+    shared: &Shared,
+    session: &Session,
+    data: &'a [u8],
+    buf: &'a mut [u8; 64],
+) -> Option<&'a [u8]> {
+    let info_protocol = shared.facts().protocol;
+    let answer = session
+        .handshake()
+        .on_server(data, &session.translator, info_protocol);
+    match answer {
+        Answer::Relay => Some(data),
+        Answer::Drop => None,
+        Answer::Connect(offer) => {
+            if offer.et {
+                shared.learn(|f| f.only_visible = Some(offer.second));
+            } else if let Some(p) = offer.third.filter(|p| *p > 0) {
+                shared.learn(|f| f.modern = Some(p));
+            }
+            send_connect(shared, session, offer.challenge);
+            // The session was answered: it is recycled after those never answered.
+            let mut st = shared.lock();
+            st.sessions.answered(session);
+            None
+        }
+        Answer::Connected(echo) => {
+            shared.metrics.connects_translated.inc();
+            if let Some(t) = session.translator.get() {
+                debug!(
+                    "{} in: its packets translated ({:?})",
+                    session.client(),
+                    t.scheme
+                );
+            }
+            let Some(client) = echo else {
+                return Some(data);
+            };
+            buf[..4].copy_from_slice(&et::OOB);
+            let mut out = &mut buf[4..];
+            let _ = write!(out, "connectResponse {client}");
+            let n = 64 - out.len();
+            Some(&buf[..n])
+        }
+    }
+}
+
+/// Sends the client's kept `connect` to the server, rewritten with the server's `challenge`.
+fn send_connect(shared: &Shared, session: &Session, challenge: i32) {
+    let now_ms = shared.now_ms();
+    let pushed = shared.with_connects(|reader, out| {
+        let hs = session.handshake();
+        let c = reader.read(hs.kept()).ok()?;
+        reader.rewrite(&c, challenge, out).ok()?;
+        drop(hs);
+        Some(session.push(out, now_ms))
+    });
+    match pushed {
+        Some(Ok(())) => {
+            debug!(
+                "{} connect sent with the server's challenge",
+                session.client()
+            );
+            if let Some(upstream) = session.upstream()
+                && flush(shared, session, upstream).blocked
+            {
+                session.wake();
+            }
+        }
+        Some(Err(_)) => shared.metrics.drop(DropReason::QueueFull),
+        None => shared.metrics.drop(DropReason::Malformed),
+    }
 }
 
 /// What the game server's answer says of a session not yet established: a `connectResponse` or

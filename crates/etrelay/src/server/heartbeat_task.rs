@@ -38,13 +38,7 @@ pub(super) async fn run(shared: Arc<Shared>) {
             Next::Probe => {
                 let answered = tokio::select! {
                     () = shared.cancel.cancelled() => break,
-                    r = probe::ask(cfg.upstream, Query::Info, "hb", cfg.probe_timeout) => {
-                        r.unwrap_or_else(|e| {
-                            warn!("heartbeat: cannot open the probe socket: {e}");
-                            None
-                        })
-                        .is_some()
-                    }
+                    answered = probe(&shared) => answered,
                 };
                 let round = heartbeat.probed(answered);
                 shared.metrics.probe_state.set(round.state as u64);
@@ -67,6 +61,29 @@ pub(super) async fn run(shared: Arc<Shared>) {
     }
     if let Some(send) = heartbeat.stop() {
         send_to_masters(&shared, send).await;
+    }
+}
+
+/// Whether the game server answers: it does when it sent the relay anything (a session's
+/// answer, a cache refresh's) within one probe timeout, so a server busy with players is never
+/// asked more of its per-address budget (and never declared down because a flood spent it);
+/// else it is asked `getinfo` ([`probe::ask`]), whose answer also tells the relay its protocol.
+async fn probe(shared: &Shared) -> bool {
+    let cfg = &shared.config;
+    if shared.heard_within(cfg.probe_timeout) {
+        return true;
+    }
+    match probe::ask(cfg.upstream, Query::Info, "hb", cfg.probe_timeout).await {
+        Ok(Some(answer)) => {
+            shared.heard();
+            shared.learn_info(&answer);
+            true
+        }
+        Ok(None) => false,
+        Err(e) => {
+            warn!("heartbeat: cannot open the probe socket: {e}");
+            false
+        }
     }
 }
 
@@ -101,37 +118,38 @@ fn addrs_text(addrs: &[std::net::IpAddr]) -> String {
         .join(", ")
 }
 
-/// Resolves every master's name (each at most [`RESOLVE_TIMEOUT`]) to an address of the public
-/// socket's family; one that does not is skipped with a warning. The addresses found are the
-/// masters' answer budget's from now on.
+/// Resolves every master's name (each at most [`RESOLVE_TIMEOUT`]) to the addresses the
+/// public socket reaches: its family's first, and on a dual-stack socket (`--listen [::]:…`)
+/// the first of each family, IPv4 first (a master lists the server once per family it was
+/// heartbeaten from). One with none is skipped with a warning. The addresses found are the
+/// masters' lane's from now on.
 async fn resolve_masters(shared: &Shared) -> Vec<(&str, SocketAddr)> {
-    let want_v4 = shared.public_addr.is_ipv4();
     let mut out = Vec::with_capacity(shared.config.masters.len());
     for master in &shared.config.masters {
         let resolved =
             tokio::time::timeout(RESOLVE_TIMEOUT, tokio::net::lookup_host(master.as_str())).await;
-        let addr = match resolved {
-            Ok(Ok(mut addrs)) => {
-                let found = addrs.find(|a| a.is_ipv4() == want_v4);
-                if found.is_none() {
+        let found = match resolved {
+            Ok(Ok(addrs)) => {
+                let found = reachable(shared.public_addr, shared.dual_stack, addrs);
+                if found.is_empty() {
                     warn!("master {master} has no address of the public socket's family: skipped");
                 }
                 found
             }
             Ok(Err(e)) => {
                 warn!("master {master} does not resolve ({e}): skipped");
-                None
+                Vec::new()
             }
             Err(_) => {
                 warn!("master {master} did not resolve in time: skipped");
-                None
+                Vec::new()
             }
         };
-        let Some(addr) = addr else {
+        if found.is_empty() {
             shared.metrics.heartbeat_errors.inc();
             continue;
-        };
-        out.push((master.as_str(), addr));
+        }
+        out.extend(found.into_iter().map(|a| (master.as_str(), a)));
     }
     if !out.is_empty() || shared.config.masters.is_empty() {
         // A lookup that failed everywhere keeps the addresses known before.
@@ -140,11 +158,35 @@ async fn resolve_masters(shared: &Shared) -> Vec<(&str, SocketAddr)> {
     out
 }
 
-/// Sends a packet to every master from the public socket.
+/// Of a master's addresses, those a public socket bound to `public` reaches: the first of its
+/// family; on a dual-stack socket the first of each family, IPv4 first.
+fn reachable(
+    public: SocketAddr,
+    dual_stack: bool,
+    addrs: impl Iterator<Item = SocketAddr>,
+) -> Vec<SocketAddr> {
+    let (mut v4, mut v6) = (None, None);
+    for a in addrs {
+        let slot = if a.is_ipv4() { &mut v4 } else { &mut v6 };
+        slot.get_or_insert(a);
+    }
+    match (public.is_ipv4(), dual_stack) {
+        (true, _) => v4.into_iter().collect(),
+        (false, false) => v6.into_iter().collect(),
+        (false, true) => v4.into_iter().chain(v6).collect(),
+    }
+}
+
+/// Sends a packet to every master from the public socket; a heartbeat opens each master's
+/// window for its check (`super::lanes`).
 async fn send_to_masters(shared: &Shared, send: ToMasters) {
     let text = String::from_utf8_lossy(&send.packet[4..]);
     let text = text.trim_end();
-    for (master, addr) in resolve_masters(shared).await {
+    let masters = resolve_masters(shared).await;
+    if send.beat == Beat::Heartbeat && !masters.is_empty() {
+        shared.heartbeat_sent();
+    }
+    for (master, addr) in masters {
         send_one(shared, send, master, addr, text).await;
     }
 }
@@ -164,5 +206,26 @@ async fn send_one(shared: &Shared, send: ToMasters, master: &str, addr: SocketAd
             warn!("{text} to {master} ({addr}) failed: {e}");
             shared.metrics.heartbeat_errors.inc();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dual_stack_socket_reaches_both_families() {
+        let a = |s: &str| s.parse::<SocketAddr>().unwrap();
+        let addrs = [
+            a("[2001:db8::1]:27950"),
+            a("192.0.2.1:27950"),
+            a("192.0.2.2:27950"),
+        ];
+        let v4 = a("0.0.0.0:27960");
+        let v6 = a("[::]:27960");
+        assert_eq!(reachable(v4, false, addrs.into_iter()), [addrs[1]]);
+        assert_eq!(reachable(v6, false, addrs.into_iter()), [addrs[0]]);
+        assert_eq!(reachable(v6, true, addrs.into_iter()), [addrs[1], addrs[0]]);
+        assert!(reachable(v4, false, [addrs[0]].into_iter()).is_empty());
     }
 }

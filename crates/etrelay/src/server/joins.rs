@@ -11,11 +11,16 @@
 //! player by about one turn per prefix, not by the flood's size. Everything is decided before
 //! a session is opened: a refused or queued `getchallenge` costs no session.
 //!
-//! A source that proved its address before (`super::proven`: a join the game server
-//! answered) is served first: unproven joins leave [`PROVEN_RESERVE`] tokens of the pace to
-//! it, so a returning player's `getchallenge` goes at once under any spoofed flood, and past
-//! that it waits in a short front queue released before the fair queue's turns. A full
-//! per-source table does not refuse it (its own bucket still does).
+//! While the relay gives its own challenges (`super::challenges`), what passes this gate is the
+//! relay's ask for the server's challenge on behalf of a client whose `connect` held the
+//! relay's challenge: no spoofed source gets here. A source that proved its address before
+//! (`super::proven`: a join the game server answered) is served first: unproven joins leave
+//! [`PROVEN_RESERVE`] tokens of the pace to it, so a returning player's join goes at once, and
+//! past that it waits in a short front queue. But never all of it: while both queues wait,
+//! every other join released is the fair queue's, so new players get at least half of the
+//! server's joins however many proven sources ask. All joins leave [`OWN_RESERVE`] tokens to
+//! the relay's own queries (the query cache's refreshes), which the server limits alike. A
+//! full per-source table does not refuse a proven source (its own bucket still does).
 
 use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
@@ -48,6 +53,8 @@ const SWEEP_GAP: Duration = Duration::from_millis(200);
 pub(super) const PROVEN_RESERVE: u32 = 2;
 /// Proven `getchallenge` queued at most, before the fair queue.
 pub(super) const FRONT_MAX: usize = 16;
+/// Tokens of the pace every join leaves to the relay's own queries to the server.
+pub(super) const OWN_RESERVE: u32 = 1;
 
 /// A token bucket for requests to the game server, shared by joins and cache refreshes.
 #[derive(Debug, Clone)]
@@ -87,6 +94,7 @@ impl Pace {
     }
 
     /// When the next token is available (`now` if one is).
+    #[cfg(test)]
     pub(super) fn next_token(&self, now: Instant) -> Instant {
         self.next_above(now, 0)
     }
@@ -132,6 +140,10 @@ pub(super) struct Joins {
     front: VecDeque<Entry>,
     /// Tokens of the pace unproven joins leave to proven ones.
     reserve: u32,
+    /// Tokens of the pace every join leaves to the relay's own queries.
+    own: u32,
+    /// The last join released came from the front queue.
+    front_last: bool,
 }
 
 impl Joins {
@@ -150,7 +162,9 @@ impl Joins {
             turns: VecDeque::with_capacity(QUEUE_MAX),
             queued: 0,
             front: VecDeque::with_capacity(FRONT_MAX),
-            reserve: PROVEN_RESERVE.min(limits.upstream_burst.saturating_sub(1)),
+            reserve: PROVEN_RESERVE.min(limits.upstream_burst.saturating_sub(2)),
+            own: OWN_RESERVE.min(limits.upstream_burst.saturating_sub(1)),
+            front_last: false,
         }
     }
 
@@ -174,12 +188,12 @@ impl Joins {
         }
         self.expire(now);
         if proven {
-            if self.front.is_empty() && pace.take(now, 0) {
+            if self.front.is_empty() && pace.take(now, self.own) {
                 return Offer::Pass;
             }
             return self.push_front(src, data, now);
         }
-        if self.queued == 0 && self.front.is_empty() && pace.take(now, self.reserve) {
+        if self.queued == 0 && self.front.is_empty() && pace.take(now, self.own + self.reserve) {
             return Offer::Pass;
         }
         if data.len() > MAX_JOIN {
@@ -247,16 +261,26 @@ impl Joins {
         out: &mut Vec<u8>,
     ) -> Option<SocketAddr> {
         self.expire(now);
-        if !self.front.is_empty() {
-            if !pace.take(now, 0) {
+        // The front queue first, but every other turn the fair queue's while both wait.
+        let fair_turn = self.front_last && self.queued > 0;
+        let front = !self.front.is_empty() && !fair_turn;
+        if front {
+            if !pace.take(now, self.own) {
                 return None;
             }
             let e = self.front.pop_front()?;
+            self.front_last = true;
             return Some(e.write(out));
         }
-        if self.queued == 0 || !pace.take(now, self.reserve) {
+        let keep = if self.front.is_empty() {
+            self.own + self.reserve
+        } else {
+            self.own
+        };
+        if self.queued == 0 || !pace.take(now, keep) {
             return None;
         }
+        self.front_last = false;
         let p = self.turns.pop_front()?;
         let q = self.queues.get_mut(&p)?;
         let e = q.pop_front()?;
@@ -272,9 +296,9 @@ impl Joins {
     /// When [`Joins::release`] may next give something back; `None` with empty queues.
     pub(super) fn next_due(&self, now: Instant, pace: &Pace) -> Option<Instant> {
         if !self.front.is_empty() {
-            return Some(pace.next_token(now));
+            return Some(pace.next_above(now, self.own));
         }
-        (self.queued > 0).then(|| pace.next_above(now, self.reserve))
+        (self.queued > 0).then(|| pace.next_above(now, self.own + self.reserve))
     }
 
     /// `getchallenge` queued now (both queues).

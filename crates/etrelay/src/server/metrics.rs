@@ -47,11 +47,20 @@ pub enum DropReason {
     Reflection,
     /// A query from a master's address over that master's own bucket.
     MasterLimit,
+    /// A `connect` whose challenge is not one the relay gave its address (forged, or older
+    /// than two challenge periods).
+    BadCookie,
+    /// An in-game packet without the client's challenge in its checksum (a forged one).
+    Forged,
+    /// A `getchallenge` over the relay's answers to its address, or to everyone.
+    ChallengeLimit,
+    /// A `connect` over its session's limit.
+    ConnectLimit,
 }
 
 impl DropReason {
     /// Every reason, in counter order.
-    pub const ALL: [DropReason; 21] = [
+    pub const ALL: [DropReason; 25] = [
         DropReason::Rcon,
         DropReason::Filter,
         DropReason::BadChallenge,
@@ -73,6 +82,10 @@ impl DropReason {
         DropReason::QueuedBytes,
         DropReason::Reflection,
         DropReason::MasterLimit,
+        DropReason::BadCookie,
+        DropReason::Forged,
+        DropReason::ChallengeLimit,
+        DropReason::ConnectLimit,
     ];
 
     /// The reason's label.
@@ -99,6 +112,10 @@ impl DropReason {
             DropReason::QueuedBytes => "queued_bytes",
             DropReason::Reflection => "reflection",
             DropReason::MasterLimit => "master_limit",
+            DropReason::BadCookie => "bad_cookie",
+            DropReason::Forged => "forged",
+            DropReason::ChallengeLimit => "challenge_limit",
+            DropReason::ConnectLimit => "connect_limit",
         }
     }
 }
@@ -162,6 +179,19 @@ guard::counter_set! {
             sessions_refused: Counter,
             /// getchallenge waiting in the fair queue now.
             joins_queued: Gauge,
+            /// getchallenge the relay answered with its own challenge.
+            challenges_answered: Counter,
+            /// connect with the relay's challenge, checked and kept for the server's.
+            connects_checked: Counter,
+            /// getchallenge the relay sent the game server for a checked connect.
+            challenges_asked: Counter,
+            /// Clients the game server let in with a challenge the relay translates.
+            connects_translated: Counter,
+            /// Sessions of the relay's last run taken up again, translated as they were.
+            sessions_carried: Counter,
+            /// 1 while the relay gives its own challenges (the server's protocol is one it
+            /// translates), 0 while getchallenge goes to the game server.
+            relay_challenges: Gauge,
             /// Heartbeats sent to masters (one per master).
             heartbeats: Counter,
             /// Flatlines sent to masters (one per master).

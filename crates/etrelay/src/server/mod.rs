@@ -34,7 +34,12 @@
 
 mod budget;
 mod cache;
+mod carry;
+mod carry_task;
+mod challenges;
+mod cookie;
 mod forward;
+mod handshake;
 mod heartbeat;
 mod heartbeat_task;
 mod joins;
@@ -82,6 +87,8 @@ pub struct ServerHandle {
     tasks: Mutex<Vec<JoinHandle<()>>>,
 }
 
+pub use self::carry::path as carry_path;
+
 /// The file of `port`'s proven sources in the state directory `dir`.
 pub fn proven_path(dir: &Path, port: u16) -> PathBuf {
     dir.join(format!("proven-{port}.json"))
@@ -121,13 +128,15 @@ impl ServerHandle {
         let sock = socket2::SockRef::from(&public);
         let _ = sock.set_recv_buffer_size(SOCKET_BUFFER);
         let _ = sock.set_send_buffer_size(SOCKET_BUFFER);
+        let dual_stack = public_addr.is_ipv6() && sock.only_v6().is_ok_and(|only| !only);
         let public = crate::net::ReadSocket::new(public)?;
-        let answers = crate::net::PairRecv::new(config.session.max_packet)?;
+        let answers = crate::net::PairRecv::new(crate::config::MAX_ANSWER)?;
         let shared = Arc::new(Shared::new(
             config,
             public,
             answers,
             public_addr,
+            dual_stack,
             budget,
             parent.child_token(),
         ));
@@ -135,6 +144,10 @@ impl ServerHandle {
         let relay = tokio::spawn(relay_loop.run());
         let heartbeat = tokio::spawn(heartbeat_task::run(Arc::clone(&shared)));
         let proven = tokio::spawn(proven_task::run(Arc::clone(&shared)));
+        let mut tasks = vec![relay, heartbeat, proven];
+        if let Some(path) = shared.config.carry_file.clone() {
+            tasks.push(tokio::spawn(carry_task::run(Arc::clone(&shared), path)));
+        }
         info!(
             "relaying {} on {public_addr} (masters: {})",
             shared.config.upstream,
@@ -146,7 +159,7 @@ impl ServerHandle {
         );
         Ok(ServerHandle {
             shared,
-            tasks: Mutex::new(vec![relay, heartbeat, proven]),
+            tasks: Mutex::new(tasks),
         })
     }
 
@@ -189,6 +202,9 @@ impl ServerHandle {
     /// Stops the server: the relay loop and sessions end, the masters get a flatline (ET), and
     /// this returns once every task of the server has finished.
     pub async fn stop(&self) {
+        if let Some(path) = &self.shared.config.carry_file {
+            carry_task::at_stop(&self.shared, path).await;
+        }
         self.shared.cancel.cancel();
         let tasks = std::mem::take(&mut *self.tasks.lock().unwrap_or_else(|p| p.into_inner()));
         for task in tasks {

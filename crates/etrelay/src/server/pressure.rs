@@ -24,6 +24,8 @@ pub(super) const FLOOD_WINDOW: Duration = Duration::from_secs(10);
 pub(super) const QUIET: Duration = Duration::from_secs(60);
 /// At most one WARN per kind per this interval.
 pub(super) const WARN_EVERY: Duration = Duration::from_secs(60);
+/// `getchallenge` the relay answered that count as one event of [`Kind::Challenges`].
+pub(super) const ANSWERS_PER_EVENT: u64 = 10;
 
 /// The defences a flood meets, each watched on its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,11 +38,23 @@ pub enum Kind {
     Joins,
     /// The half-open session caps: per server, prefix and IP.
     HalfOpen,
+    /// Datagrams larger than `--max-packet` (junk aimed at the tunnel).
+    Oversize,
+    /// `getchallenge` the relay answered itself, or dropped over the answers' bound, and
+    /// `connect` without the relay's challenge.
+    Challenges,
 }
 
 impl Kind {
     /// Every kind.
-    pub const ALL: [Kind; 4] = [Kind::Reflection, Kind::Limiter, Kind::Joins, Kind::HalfOpen];
+    pub const ALL: [Kind; 6] = [
+        Kind::Reflection,
+        Kind::Limiter,
+        Kind::Joins,
+        Kind::HalfOpen,
+        Kind::Oversize,
+        Kind::Challenges,
+    ];
 
     /// The kind's label (API and log).
     pub fn name(self) -> &'static str {
@@ -49,6 +63,8 @@ impl Kind {
             Kind::Limiter => "limiter",
             Kind::Joins => "joins",
             Kind::HalfOpen => "half_open",
+            Kind::Oversize => "oversize",
+            Kind::Challenges => "challenges",
         }
     }
 
@@ -59,6 +75,11 @@ impl Kind {
             Kind::Limiter => "query flood: the per-IP limit dropped",
             Kind::Joins => "join flood: the getchallenge gate dropped",
             Kind::HalfOpen => "session flood: the half-open caps refused",
+            Kind::Oversize => "oversize flood: datagrams over --max-packet dropped",
+            Kind::Challenges => {
+                "challenge flood (nothing of the game server's spent): getchallenge answered \
+                 with the relay's challenge or over the answers' bound, connect without it"
+            }
         }
     }
 
@@ -72,6 +93,19 @@ impl Kind {
                 DropReason::PrefixCap,
                 DropReason::IpCap,
             ],
+            Kind::Oversize => &[DropReason::Oversize],
+            Kind::Challenges => &[DropReason::ChallengeLimit, DropReason::BadCookie],
+        }
+    }
+
+    /// What this kind counted in `m` so far: its drops; for [`Kind::Challenges`] also the
+    /// `getchallenge` the relay answered, [`ANSWERS_PER_EVENT`] to one event (a busy server
+    /// sees a few a second; a flood, thousands).
+    fn count(self, m: &ServerMetrics) -> u64 {
+        let drops: u64 = self.reasons().iter().map(|r| m.drops(*r)).sum();
+        match self {
+            Kind::Challenges => drops + m.challenges_answered.get() / ANSWERS_PER_EVENT,
+            _ => drops,
         }
     }
 }
@@ -112,7 +146,7 @@ struct Ongoing {
 /// The watch over one server's drops.
 #[derive(Debug, Default)]
 pub(super) struct Pressure {
-    watches: [Watch; 4],
+    watches: [Watch; Kind::ALL.len()],
 }
 
 impl Pressure {
@@ -126,7 +160,7 @@ impl Pressure {
         server: &str,
     ) {
         for (w, kind) in self.watches.iter_mut().zip(Kind::ALL) {
-            let total: u64 = kind.reasons().iter().map(|r| m.drops(*r)).sum();
+            let total = kind.count(m);
             let new = total.saturating_sub(std::mem::replace(&mut w.total, total));
             w.step(kind, new, now, now_sys, server);
         }

@@ -22,6 +22,7 @@ use tokio::net::UdpSocket;
 use tracing::{debug, info, trace, warn};
 
 use super::cache::QueryCache;
+use super::challenges::Challenges;
 use super::forward;
 use super::joins::{Joins, Pace};
 use super::lanes::MasterLane;
@@ -35,6 +36,7 @@ use crate::et::{self, command_word};
 use crate::net::ring::SendRing;
 use crate::net::{BatchRecv, canonical, upstream_socket};
 
+mod join;
 mod packet;
 
 /// Batches read per wake-up before the loop yields, so the sessions can send what it queued
@@ -54,8 +56,6 @@ const RING_SLOTS: usize = 64;
 /// The longest datagram the ring takes; a longer one (never a player's in-game packet, which
 /// is at most 1 400 bytes) is sent with `sendmmsg`.
 const RING_SLOT_LEN: usize = 2048;
-/// Tokens of the upstream pace the query cache leaves to `getchallenge`.
-const REFRESH_RESERVE: u32 = 3;
 
 /// The relay loop: the receive buffers and the packet handler.
 #[derive(Debug)]
@@ -85,6 +85,10 @@ struct Handler {
     proven_budget: AnswerBudget,
     /// The masters' own lane.
     masters: MasterLane,
+    /// The relay's own challenges: `getchallenge` answered, `connect` checked.
+    challenges: Challenges,
+    /// The count of the server's facts last taken ([`Shared::facts_since`]).
+    facts_seen: u64,
     /// Sessions with packets to send at the end of the batch.
     touched: Touched,
     /// Sends to many sessions' sockets in one system call; `None` where `io_uring` is off or
@@ -127,7 +131,7 @@ impl RelayLoop {
             Some(Cache {
                 machine: QueryCache::new(cfg.cache_max_age, Instant::now()),
                 socket: upstream_socket(cfg.upstream)?,
-                recv_buf: vec![0; cfg.session.max_packet.max(1)],
+                recv_buf: vec![0; crate::config::MAX_ANSWER],
             })
         };
         Ok(RelayLoop {
@@ -146,6 +150,13 @@ impl RelayLoop {
                 budget: AnswerBudget::new(&cfg.reflection),
                 proven_budget: AnswerBudget::new(&cfg.reflection),
                 masters: MasterLane::new(),
+                challenges: Challenges::new(
+                    cfg.game,
+                    cfg.challenges.answers_per_second,
+                    cfg.challenges.server,
+                    Instant::now(),
+                ),
+                facts_seen: 0,
                 touched: Touched {
                     sessions: Vec::with_capacity(TOUCHED),
                     packets: 0,
@@ -286,6 +297,8 @@ impl Handler {
             };
             m.server_packets.inc();
             m.server_bytes.add(n as u64);
+            shared.heard();
+            shared.learn_info(&cache.recv_buf[..n]);
             let Some(mut waiters) = cache.machine.on_answer(&cache.recv_buf[..n], now) else {
                 continue;
             };
@@ -299,9 +312,10 @@ impl Handler {
             );
             while let Some(to) = waiters.next(&mut self.scratch) {
                 m.cache_hits.inc();
-                send_now(shared, &self.scratch, to);
+                send_now(shared, &self.scratch, to, "cache");
             }
         }
+        self.take_facts();
     }
 
     fn tick(&mut self, now: Instant) {
@@ -309,6 +323,8 @@ impl Handler {
             self.limiter.sweep_part(now.into_std(), SWEEP_PARTS);
         }
         self.joins.sweep(now);
+        self.challenges.sweep(now);
+        self.take_facts();
         self.budget.sweep(now);
         self.proven_budget.sweep(now);
         self.masters.refresh(self.shared.masters(), now.into_std());
@@ -379,15 +395,15 @@ async fn until(due: Option<Instant>) {
     }
 }
 
-/// Sends an answer from the public socket without waiting; a full socket buffer drops it, as
-/// any congested UDP hop would.
-fn send_now(shared: &Shared, pkt: &[u8], to: SocketAddr) {
+/// Sends an answer of the relay's own (`from`: where it comes from, for the debug log) from the
+/// public socket without waiting; a full socket buffer drops it, as any congested UDP hop would.
+fn send_now(shared: &Shared, pkt: &[u8], to: SocketAddr, from: &str) {
     match shared.public.try_send_to(pkt, to) {
         Ok(n) => {
             shared.metrics.reply_packets.inc();
             shared.metrics.reply_bytes.add(n as u64);
             if et::is_oob(pkt) {
-                debug!("{to} <- ET {} ({} B, cache)", command_word(pkt), pkt.len());
+                debug!("{to} <- ET {} ({} B, {from})", command_word(pkt), pkt.len());
             }
         }
         Err(e) => {

@@ -27,6 +27,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::budget::Budget;
+use super::handshake::{Handshake, Translator};
 use crate::clock::wall_now;
 use crate::net::{BATCH, ReadSocket};
 
@@ -90,6 +91,10 @@ pub(super) struct Session {
     wake: Notify,
     /// Ends the session (server stop, ban, recycling).
     cancel: CancellationToken,
+    /// The challenge exchange under way (`super::handshake`).
+    handshake: Mutex<Handshake>,
+    /// The challenge translation in force, read by every in-game packet.
+    pub(super) translator: Translator,
 }
 
 #[derive(Debug, Default)]
@@ -107,6 +112,8 @@ pub(super) enum Refused {
     QueueFull,
     /// The process's queued-bytes budget is spent.
     OverBudget,
+    /// An in-game packet that does not hold the client's challenge (a forged one).
+    Forged,
 }
 
 /// What [`Session::send_queued`] did.
@@ -177,7 +184,14 @@ impl Session {
             budget,
             wake: Notify::new(),
             cancel,
+            handshake: Mutex::new(Handshake::default()),
+            translator: Translator::default(),
         }
+    }
+
+    /// The challenge exchange, locked.
+    pub(super) fn handshake(&self) -> MutexGuard<'_, Handshake> {
+        self.handshake.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The session with its socket connected to the game server.
@@ -233,6 +247,30 @@ impl Session {
     /// [`Refused`] when the queue holds its limit or the process's byte budget is spent.
     pub(super) fn push(&self, data: &[u8], now_ms: u64) -> Result<(), Refused> {
         self.enqueue(&mut self.lock_queue(), data)?;
+        self.touch(now_ms);
+        self.last_client_ms.fetch_max(now_ms, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Queues a client's in-game packet, rewritten for the server's challenge when a
+    /// translation is in force (`super::handshake`), at `now_ms`.
+    ///
+    /// # Errors
+    /// As [`Session::push`], and [`Refused::Forged`] for a packet that does not hold the
+    /// client's challenge (nothing queued).
+    pub(super) fn push_game(&self, data: &[u8], now_ms: u64) -> Result<(), Refused> {
+        let mut q = self.lock_queue();
+        self.enqueue(&mut q, data)?;
+        let buf = q
+            .packets
+            .back_mut()
+            .expect("invariant: enqueue just pushed it");
+        if self.translator.to_server(buf).is_err() {
+            let buf = q.packets.pop_back().expect("invariant: just pushed");
+            self.recycle(&mut q, buf);
+            return Err(Refused::Forged);
+        }
+        drop(q);
         self.touch(now_ms);
         self.last_client_ms.fetch_max(now_ms, Ordering::Relaxed);
         Ok(())

@@ -7,6 +7,7 @@
 //! every critical section is a few map operations (opening a session adds a non-blocking bind
 //! and connect; a ban adds cancelling the sessions it cuts).
 
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -20,6 +21,7 @@ use tracing::{trace, warn};
 use guard::throttle::Throttle;
 
 use super::budget::Budget;
+use super::carry::{self, Carried};
 use super::heartbeat::ProbeStatus;
 use super::metrics::{DropReason, ServerMetrics};
 use super::pressure::{Flood, Pressure};
@@ -29,6 +31,9 @@ use super::table::Table;
 use crate::bans::BanTable;
 use crate::clock::{Instant, unix, wall_now};
 use crate::config::ServerConfig;
+use crate::et::challenge::Facts;
+use crate::et::connect::Reader;
+use crate::et::info::{INFO_RESPONSE, STATUS_RESPONSE, find_key, info_string};
 use crate::net::{PairRecv, ReadSocket};
 
 /// At most one warning of refused sessions (by the process's caps) or failed sockets per
@@ -44,6 +49,9 @@ pub(super) struct State {
     pub(super) bans: BanTable,
     /// The sources that proved their address.
     pub(super) proven: Proven,
+    /// Translated sessions of the relay's last run, waiting for their clients' next packet
+    /// (`super::carry`).
+    pub(super) carried: HashMap<SocketAddr, Carried>,
 }
 
 /// Everything of one server that its tasks share.
@@ -55,6 +63,8 @@ pub(super) struct Shared {
     pub(super) public: ReadSocket,
     /// Its address.
     pub(super) public_addr: SocketAddr,
+    /// True when the public socket is IPv6 and takes IPv4 too (`IPV6_V6ONLY` off).
+    pub(super) dual_stack: bool,
     /// The server's counters.
     pub(super) metrics: ServerMetrics,
     /// Sessions and bans.
@@ -84,6 +94,16 @@ pub(super) struct Shared {
     masters: Mutex<Arc<[IpAddr]>>,
     /// The watch over the drops a flood causes.
     pressure: Mutex<Pressure>,
+    /// What the game server said of itself (protocol, game name), and a count of changes the
+    /// relay loop watches.
+    facts: Mutex<Facts>,
+    facts_changes: AtomicU64,
+    /// The session tasks' `connect` reader and writer, and its buffer (one handshake at a time).
+    connects: Mutex<(Reader, Vec<u8>)>,
+    /// Milliseconds after the epoch of the last datagram from the game server (any socket).
+    heard_ms: AtomicU64,
+    /// Milliseconds after the epoch (plus one) of the last heartbeat sent; 0 before any.
+    beat_ms: AtomicU64,
 }
 
 impl Shared {
@@ -94,6 +114,7 @@ impl Shared {
         public: ReadSocket,
         answers: PairRecv,
         public_addr: SocketAddr,
+        dual_stack: bool,
         budget: Budget,
         cancel: CancellationToken,
     ) -> Self {
@@ -103,10 +124,15 @@ impl Shared {
         };
         let metrics = ServerMetrics::default();
         metrics.proven_sources.set(proven.len() as u64);
+        let carried = match &config.carry_file {
+            Some(path) => carry::load(path, unix(wall_now())),
+            None => HashMap::new(),
+        };
         let state = State {
             sessions: Table::new(config.caps),
             bans: BanTable::default(),
             proven,
+            carried,
         };
         Shared {
             answers: Mutex::new(answers),
@@ -126,7 +152,105 @@ impl Shared {
             go: CancellationToken::new(),
             masters: Mutex::new(Arc::from([])),
             pressure: Mutex::new(Pressure::default()),
+            facts: Mutex::new(Facts::default()),
+            facts_changes: AtomicU64::new(0),
+            connects: Mutex::new((Reader::default(), Vec::with_capacity(2048))),
+            heard_ms: AtomicU64::new(0),
+            beat_ms: AtomicU64::new(0),
+            dual_stack,
         }
+    }
+
+    /// A heartbeat goes to the masters now: their checks are expected.
+    pub(super) fn heartbeat_sent(&self) {
+        self.beat_ms.store(self.now_ms() + 1, Ordering::Release);
+    }
+
+    /// The last heartbeat (its time as an id) and how long ago it went; `None` before any.
+    pub(super) fn since_beat(&self) -> Option<(u64, Duration)> {
+        let at = self.beat_ms.load(Ordering::Acquire);
+        (at > 0).then(|| {
+            let ago = (self.now_ms() + 1).saturating_sub(at);
+            (at, Duration::from_millis(ago))
+        })
+    }
+
+    /// Learns what an answer of the game server (whole datagram) says of its protocols and
+    /// game name: an `infoResponse`'s `protocol` and `gamename`, a `statusResponse`'s
+    /// `com_protocol` (ioquake3's own protocol).
+    pub(super) fn learn_info(&self, packet: &[u8]) {
+        if let Some(info) = info_string(packet, STATUS_RESPONSE) {
+            let modern = find_key(info, b"com_protocol")
+                .map(|r| crate::et::connect::atoi(&info[r]))
+                .filter(|p| *p > 0);
+            if modern.is_some() {
+                self.learn(|f| f.modern = modern);
+            }
+            return;
+        }
+        let Some(info) = info_string(packet, INFO_RESPONSE) else {
+            return;
+        };
+        let protocol = find_key(info, b"protocol")
+            .map(|r| crate::et::connect::atoi(&info[r]))
+            .filter(|p| *p > 0);
+        let gamename = find_key(info, b"gamename")
+            .map(|r| info[r].to_vec())
+            .filter(|g| !g.is_empty());
+        self.learn(|f| {
+            if protocol.is_some() {
+                f.protocol = protocol;
+            }
+            if gamename.is_some() {
+                f.gamename = gamename;
+            }
+        });
+    }
+
+    /// Changes what the relay knows of the game server.
+    pub(super) fn learn(&self, change: impl FnOnce(&mut Facts)) {
+        let mut f = self.facts.lock().unwrap_or_else(|p| p.into_inner());
+        let before = f.clone();
+        change(&mut f);
+        if *f != before {
+            self.facts_changes.fetch_add(1, Ordering::Release);
+        }
+    }
+
+    /// The facts, when they changed since `seen` (a count from the last call), with the new
+    /// count.
+    pub(super) fn facts_since(&self, seen: u64) -> Option<(Facts, u64)> {
+        let now = self.facts_changes.load(Ordering::Acquire);
+        (now != seen).then(|| {
+            let f = self.facts.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            (f, now)
+        })
+    }
+
+    /// What the relay knows of the game server now.
+    pub(super) fn facts(&self) -> Facts {
+        self.facts.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Runs `f` on the session tasks' `connect` reader and its buffer.
+    pub(super) fn with_connects<T>(&self, f: impl FnOnce(&mut Reader, &mut Vec<u8>) -> T) -> T {
+        let mut c = self.connects.lock().unwrap_or_else(|p| p.into_inner());
+        let (reader, buf) = &mut *c;
+        f(reader, buf)
+    }
+
+    /// The game server sent something now.
+    #[inline]
+    pub(super) fn heard(&self) {
+        // Plus one: 0 means never.
+        self.heard_ms
+            .fetch_max(self.now_ms() + 1, Ordering::Relaxed);
+    }
+
+    /// Whether the game server sent anything within `within` of now (and at all).
+    pub(super) fn heard_within(&self, within: Duration) -> bool {
+        let at = self.heard_ms.load(Ordering::Relaxed);
+        at > 0 && (self.now_ms() + 1).saturating_sub(at) <= within.as_millis() as u64
     }
 
     /// Looks at the drops since the last call (the relay loop's tick) and tells the admin of

@@ -249,6 +249,44 @@ impl Table {
         Ok(())
     }
 
+    /// Session `s` sent a checked `connect` (its address proven by the relay's challenge)
+    /// announcing `qport`: it takes that qport, leaving the one it held. Another session
+    /// holding it keeps it if established (a player in game), unless it is of the same IP and
+    /// its client silent for `quiet_ms` at `now_ms` (the same player back from a new port); a
+    /// holder not established (unproven) gives it up. A holder that gives it up leaves the
+    /// table and is returned for the caller to cut.
+    ///
+    /// # Errors
+    /// [`DropReason::QportConflict`]: a player in game holds `qport`.
+    pub(super) fn pin_connect(
+        &mut self,
+        s: &Arc<Session>,
+        qport: u16,
+        now_ms: u64,
+        quiet_ms: u64,
+    ) -> Result<Option<Arc<Session>>, DropReason> {
+        let mut cut = None;
+        if let Some(holder) = self.qports.get(&qport).filter(|h| h.id != s.id).cloned() {
+            let same_player = holder.client().ip() == s.client().ip()
+                && now_ms.saturating_sub(holder.last_client_ms()) >= quiet_ms;
+            if holder.phase() == Phase::Established && !same_player {
+                return Err(DropReason::QportConflict);
+            }
+            self.remove(&holder);
+            self.qports.remove(&qport);
+            cut = Some(holder);
+        }
+        if let Some(mine) = s.qport()
+            && mine != qport
+            && self.owns(s, mine)
+        {
+            self.qports.remove(&mine);
+        }
+        self.qports.insert(qport, Arc::clone(s));
+        s.pin_qport(Some(qport));
+        Ok(cut)
+    }
+
     /// The session holding `qport`.
     pub(super) fn qport_holder(&self, qport: u16) -> Option<&Arc<Session>> {
         self.qports.get(&qport)

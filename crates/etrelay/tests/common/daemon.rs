@@ -208,6 +208,18 @@ impl Daemon {
         )
     }
 
+    /// The addresses `GET /bans` lists for the server of `key`, in its order.
+    pub async fn banned(&self, key: &str) -> Vec<String> {
+        let (status, bans) = self.call(reqwest::Method::GET, "/bans", key, None).await;
+        assert_eq!(status, 200);
+        bans["bans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| b["ip"].as_str().unwrap().to_string())
+            .collect()
+    }
+
     pub fn logged(&self, needle: &str) -> bool {
         self.log.lock().unwrap().iter().any(|l| l.contains(needle))
     }

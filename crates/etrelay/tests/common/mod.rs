@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use etrelay::config::{MAX_QUEUED_BYTES, MAX_SESSIONS, ServerConfig};
 use etrelay::server::{Budget, ServerHandle};
+use etrelay_testkit::player::{Dialect, Player, RETRANSMIT};
 use etrelay_testkit::{udp, unique_ip};
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
@@ -101,6 +102,35 @@ pub fn config(upstream: SocketAddr) -> ServerConfig {
     c.heartbeat_interval = Duration::from_secs(3600);
     c.probe_timeout = Duration::from_millis(300);
     c
+}
+
+/// [`config`] for a relay that lets the game server give the challenges (`--server-challenges`):
+/// a plain proxy whose sessions open on any client packet, as the tests of the session
+/// mechanics (queues, caps, expiry, the ring) use it with raw in-game packets.
+pub fn config_server_challenges(upstream: SocketAddr) -> ServerConfig {
+    let mut c = config(upstream);
+    c.challenges.server = true;
+    c
+}
+
+/// A client on a fresh loopback address that joined `server` as a real client does
+/// (`getchallenge`, `connect` with the challenge it got): its session is open on the relay.
+pub async fn joined(server: SocketAddr, qport: u16, dialect: Dialect) -> Player {
+    let mut p = Player::bind(unique_ip(), server, qport, dialect)
+        .await
+        .expect("bind the player");
+    p.join(Duration::from_secs(10), RETRANSMIT)
+        .await
+        .expect("the player joins");
+    p
+}
+
+/// The IPv4 address of `p`.
+pub fn ip_of(p: &Player) -> Ipv4Addr {
+    match p.local_addr().expect("the player's address").ip() {
+        std::net::IpAddr::V4(ip) => ip,
+        std::net::IpAddr::V6(_) => unreachable!("players bind IPv4 loopback addresses"),
+    }
 }
 
 /// Binds a public socket on a fresh loopback address, port from the OS.

@@ -26,11 +26,18 @@ impl SingleRelay {
     /// Starts it in front of `upstream` on `ip` (public port and metrics, ports chosen by the
     /// kernel) with `extra` flags (`--masters` among them: no default leaves the machine).
     pub async fn start(upstream: SocketAddr, ip: Ipv4Addr, extra: &[&str]) -> SingleRelay {
+        SingleRelay::start_on(upstream, SocketAddr::from((ip, 0)), extra).await
+    }
+
+    /// [`SingleRelay::start`] with its public socket on `public` (a relay started again where
+    /// it was).
+    pub async fn start_on(upstream: SocketAddr, public: SocketAddr, extra: &[&str]) -> SingleRelay {
+        let ip = public.ip();
         let mut args: Vec<String> = vec![
             upstream.to_string(),
             "--allow-loopback-upstream".into(),
             "--listen".into(),
-            format!("{ip}:0"),
+            public.to_string(),
             "--metrics".into(),
             format!("{ip}:0"),
         ];
@@ -77,6 +84,17 @@ impl SingleRelay {
             .cloned()
             .collect()
     }
+}
+
+/// The sum of the `etrelay_dropped_packets_total` samples of `reason` in a scrape.
+pub fn drops(text: &str, reason: &str) -> u64 {
+    text.lines()
+        .filter(|l| {
+            l.starts_with("etrelay_dropped_packets_total")
+                && l.contains(&format!("reason=\"{reason}\""))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
 }
 
 /// `GET /metrics` (empty on failure, within 5 s).

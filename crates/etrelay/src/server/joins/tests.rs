@@ -142,14 +142,15 @@ fn a_proven_source_goes_first_under_any_flood() {
     };
     let mut pace = Pace::new(8, Duration::from_secs(1), t0);
     let mut j = Joins::new(&lim);
-    // A flood of strangers takes all but the reserve, then queues.
+    // A flood of strangers takes all but the reserves (the relay's own, the proven sources'),
+    // then queues.
     let mut passed = 0;
     for a in 1..=50u8 {
         if j.offer(src(a, 1), b"f", t0, &mut pace, false) == Offer::Pass {
             passed += 1;
         }
     }
-    assert_eq!(passed, 8 - PROVEN_RESERVE as usize);
+    assert_eq!(passed, 8 - (OWN_RESERVE + PROVEN_RESERVE) as usize);
     assert_eq!(j.queued(), QUEUE_MAX.min(50 - passed));
     // A returning player passes at once, on the reserve.
     assert_eq!(
@@ -175,12 +176,47 @@ fn a_proven_source_goes_first_under_any_flood() {
     let mut out = Vec::new();
     assert_eq!(j.release(t1, &mut pace, &mut out), Some(src(200, 3)));
     assert_eq!(out, b"p3");
-    // The strangers' queue waits until more than the reserve is back.
+    // The strangers' queue waits until more than the reserves are back.
     assert_eq!(j.release(t1, &mut pace, &mut out), None);
     assert_eq!(
         j.next_due(t1, &pace),
-        Some(t1 + Duration::from_secs(u64::from(PROVEN_RESERVE) + 1))
+        Some(t1 + Duration::from_secs(u64::from(OWN_RESERVE + PROVEN_RESERVE)))
     );
+}
+
+#[test]
+fn new_players_get_every_other_join_while_proven_sources_wait_too() {
+    let t0 = Instant::now();
+    let lim = JoinLimits {
+        source_burst: 100,
+        upstream_burst: 2,
+        ..limits()
+    };
+    let mut pace = Pace::new(2, Duration::from_millis(100), t0);
+    let mut j = Joins::new(&lim);
+    // The relay's own token kept; one join passes.
+    assert_eq!(j.offer(src(1, 1), b"n", t0, &mut pace, false), Offer::Pass);
+    for b in 2..=5u8 {
+        assert_eq!(
+            j.offer(src(1, b), b"n", t0, &mut pace, false),
+            Offer::Queued
+        );
+        assert_eq!(
+            j.offer(src(200, b), b"p", t0, &mut pace, true),
+            Offer::Queued
+        );
+    }
+    let mut out = Vec::new();
+    let mut order = Vec::new();
+    let mut t = t0;
+    while j.queued() > 0 {
+        t = j.next_due(t, &pace).unwrap();
+        if let Some(who) = j.release(t, &mut pace, &mut out) {
+            order.push(matches!(who.ip(), std::net::IpAddr::V4(a) if a.octets()[1] == 200));
+        }
+    }
+    // Proven first, then turn and turn about.
+    assert_eq!(order, [true, false, true, false, true, false, true, false]);
 }
 
 #[test]
