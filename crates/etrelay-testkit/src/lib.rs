@@ -25,13 +25,18 @@
 //! * [`qstat`]: a runner for `quakestat`, a real server browser;
 //! * [`player`]: a client's connect handshake (plaintext or Huffman `connect`) and in-game
 //!   packets (raw, or a netchan session with the server);
+//! * [`dpmaster`]: a runner for a real dpmaster, given by `ETRELAY_DPMASTER` (not packaged in
+//!   Debian: built outside the repository), its output counted per server;
 //! * [`flood`]: bounded floods from many source addresses or ports;
+//! * [`spoof`]: datagrams with a forged source address and port (a raw socket, root only), and
+//!   bounded floods of them;
 //! * [`procstat`]: a process's memory and file descriptors, sampled;
 //! * [`netns`], [`lab`]: network namespaces, and the whole deployment built from them (home
 //!   server behind a NAT router, WireGuard tunnel, front host, Internet); the one exception to
 //!   loopback-only, on addresses that exist only inside the namespaces.
 
 pub mod addr;
+pub mod dpmaster;
 pub mod fake_server;
 pub mod huffman;
 pub mod info;
@@ -46,11 +51,13 @@ pub mod udp;
 pub mod flood;
 pub mod player;
 pub mod procstat;
+pub mod spoof;
 
 pub mod lab;
 pub mod netns;
 
 pub use addr::{unique_ip, unique_ips};
+pub use dpmaster::Dpmaster;
 pub use fake_server::{FakeEtConfig, FakeEtServer, Handshake, Received};
 pub use master::{FakeMaster, MasterStyle};
 pub use oa_client::OaClient;

@@ -92,7 +92,6 @@ pub(super) struct Handshake {
     bucket: Option<StdInstant>,
 }
 
-
 impl Handshake {
     /// Charges one `connect` to the session's bucket at `now`; false past it.
     pub(super) fn allow(&mut self, now: StdInstant) -> bool {
