@@ -2,15 +2,19 @@
 //!
 //! 64 clients (each its own 127.x address, its own qport) send 64-byte in-game datagrams
 //! through the path to the echo server, 10 000 per second in all: every millisecond ten of
-//! them, the clients in turn. Each datagram carries its send time; the round trip is measured
-//! when it comes back. One tokio thread sends and receives, the same for every path.
+//! them, the clients in turn. Each datagram carries its number in the run (bytes 0..4, where
+//! an in-game packet has its sequence number) and the run's tag (bytes 6..8): bytes etrelay's
+//! translation never changes (it XORs a client's packet from byte 18 on, the server's from
+//! byte 8 on); the round trip is measured from the send time kept under that number when it
+//! comes back. One tokio thread sends and receives, the same for every path.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::join;
 use crate::load::packet;
 
 /// Clients of the ET-like load.
@@ -22,18 +26,21 @@ pub(crate) const FLOOD_RATE: u64 = 20_000;
 /// Spoofed sources of the flood, each on its own /24.
 pub(crate) const FLOOD_SOURCES: usize = 1000;
 
-/// Percentiles of one run, in microseconds, and the share of datagrams that came back.
+/// Percentiles of one run, in microseconds, the share of datagrams that came back, and the
+/// share of those that came back translated.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Rtt {
     pub(crate) p50: f64,
     pub(crate) p99: f64,
     pub(crate) p999: f64,
     pub(crate) returned: f64,
+    pub(crate) xored: f64,
 }
 
 impl Rtt {
-    /// The percentiles of round trips `v` (ns).
-    fn of(mut v: Vec<u64>, returned: f64) -> Rtt {
+    /// The percentiles of round trips `v` (ns), `xored` of them translated.
+    fn of(mut v: Vec<u64>, returned: f64, xored: usize) -> Rtt {
+        let xored = xored as f64 / v.len().max(1) as f64;
         v.sort_unstable();
         let pct = |p: f64| nearest_rank(&v, p).map_or(f64::NAN, |ns| ns as f64 / 1000.0);
         Rtt {
@@ -41,8 +48,34 @@ impl Rtt {
             p99: pct(99.0),
             p999: pct(99.9),
             returned,
+            xored,
         }
     }
+}
+
+/// The tag of the next run or ping-pong (bytes 6..8 of its datagrams): never 0x0101, the bytes
+/// of other in-game datagrams ([`packet`]), so a late answer from another run never counts.
+fn next_tag() -> [u8; 2] {
+    static TAG: AtomicU16 = AtomicU16::new(0x8000);
+    (TAG.fetch_add(1, Ordering::Relaxed) | 0x8000).to_le_bytes()
+}
+
+/// Datagram `n` of the run tagged `tag` (its bytes 0..4 and 6..8 set) in `p`.
+fn stamp(p: &mut [u8], n: usize, tag: [u8; 2]) {
+    p[0..4].copy_from_slice(&(n as u32).to_le_bytes());
+    p[6..8].copy_from_slice(&tag);
+}
+
+/// The number of `d` if it is a datagram of the run tagged `tag`.
+fn number(d: &[u8], tag: [u8; 2]) -> Option<usize> {
+    (d.len() >= 18 && d[6..8] == tag).then(|| u32::from_le_bytes([d[0], d[1], d[2], d[3]]) as usize)
+}
+
+/// Whether `d` came back translated: etrelay XORs the server's packet from byte 8 on, and the
+/// client's from byte 18 on, so bytes 8..18 of an echo come back changed (they were sent as
+/// [`packet`]'s, all 1).
+fn is_xored(d: &[u8]) -> bool {
+    d[8..18].iter().any(|&b| b != 1)
 }
 
 /// The nearest-rank `p`-th percentile (0 < `p` ≤ 100) of `sorted` (ascending): the smallest
@@ -73,31 +106,36 @@ pub(crate) fn run(socks: &[UdpSocket], target: SocketAddr, secs: f64) -> Rtt {
             .collect();
         let base = Instant::now();
         let total = (RATE as f64 * secs) as usize;
-        let rtts = Arc::new(std::sync::Mutex::new(Vec::with_capacity(total)));
+        let tag = next_tag();
+        // The send time of datagram `n` (ns since `base`, plus 1: 0 is "not sent").
+        let sent_at: Arc<Vec<AtomicU64>> =
+            Arc::new((0..total).map(|_| AtomicU64::new(0)).collect());
+        let got = Arc::new(std::sync::Mutex::new((Vec::with_capacity(total), 0usize)));
         let stop = Arc::new(AtomicBool::new(false));
         let mut readers = Vec::new();
         for s in &socks {
-            let (s, rtts, stop) = (Arc::clone(s), Arc::clone(&rtts), Arc::clone(&stop));
+            let (s, got, stop) = (Arc::clone(s), Arc::clone(&got), Arc::clone(&stop));
+            let sent_at = Arc::clone(&sent_at);
             readers.push(tokio::spawn(async move {
                 let mut buf = [0u8; 2048];
                 while !stop.load(Ordering::Relaxed) {
                     let r = tokio::time::timeout(Duration::from_millis(50), s.recv(&mut buf));
                     let Ok(Ok(n)) = r.await else { continue };
-                    if n < 16 || buf[0] != 1 {
-                        continue; // the warm-up's answers, or stale ones
-                    }
-                    let sent = u64::from_le_bytes(buf[8..16].try_into().expect("8 bytes"));
-                    let now = base.elapsed().as_nanos() as u64;
-                    let mut v = rtts.lock().expect("lock");
-                    if v.len() < total {
-                        v.push(now.saturating_sub(sent));
-                    }
+                    // The warm-up's answers, or another run's, are not this run's.
+                    let Some(sent) = number(&buf[..n], tag)
+                        .and_then(|k| sent_at.get(k))
+                        .map(|t| t.swap(0, Ordering::Relaxed))
+                        .filter(|&t| t != 0)
+                    else {
+                        continue;
+                    };
+                    let now = base.elapsed().as_nanos() as u64 + 1;
+                    let mut g = got.lock().expect("lock");
+                    g.0.push(now.saturating_sub(sent));
+                    g.1 += usize::from(is_xored(&buf[..n]));
                 }
             }));
         }
-        // Drop what a previous run left in the sockets' buffers.
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        rtts.lock().expect("lock").clear();
         let per_ms = (RATE / 1000) as usize;
         let mut tick = tokio::time::interval(Duration::from_millis(1));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
@@ -110,8 +148,8 @@ pub(crate) fn run(socks: &[UdpSocket], target: SocketAddr, secs: f64) -> Rtt {
             for _ in 0..per_ms {
                 let i = next % socks.len();
                 next += 1;
-                let t = base.elapsed().as_nanos() as u64;
-                pkts[i][8..16].copy_from_slice(&t.to_le_bytes());
+                stamp(&mut pkts[i], sent, tag);
+                sent_at[sent].store(base.elapsed().as_nanos() as u64 + 1, Ordering::Relaxed);
                 if socks[i].try_send(&pkts[i]).is_ok() {
                     sent += 1;
                 }
@@ -123,9 +161,9 @@ pub(crate) fn run(socks: &[UdpSocket], target: SocketAddr, secs: f64) -> Rtt {
         for r in readers {
             let _ = r.await;
         }
-        let v = std::mem::take(&mut *rtts.lock().expect("lock"));
+        let (v, xored) = std::mem::take(&mut *got.lock().expect("lock"));
         let returned = v.len() as f64 / sent.max(1) as f64;
-        Rtt::of(v, returned)
+        Rtt::of(v, returned, xored)
     })
 }
 
@@ -136,11 +174,12 @@ pub(crate) fn ping_pong(sock: &UdpSocket, target: SocketAddr, n: usize) -> Rtt {
         .expect("read timeout");
     // A qport of its own (etrelay pins a qport to one session).
     let mut pkt = packet(CLIENTS, 64);
+    let tag = next_tag();
     let mut buf = [0u8; 2048];
-    let mut v = Vec::with_capacity(n);
+    let (mut v, mut xored) = (Vec::with_capacity(n), 0);
     let (mut sent, deadline) = (0usize, Instant::now() + Duration::from_secs(30));
     while v.len() < n && Instant::now() < deadline {
-        pkt[8..16].copy_from_slice(&(sent as u64).to_le_bytes());
+        stamp(&mut pkt, sent, tag);
         let t = Instant::now();
         if sock.send_to(&pkt, target).is_err() {
             continue;
@@ -148,9 +187,10 @@ pub(crate) fn ping_pong(sock: &UdpSocket, target: SocketAddr, n: usize) -> Rtt {
         sent += 1;
         // Only this datagram's answer counts (a late one from before is skipped).
         while let Ok(got) = sock.recv(&mut buf) {
-            if got >= 16 && buf[8..16] == pkt[8..16] {
+            if number(&buf[..got], tag) == Some(sent - 1) {
                 if sent > 100 {
                     v.push(t.elapsed().as_nanos() as u64);
+                    xored += usize::from(is_xored(&buf[..got]));
                 }
                 break;
             }
@@ -158,7 +198,56 @@ pub(crate) fn ping_pong(sock: &UdpSocket, target: SocketAddr, n: usize) -> Rtt {
         std::thread::sleep(Duration::from_micros(500));
     }
     let returned = v.len() as f64 / sent.saturating_sub(100).max(1) as f64;
-    Rtt::of(v, returned)
+    Rtt::of(v, returned, xored)
+}
+
+/// Joins every client of `socks` (client `k` announcing qport `first_qport + k`, as its
+/// datagrams carry) on `target` ([`join::join`]), then checks with one datagram each that its
+/// session carries it there and back, translated when `xored` (etrelay's default: in 1 session
+/// in 256 the key byte `(C ^ S) & 0xff` is 0, and the client joins again); at most 5 tries.
+/// Each socket is left connected to `target`.
+pub(crate) fn join(socks: &[UdpSocket], first_qport: u16, target: SocketAddr, xored: bool) {
+    let mut missing: Vec<usize> = (0..socks.len()).collect();
+    for _ in 0..5 {
+        let clients: Vec<(&UdpSocket, u16)> = missing
+            .iter()
+            .map(|&k| (&socks[k], first_qport + k as u16))
+            .collect();
+        join::join(&clients, target);
+        let tag = next_tag();
+        for &k in &missing {
+            let mut p = packet(usize::from(first_qport) + k, 64);
+            stamp(&mut p, k, tag);
+            let _ = socks[k].send(&p);
+        }
+        missing.retain(|&k| !came_back(&socks[k], k, tag, xored));
+        if missing.is_empty() {
+            return;
+        }
+    }
+    eprintln!(
+        "warning: {} of {} clients not through {target}{}",
+        missing.len(),
+        socks.len(),
+        if xored { " translated" } else { "" }
+    );
+}
+
+/// Whether datagram `k` of the check tagged `tag` comes back to `sock` within 300 ms
+/// (translated, when `xored`).
+fn came_back(sock: &UdpSocket, k: usize, tag: [u8; 2], xored: bool) -> bool {
+    let mut buf = [0u8; 2048];
+    sock.set_read_timeout(Some(Duration::from_millis(300)))
+        .expect("read timeout");
+    let mut ok = false;
+    while let Ok(n) = sock.recv(&mut buf) {
+        if number(&buf[..n], tag) == Some(k) {
+            ok = !xored || is_xored(&buf[..n]);
+            break;
+        }
+    }
+    sock.set_read_timeout(None).expect("read timeout");
+    ok
 }
 
 /// The client sockets of the latency runs (127.78.x.y).

@@ -13,6 +13,8 @@ use quinn_udp::{RecvMeta, UdpSocketState};
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::net::{MMsgHdr, SendAncillaryBuffer, SendFlags, sendmmsg};
 
+use crate::join;
+
 /// Datagrams per `recvmmsg` (and most per `sendmmsg`).
 pub(crate) const BATCH: usize = quinn_udp::BATCH_SIZE;
 /// Room for one receive slot (a GRO buffer can hold many datagrams).
@@ -104,27 +106,33 @@ impl Receiver {
 pub(crate) struct SinkCounts {
     pub(crate) delivered: AtomicU64,
     /// Bit `i` set: the warm-up datagram of client `i` arrived.
-    pub(crate) warm: [AtomicU64; 4],
+    warm: [AtomicU64; 4],
+    /// Bit `i` set: it arrived translated (its bytes from 18 on XORed by etrelay).
+    xored: [AtomicU64; 4],
 }
 
 impl SinkCounts {
-    pub(crate) fn clear_warm(&self) {
-        for w in &self.warm {
+    fn clear_warm(&self) {
+        for w in self.warm.iter().chain(&self.xored) {
             w.store(0, Ordering::Relaxed);
         }
     }
 
-    pub(crate) fn warm_count(&self) -> u32 {
-        self.warm
-            .iter()
-            .map(|w| w.load(Ordering::Relaxed).count_ones())
-            .sum()
+    /// Whether client `i`'s warm-up datagram arrived (and, when `xored`, translated).
+    fn is_warm(&self, i: usize, xored: bool) -> bool {
+        let bits = if xored { &self.xored } else { &self.warm };
+        bits[i / 64].load(Ordering::Relaxed) & (1 << (i % 64)) != 0
+    }
+
+    /// The clients whose warm-up datagram arrived translated, of the first `n`.
+    pub(crate) fn xored_count(&self, n: usize) -> usize {
+        (0..n).filter(|&i| self.is_warm(i, true)).count()
     }
 }
 
-/// The counting sink: counts every datagram, and answers every warm-up datagram with one
-/// in-game datagram (as a game server answers a player), which makes etrelay's session
-/// established.
+/// The counting sink: counts every datagram, answers the handshake as an ET server
+/// ([`join::server_answer`]), and answers every warm-up datagram with one in-game datagram (as
+/// a game server answers a player).
 pub(crate) fn sink(
     sock: UdpSocket,
     counts: Arc<SinkCounts>,
@@ -136,20 +144,28 @@ pub(crate) fn sink(
         while !stop.load(Ordering::Relaxed) {
             rx.recv(&sock, |from, d| {
                 counts.delivered.fetch_add(1, Ordering::Relaxed);
-                if d[0] == WARM {
+                if d[0] == WARM && d.len() > 18 {
                     let i = usize::from(u16::from_le_bytes([d[8], d[9]])) & 255;
                     counts.warm[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
+                    // Sent as 1: anything else is etrelay's translation.
+                    if d[18] != 1 {
+                        counts.xored[i / 64].fetch_or(1 << (i % 64), Ordering::Relaxed);
+                    }
                     let _ = sock.send_to(&answer, from);
                 } else if d.get(2) == Some(&ECHO) {
                     let _ = sock.send_to(d, from);
+                } else if let Some(a) = join::server_answer(d) {
+                    let _ = sock.send_to(&a, from);
                 }
             });
         }
     })
 }
 
-/// The echo server of the latency runs: every datagram goes back to its source; a `getstatus`
-/// (from etrelay's query cache) gets a `statusResponse` the size of an idle ET server's.
+/// The echo server of the latency runs: answers the handshake as an ET server
+/// ([`join::server_answer`]); a `getstatus` (from etrelay's query cache) gets a
+/// `statusResponse` the size of an idle ET server's; any other datagram goes back to its
+/// source.
 pub(crate) fn echo(sock: UdpSocket, stop: Arc<AtomicBool>) -> JoinHandle<()> {
     std::thread::spawn(move || {
         let mut rx = Receiver::new(&sock);
@@ -157,7 +173,10 @@ pub(crate) fn echo(sock: UdpSocket, stop: Arc<AtomicBool>) -> JoinHandle<()> {
         status.resize(831, b'x');
         while !stop.load(Ordering::Relaxed) {
             rx.recv(&sock, |from, d| {
-                let out = if d.starts_with(b"\xff\xff\xff\xffgetstatus") {
+                let answer = join::server_answer(d);
+                let out = if let Some(a) = &answer {
+                    &a[..]
+                } else if d.starts_with(b"\xff\xff\xff\xffgetstatus") {
                     &status[..]
                 } else {
                     d
@@ -168,22 +187,36 @@ pub(crate) fn echo(sock: UdpSocket, stop: Arc<AtomicBool>) -> JoinHandle<()> {
     })
 }
 
-/// Sends the warm-up datagram of every client until the sink saw all of them (at most 5 s).
-pub(crate) fn warm_up(socks: &[UdpSocket], target: SocketAddr, counts: &SinkCounts) -> bool {
+/// Warms every client up on `target`: it joins as a real client ([`join::join`], announcing
+/// its index as qport), then sends its warm-up datagram, until the sink saw the datagram of
+/// every client (translated by etrelay, when `xored`), at most 30 s. A client whose datagram
+/// has not arrived 300 ms after it was sent (its session gone, or not translated: 1 in 256
+/// sessions has a key byte 0) joins again.
+pub(crate) fn warm_up(
+    socks: &[UdpSocket],
+    target: SocketAddr,
+    counts: &SinkCounts,
+    xored: bool,
+) -> bool {
     counts.clear_warm();
-    let deadline = Instant::now() + Duration::from_secs(5);
+    let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
-        for (i, s) in socks.iter().enumerate() {
-            let mut p = packet(i, 64);
-            p[0] = WARM;
-            p[8..10].copy_from_slice(&(i as u16).to_le_bytes());
-            let _ = s.send_to(&p, target);
+        let missing: Vec<(&UdpSocket, u16)> = (0..socks.len())
+            .filter(|&i| !counts.is_warm(i, xored))
+            .map(|i| (&socks[i], i as u16))
+            .collect();
+        if missing.is_empty() {
+            return true;
         }
-        let wait = Instant::now() + Duration::from_millis(100);
-        while Instant::now() < wait {
-            if counts.warm_count() as usize >= socks.len() {
-                return true;
-            }
+        join::join(&missing, target);
+        for &(s, i) in &missing {
+            let mut p = packet(usize::from(i), 64);
+            p[0] = WARM;
+            p[8..10].copy_from_slice(&i.to_le_bytes());
+            let _ = s.send(&p);
+        }
+        let wait = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < wait && (0..socks.len()).any(|i| !counts.is_warm(i, xored)) {
             std::thread::sleep(Duration::from_millis(2));
         }
     }

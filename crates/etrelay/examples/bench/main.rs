@@ -5,6 +5,17 @@
 //! `target/release/examples/bench [--quick] [--throughput | --latency]` (one of the two parts
 //! only).
 //!
+//! On every path the clients first join as ET clients do (`getchallenge`, `challengeResponse`,
+//! `CONNECT`, `connectResponse`: `join.rs`), and the sink and the echo server answer that as an
+//! ET server does, whoever asks. So etrelay's default, which answers `getchallenge` with its own
+//! challenge and opens no session for an address that never joined, relays the clients' packets
+//! as a player's, translated (ET's XOR scheme: a client's packet XORed from byte 18 on, the
+//! server's from byte 8 on, with a key byte of each session's two challenges); the warm-ups wait
+//! until every client's packets through it come out translated (in 1 session in 256 the key
+//! byte is 0, and the client joins again). The same handshake works through nginx, directly,
+//! and through an etrelay that relays the game server's challenge (`--server-challenges`, or a
+//! build from before the relay gave its own).
+//!
 //! - **Throughput**: one-way at saturation, 64 B and 1 400 B in-game datagrams (no
 //!   `FF FF FF FF` prefix, so they go through etrelay's sessions as a player's would), 1, 32 and
 //!   256 clients (each its own 127.x address and qport), one load thread sending with
@@ -12,12 +23,14 @@
 //!   read, as a receiver would, and does not spin on a CPU): direct to the sink, through nginx
 //!   (one worker, `../shared/research/anchors.md` §1.2), through etrelay (defaults,
 //!   `--masters ""`), and through etrelay with `--no-io-uring` (one `sendmmsg` per session
-//!   socket instead of one `io_uring` call per batch: what the ring is worth).
+//!   socket instead of one `io_uring` call per batch: what the ring is worth). Before each cell
+//!   every client joins and sends one warm-up datagram through the path.
 //!   The paths take turns, round after round. After the table, each relay's user-space share
 //!   of its CPU over the runs (`/proc/PID/stat`): what no change to its own code could save.
 //! - **Latency**: round trip to an echo server at an ET-like load (64 clients, 10 000
 //!   datagrams/s in all, 64 B), direct, nginx, etrelay (and etrelay `--no-io-uring`) in turn,
-//!   round after round; the median of the rounds of each percentile. Last in each round,
+//!   round after round; the median of the rounds of each percentile. A datagram is matched to
+//!   its send time by bytes 0..8, which the translation never changes. Last in each round,
 //!   etrelay `--busy-polling`, started for its run and stopped after it: it keeps a CPU busy,
 //!   which running beside the others would make the whole machine answer faster for them too.
 //! - **Under attack**: the same etrelay latency while 1 000 loopback sources (127.88.x.y, each
@@ -42,6 +55,7 @@
 //! every process started is killed by PID.
 
 mod cpu;
+mod join;
 mod latency;
 mod load;
 mod profile;
@@ -181,16 +195,18 @@ fn start_binary(bin: PathBuf, listen: SocketAddr, upstream: SocketAddr, extra: &
     Guard(child)
 }
 
-/// One throughput cell: delivered datagrams per second.
+/// One throughput cell: delivered datagrams per second, after a warm-up in which every client
+/// joins and sends a datagram through (translated by etrelay, when `xored`).
 fn throughput(
     socks: &[UdpSocket],
-    target: SocketAddr,
+    (target, xored): (SocketAddr, bool),
     size: usize,
     secs: f64,
     counts: &SinkCounts,
 ) -> f64 {
-    if !load::warm_up(socks, target, counts) {
-        eprintln!("warning: not every client got through {target} in the warm-up");
+    if !load::warm_up(socks, target, counts, xored) {
+        let n = counts.xored_count(socks.len());
+        eprintln!("warning: not every client got through {target} in the warm-up ({n} translated)");
     }
     std::thread::sleep(Duration::from_millis(50));
     let before = counts.delivered.load(Ordering::Relaxed);
@@ -244,11 +260,14 @@ fn throughput_table(plan: &Plan, dir: &Path) {
     let plain = start_alt(plain_addr, sink_addr);
     // Bound once: etrelay's sessions (keyed by the client's address) live across runs.
     let socks = load::clients(77, 256);
+    // Where each path sends, and whether etrelay translates its clients' packets there (the
+    // warm-up waits for it): its default does, and so does `--no-io-uring`; a baseline binary
+    // may be from before the relay gave its own challenges.
     let paths = [
-        ("direct", sink_addr),
-        ("nginx", nginx_addr),
-        ("etrelay", relay_addr),
-        (alt(true), plain_addr),
+        (sink_addr, false),
+        (nginx_addr, false),
+        (relay_addr, true),
+        (plain_addr, baseline().is_none()),
     ];
 
     println!("\n### Throughput: one-way at saturation, delivered datagrams/s\n");
@@ -268,8 +287,8 @@ fn throughput_table(plan: &Plan, dir: &Path) {
             let mut cells = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
             for round in 1..=plan.rounds {
                 let mut got = [0.0; 4];
-                for (k, (_, addr)) in paths.iter().enumerate() {
-                    got[k] = throughput(&socks[..clients], *addr, size, plan.secs, &counts);
+                for (k, path) in paths.iter().enumerate() {
+                    got[k] = throughput(&socks[..clients], *path, size, plan.secs, &counts);
                     cells[k].push(got[k]);
                 }
                 let r = got[2] / got[1].max(1.0);
@@ -372,8 +391,14 @@ fn latency_table(plan: &Plan, dir: &Path) {
     let relay = start_etrelay(t.relay, echo_addr, &[]);
     let plain = start_alt(t.plain, echo_addr);
     let socks = latency::clients();
-    // Sessions open and settle before the first counted run.
-    for addr in [t.nginx, t.relay, t.plain] {
+    // The clients join on every path, and their sessions settle before the first counted run.
+    // Whether etrelay translates there (a baseline binary may be from before it did).
+    let translated = [false, false, true, baseline().is_none()];
+    for (addr, xored) in [t.echo, t.nginx, t.relay, t.plain]
+        .into_iter()
+        .zip(translated)
+    {
+        latency::join(&socks, 0, addr, xored);
         let _ = latency::run(&socks, addr, 0.3);
     }
     let pids = [nginx.0.id(), relay.0.id(), plain.0.id()];
@@ -402,8 +427,8 @@ fn latency_rounds(
         latency::CLIENTS,
         latency::RATE
     );
-    println!("| round | path | p50 | p99 | p99.9 | came back |");
-    println!("|---:|---|---:|---:|---:|---:|");
+    println!("| round | path | p50 | p99 | p99.9 | came back | translated |");
+    println!("|---:|---|---:|---:|---:|---:|---:|");
     let mut all: [Vec<Rtt>; PATHS] = Default::default();
     let mut flood_sent = 0;
     let mut cpu = [cpu::Sched::default(); 4];
@@ -443,19 +468,21 @@ fn latency_rounds(
 /// One latency run's line.
 fn print_run(round: usize, name: &str, r: &Rtt) {
     println!(
-        "| {round} | {name} | {:.0} | {:.0} | {:.0} | {:.1} % |",
+        "| {round} | {name} | {:.0} | {:.0} | {:.0} | {:.1} % | {:.0} % |",
         r.p50,
         r.p99,
         r.p999,
-        r.returned * 100.0
+        r.returned * 100.0,
+        r.xored * 100.0
     );
 }
 
-/// A latency run through etrelay `--busy-polling`, started for it (sessions opened by a short
-/// run first) and stopped after it; the round trips, and what its process spent on a CPU
+/// A latency run through etrelay `--busy-polling`, started for it (the clients join, then a
+/// short run first) and stopped after it; the round trips, and what its process spent on a CPU
 /// during the run.
 fn busy_polling_run(plan: &Plan, socks: &[UdpSocket], t: LatencyTargets) -> (Rtt, cpu::Sched) {
     let relay = start_etrelay(t.busy, t.echo, &["--busy-polling"]);
+    latency::join(socks, 0, t.busy, true);
     let _ = latency::run(socks, t.busy, 0.3);
     let before = cpu::sched(relay.0.id());
     let r = latency::run(socks, t.busy, plan.lat_secs);
@@ -475,13 +502,14 @@ fn flooded_run(socks: &[UdpSocket], relay: SocketAddr, secs: f64) -> (Rtt, u64) 
 }
 
 /// One client alone: what a datagram costs on an idle path, no burst to queue behind. Its own
-/// socket (the latency runs' sockets are connected to their last target).
+/// socket and qport, joined again before each of its runs (which connects it to the path).
 fn one_client_alone(plan: &Plan, t: LatencyTargets) {
-    let alone = &load::clients(76, 1)[0];
+    let alone = load::clients(76, 1);
     let mut one: [Vec<Rtt>; 3] = Default::default();
     for _ in 0..plan.lat_rounds {
         for (k, to) in [t.echo, t.nginx, t.relay].into_iter().enumerate() {
-            one[k].push(latency::ping_pong(alone, to, plan.ping_pongs));
+            latency::join(&alone, latency::CLIENTS as u16, to, k == 2);
+            one[k].push(latency::ping_pong(&alone[0], to, plan.ping_pongs));
         }
     }
     println!(
