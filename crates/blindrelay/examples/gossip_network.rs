@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use std::collections::HashSet;
 
 use blindrelay::clock::Clock;
-use blindrelay::gossip::Announce;
+use blindrelay::discovery::Msg;
 use blindrelay::peers::{Peers, cache};
 use blindrelay::proto::descriptor::Descriptor;
 use blindrelay::send::path;
@@ -210,11 +210,6 @@ async fn restart(net: &mut Net) {
 /// 5 000 identities from one /24 announced to every node; the most any node kept, and the
 /// worst node's share of 1 000 routes that include one.
 async fn sybil(net: &Net) {
-    let tls = reqwest::Client::builder()
-        .use_preconfigured_tls(blindrelay::links::unpinned_config())
-        .no_proxy()
-        .build()
-        .expect("client");
     let now = blindrelay::clock::wall_unix();
     let before: Vec<u64> = known(net).await;
     let t = Instant::now();
@@ -229,15 +224,23 @@ async fn sybil(net: &Net) {
             >()));
         let endpoint = format!("https://127.250.1.{}:7001", k % 250 + 1);
         let descriptor = Descriptor::sign(&key, onion.to_bytes(), endpoint, now, 3600);
-        let url = format!("https://{}:{RELAY_PORT}/v1/gossip", node.ip);
-        let _ = tls
-            .post(url)
-            .json(&Announce {
-                descriptor,
-                news: vec![],
-            })
-            .send()
-            .await;
+        let url = format!("https://{}:{RELAY_PORT}/v1/discovery", node.ip);
+        let Ok(tls) = blindrelay::links::unpinned_config_as(&key) else {
+            continue;
+        };
+        let Ok(client) = reqwest::Client::builder()
+            .use_preconfigured_tls(tls)
+            .no_proxy()
+            .local_address(Some(std::net::IpAddr::from([127, 250, 1, 1])))
+            .build()
+        else {
+            continue;
+        };
+        let hello = Msg::Hello {
+            own: Some(descriptor),
+            have: 0,
+        };
+        let _ = client.post(url).body(hello.to_bytes()).send().await;
     }
     let after: Vec<u64> = known(net).await;
     let kept = before
@@ -249,7 +252,7 @@ async fn sybil(net: &Net) {
         "| 5 000 identities from one /24, announced in {:.1} s | at most {} kept by any node (bound {}) |",
         secs(t),
         kept.unwrap_or(0),
-        blindrelay::gossip::PER_BLOCK
+        blindrelay::discovery::STRANGER_BURST
     );
     // The reach probes' rounds, and the peer stores written after them.
     tokio::time::sleep(Duration::from_secs(15)).await;
@@ -442,7 +445,7 @@ impl Net {
             .collect();
         let terminals: Vec<_> = candidates
             .iter()
-            .filter(|c| !ids.contains(&c.d.node_id))
+            .filter(|c| !ids.contains(&c.d().node_id))
             .cloned()
             .collect();
         let rules = path::Rules {
@@ -454,7 +457,16 @@ impl Net {
             let Some(t) = terminals.choose(&mut rng) else {
                 break;
             };
-            let route = path::choose(&me, &t.d, t.ip, candidates.clone(), 3, rules, &mut rng);
+            let route = path::choose(
+                &me,
+                t.d(),
+                t.ip(),
+                candidates.clone(),
+                3,
+                rules,
+                now,
+                &mut rng,
+            );
             if route.is_ok_and(|r| r.iter().any(|h| ids.contains(&h.node_id))) {
                 through += 1;
             }

@@ -49,6 +49,17 @@ pub enum Command {
     },
     /// Run the node.
     Run(Box<RunArgs>),
+    /// Print a seed list (for `run --seeds`) of the peers the node reached, one per /16, known
+    /// longest first, signed with its identity key. Read from the state dir (`peers.json`);
+    /// the node may be running.
+    Seeds {
+        /// The node's state dir.
+        #[arg(long)]
+        state_dir: PathBuf,
+        /// Peers listed at most.
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u16).range(1..=256))]
+        max: u16,
+    },
     /// Send a message through an onion route of known peers to a node; exit 0 only on a
     /// verified delivery.
     Send {
@@ -137,6 +148,18 @@ pub struct RunArgs {
     /// the first identity it answers with and refuses any other after (repeat for each peer).
     #[arg(long = "peer", value_parser = PeerSpec::parse)]
     pub peers: Vec<PeerSpec>,
+    /// A seed list (`blindrelay seeds`): more sources than the `--peer`s, pinned, the whole
+    /// list signed. A list that does not verify refuses the start.
+    #[arg(long)]
+    pub seeds: Option<PathBuf>,
+    /// Refuse a `--seeds` list signed by any other node id (64 hex) than this.
+    #[arg(long, value_parser = parse_id)]
+    pub seeds_signer: Option<crate::proto::NodeId>,
+    /// How long this node's descriptor is valid (humantime, 60 s to 2 h); it is signed again
+    /// at half of it. Peers forget a node whose descriptor lapsed, and greet it again now and
+    /// then.
+    #[arg(long, default_value_t = humantime::Duration::from(std::time::Duration::from_secs(crate::proto::descriptor::DESCRIPTOR_TTL)), value_parser = parse_lifetime)]
+    pub descriptor_lifetime: humantime::Duration,
     /// Accept next hops whose endpoint is a private or loopback address (test networks).
     #[arg(long)]
     pub allow_private_endpoints: bool,
@@ -268,7 +291,44 @@ pub struct RunArgs {
     pub report_timeout: humantime::Duration,
 }
 
+/// A node id: 64 hex.
+fn parse_id(s: &str) -> Result<crate::proto::NodeId, String> {
+    crate::proto::from_hex::<32>(s).ok_or_else(|| "a node id is 64 hex digits".to_string())
+}
+
+/// A descriptor lifetime: 60 s to the longest a descriptor may have.
+fn parse_lifetime(s: &str) -> Result<humantime::Duration, String> {
+    let d: humantime::Duration = s.parse().map_err(|e| format!("{e}"))?;
+    let secs = std::time::Duration::from(d).as_secs();
+    let max = crate::proto::descriptor::MAX_DESCRIPTOR_LIFETIME;
+    if (60..=max).contains(&secs) {
+        Ok(d)
+    } else {
+        Err(format!("between 60 s and {max} s"))
+    }
+}
+
 impl RunArgs {
+    /// The `--seeds` list's peers, verified (none without `--seeds`).
+    ///
+    /// # Errors
+    /// The file cannot be read, or is not a seed list that verifies.
+    pub fn seed_peers(&self) -> Result<Vec<PeerSpec>, String> {
+        let Some(path) = &self.seeds else {
+            return Ok(Vec::new());
+        };
+        let name = path.display();
+        let meta = std::fs::metadata(path).map_err(|e| format!("--seeds {name}: {}", e.kind()))?;
+        if meta.len() > crate::peers::seeds::MAX_FILE {
+            return Err(format!("--seeds {name}: larger than a seed list may be"));
+        }
+        let text =
+            std::fs::read_to_string(path).map_err(|e| format!("--seeds {name}: {}", e.kind()))?;
+        let seeds = crate::peers::seeds::parse(&text, self.seeds_signer.as_ref())
+            .map_err(|e| format!("--seeds {name}: {e}"))?;
+        Ok(seeds.peers)
+    }
+
     /// What `daemon::build` needs, on the system clock.
     pub fn run_config(&self) -> RunConfig {
         RunConfig {
@@ -322,6 +382,7 @@ impl RunArgs {
                 peer_refresh: self.peer_refresh.into(),
                 probe_interval: self.probe_interval.into(),
                 gossip_interval: self.gossip_interval.into(),
+                descriptor_lifetime: std::time::Duration::from(self.descriptor_lifetime).as_secs(),
                 report: self.report_url.clone().map(|url| report::ReportConfig {
                     url,
                     interval: self.report_interval.into(),

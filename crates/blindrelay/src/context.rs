@@ -159,7 +159,7 @@ impl Context {
             peers.identity_counter(),
             LinkLimits {
                 idle_per_peer: config.per_next_hop,
-                clients: crate::peers::MAX_PEERS + 1,
+                clients: crate::links::MAX_CLIENTS,
             },
             Some(node.signing_key()),
         );

@@ -92,8 +92,10 @@ pub struct RelayConfig {
     pub peer_refresh: Duration,
     /// Time between probe rounds (zero: no periodic probes).
     pub probe_interval: Duration,
-    /// Time between gossip rounds (zero: no gossip).
+    /// The discovery interval (zero: no discovery beyond the `--peer`s).
     pub gossip_interval: Duration,
+    /// How long this node's descriptor is valid (seconds); signed again at half of it.
+    pub descriptor_lifetime: u64,
     /// The periodic status report (`None`: off).
     pub report: Option<report::ReportConfig>,
 }
@@ -127,6 +129,7 @@ impl RelayConfig {
             peer_refresh: crate::peers::ROUND,
             probe_interval: probe::DEFAULT_INTERVAL,
             gossip_interval: crate::gossip::DEFAULT_INTERVAL,
+            descriptor_lifetime: crate::proto::descriptor::DESCRIPTOR_TTL,
             report: None,
         }
     }
@@ -225,7 +228,9 @@ pub struct Built {
 /// # Errors
 /// [`RunError`].
 pub fn build(config: RunConfig) -> Result<Built, RunError> {
-    let node = Arc::new(Node::load(&config.state_dir)?);
+    let node = Arc::new(
+        Node::load(&config.state_dir)?.with_descriptor_lifetime(config.relay.descriptor_lifetime),
+    );
     check_writable(&config.state_dir)?;
     let now = config.clock.unix();
     node.rotate_if_due(now)?;
@@ -240,7 +245,10 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
             config.clock,
             *node.id(),
         )
-        .with_refresh(relay.peer_refresh),
+        .with_refresh(relay.peer_refresh)
+        .with_discovery(crate::discovery::Config::for_interval(
+            relay.gossip_interval,
+        )),
     );
     let peer_store = crate::peers::cache::path(&config.state_dir);
     let restored = crate::peers::cache::restore(&peers, &peer_store);
@@ -279,8 +287,7 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
         Arc::clone(&registry),
         terminal.clone(),
     );
-    let node = Relay::new(pipeline, registry, terminal, serve::connections(&listen))
-        .with_gossip_interval(relay.gossip_interval);
+    let node = Relay::new(pipeline, registry, terminal, serve::connections(&listen));
     let cookie =
         api::cookie::Cookie::create(&config.state_dir).map_err(|e| RunError::Cookie(e.kind()))?;
     Ok(Built {
@@ -510,7 +517,7 @@ fn background(
     let ctx = relay.ctx();
     vec![
         tokio::spawn(probe::run(Arc::clone(ctx), probe_interval, cancel.clone())),
-        tokio::spawn(probe::reach(Arc::clone(ctx), cancel.clone())),
+        tokio::spawn(probe::recover(Arc::clone(ctx), cancel.clone())),
         tokio::spawn(Arc::clone(&ctx.peers).run(ctx.http.clone(), cancel.clone())),
         tokio::spawn(crate::peers::cache::run(
             Arc::clone(&ctx.peers),

@@ -169,6 +169,10 @@ struct Stats {
     last_refusal: Option<u64>,
     /// This node's guard quarantined it until then.
     quarantined_until: Option<u64>,
+    /// Its last failure was heard of in a route's report, not met directly: no recovery
+    /// probe goes to it (it may be a send's terminal), it is usable again once the recovery
+    /// wait is over.
+    heard: bool,
     /// A known peer: it had a descriptor when its frame came, or a forward or probe to it
     /// succeeded. A throwaway identity can sign frames but is never known.
     known: bool,
@@ -187,6 +191,18 @@ impl Stats {
         } else {
             0
         }
+    }
+
+    /// It failed, and its last failure is at least [`RECOVERY_FIRST_SECS`] old, doubled per
+    /// further failure up to [`RECOVERY_MAX_SECS`].
+    fn wait_over(&self, now: u64) -> bool {
+        let (Some(at), n) = (self.last_route_failure, self.consecutive_failures) else {
+            return false;
+        };
+        let wait = RECOVERY_FIRST_SECS
+            .saturating_mul(1 << n.saturating_sub(1).min(16))
+            .min(RECOVERY_MAX_SECS);
+        n > 0 && now >= at.saturating_add(wait)
     }
 
     fn last_activity(&self) -> u64 {
@@ -411,6 +427,7 @@ impl Health {
     /// As [`Health::record_route`], with the bucket of a failure.
     pub fn record_route_reason(&self, peer: &NodeId, ok: bool, why: Bucket, now: u64) {
         self.with(peer, now, |s| {
+            s.heard = false;
             if ok {
                 s.known = true;
                 s.route_successes += 1;
@@ -431,23 +448,24 @@ impl Health {
     /// recovery probe tells when it is back, `crate::probe`). A peer with no row is usable.
     pub fn usable(&self, peer: &NodeId, now: u64) -> bool {
         self.lock().get(peer).is_none_or(|s| {
-            s.consecutive_failures == 0 && s.quarantined_until.is_none_or(|u| u <= now)
+            let recovered = s.consecutive_failures == 0 || (s.heard && s.wait_over(now));
+            recovered && s.quarantined_until.is_none_or(|u| u <= now)
         })
+    }
+
+    /// The failure just recorded for `peer` was heard of in a route's report (the peer was
+    /// not contacted by this node): see [`Stats::heard`].
+    pub fn heard_of(&self, peer: &NodeId, now: u64) {
+        self.with(peer, now, |s| s.heard = s.consecutive_failures > 0);
     }
 
     /// Whether a recovery probe of `peer` is due at `now`: it failed, and its last failure is
     /// at least [`RECOVERY_FIRST_SECS`] old, doubled per further failure up to
     /// [`RECOVERY_MAX_SECS`]. A peer with no failure needs none.
     pub fn recovery_due(&self, peer: &NodeId, now: u64) -> bool {
-        self.lock().get(peer).is_some_and(|s| {
-            let (Some(at), n) = (s.last_route_failure, s.consecutive_failures) else {
-                return false;
-            };
-            let wait = RECOVERY_FIRST_SECS
-                .saturating_mul(1 << n.saturating_sub(1).min(16))
-                .min(RECOVERY_MAX_SECS);
-            n > 0 && now >= at.saturating_add(wait)
-        })
+        self.lock()
+            .get(peer)
+            .is_some_and(|s| !s.heard && s.wait_over(now))
     }
 
     /// The summary: a row per known peer (tracked with a success, or with a descriptor),
@@ -551,7 +569,7 @@ fn row(id: &NodeId, s: &Stats, known: Option<Known>, standing: Standing, now: u6
                 descriptor,
                 DescriptorState::Valid | DescriptorState::Expiring
             )
-            && s.consecutive_failures == 0
+            && (s.consecutive_failures == 0 || (s.heard && s.wait_over(now)))
             && quarantine == 0,
         last_contact: Age::of(s.last_contact, now),
         last_route_success: Age::of(s.last_route_success, now),

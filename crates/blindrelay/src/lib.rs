@@ -103,12 +103,14 @@ macro_rules! named_enum {
 
 pub mod alerts;
 pub mod api;
+pub mod blocks;
 pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod context;
 pub mod counters;
 pub mod daemon;
+pub mod discovery;
 pub mod forward;
 pub mod gossip;
 pub mod health;

@@ -63,6 +63,12 @@ async fn run(cmd: Command) -> Result<(), String> {
             Ok(())
         }
         Command::Run(args) => run_node(*args).await,
+        Command::Seeds { state_dir, max } => {
+            let list = blindrelay::peers::cache::seed_list(&state_dir, usize::from(max))
+                .map_err(|e| e.to_string())?;
+            let _ = write!(std::io::stdout().lock(), "{list}");
+            Ok(())
+        }
         Command::Send { op, to, hops, file } => {
             client::use_cookie(&op.cookie_path())?;
             client::send(&op.operator, &to, hops, &file).await
@@ -92,7 +98,9 @@ async fn run_node(args: RunArgs) -> Result<(), String> {
     if !args.operator.ip().is_loopback() {
         tracing::warn!("the operator API is not on a loopback address");
     }
-    let node = daemon::build(args.run_config()).map_err(|e| e.to_string())?;
+    let mut config = args.run_config();
+    config.peers.extend(args.seed_peers()?);
+    let node = daemon::build(config).map_err(|e| e.to_string())?;
     let public = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot bind the relay listener: {}", e.kind()))?;

@@ -123,6 +123,8 @@ pub struct Node {
     endpoint: String,
     keyring: Mutex<Keyring>,
     descriptor: Mutex<Option<Descriptor>>,
+    /// How long its descriptors are valid (seconds).
+    lifetime: u64,
 }
 
 /// The id's prefix only: never a key, the endpoint or the state dir.
@@ -214,6 +216,7 @@ impl Node {
             endpoint: node.endpoint,
             keyring: Mutex::new(keyring),
             descriptor: Mutex::new(None),
+            lifetime: DESCRIPTOR_TTL,
         })
     }
 
@@ -273,11 +276,20 @@ impl Node {
         PublicKey::from(&StaticSecret::from(self.ring().current.0)).to_bytes()
     }
 
-    /// The signed descriptor, issued again when it is [`DESCRIPTOR_REISSUE`] old.
+    /// The node with descriptors valid `secs` (at most the longest a descriptor may be; by
+    /// default [`DESCRIPTOR_TTL`]), signed again at half of it.
+    #[must_use]
+    pub fn with_descriptor_lifetime(mut self, secs: u64) -> Self {
+        self.lifetime = secs.clamp(2, crate::proto::descriptor::MAX_DESCRIPTOR_LIFETIME);
+        self
+    }
+
+    /// The signed descriptor, issued again when half its life is gone
+    /// ([`DESCRIPTOR_REISSUE`] by default).
     pub fn descriptor(&self, now: u64) -> Descriptor {
         let mut slot = self.descriptor.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(d) = slot.as_ref()
-            && now.saturating_sub(d.issued_at) < DESCRIPTOR_REISSUE
+            && now.saturating_sub(d.issued_at) < self.lifetime / 2
             && now >= d.issued_at
         {
             return d.clone();
@@ -287,7 +299,7 @@ impl Node {
             self.onion_public(),
             &self.endpoint,
             now,
-            DESCRIPTOR_TTL,
+            self.lifetime,
         );
         *slot = Some(d.clone());
         d

@@ -9,15 +9,15 @@
 //! - **Two-hop probe**: the same through a middle peer to a terminal peer and back. Middle hops
 //!   cannot tell a probe from a message of the same class.
 //!
-//! - **Reach probes** ([`reach`]), every [`REACH_ROUND`]: a single-hop probe of each peer route
-//!   choice may not use yet: one this node has never reached at its endpoint (learned by
-//!   gossip or read from the peer store, before any contact), and one that failed, once its
+//! - **Recovery probes** ([`recover`]), every [`RECOVERY_ROUND`]: a single-hop probe of each
+//!   peer this node met failing itself (as the entry hop of a route, or in a probe), once its
 //!   recovery wait is over ([`crate::health::Health::recovery_due`]: 5 s after the first
-//!   failure, doubling to 5 min). At most [`REACH_PER_ROUND`] a round, each within
-//!   [`REACH_DEADLINE`], so a table full of identities whose endpoints answer nothing costs a
-//!   few probes a second, and a dead peer fewer and fewer. A round runs at once when an
-//!   identity this node has not reached is kept (at most one per [`REACH_GAP`]), so a newcomer
-//!   is reached, and passed on by gossip, within moments.
+//!   failure, doubling to 5 min). At most [`RECOVERY_PER_ROUND`] a round, each within
+//!   [`RECOVERY_DEADLINE`]. A hop whose failure this node only heard of in a route's report
+//!   (it may be the send's terminal) is never probed for it: it is usable again once the wait
+//!   is over. Identities never reached are probed by discovery (`crate::discovery::probes`).
+//! - **Rounds** ([`run`]), every `--probe-interval`: single-hop probes of at most
+//!   [`ROUND_SAMPLE`] routable peers at random, and one two-hop probe.
 //!
 //! A probe succeeds only when its receipt opens and verifies. Its outcome moves only the probe
 //! counters (`probe_*`, `two_hop_probe_*`) and the peer's route health, never `received`,
@@ -40,15 +40,14 @@ use crate::send::{Hop, deliver_along, hop};
 
 /// Time between probe rounds unless told otherwise.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(300);
-/// Time between reach rounds.
-pub const REACH_ROUND: Duration = Duration::from_secs(1);
-/// Peers a reach round probes at most.
-pub const REACH_PER_ROUND: usize = 4;
-/// The shortest time between two reach rounds (a flood of newcomers costs at most
-/// [`REACH_PER_ROUND`] probes per this gap).
-pub const REACH_GAP: Duration = Duration::from_millis(250);
-/// How long a reach probe may take.
-pub const REACH_DEADLINE: Duration = Duration::from_secs(5);
+/// Time between recovery rounds.
+pub const RECOVERY_ROUND: Duration = Duration::from_secs(1);
+/// Peers a recovery round probes at most.
+pub const RECOVERY_PER_ROUND: usize = 4;
+/// How long a recovery probe may take.
+pub const RECOVERY_DEADLINE: Duration = Duration::from_secs(5);
+/// Routable peers a round probes at most (drawn at random).
+pub const ROUND_SAMPLE: usize = 16;
 
 /// Sends one probe along `path` (1 or 2 hops) within `within`: true only on a verified
 /// receipt (the path's peers are then reached).
@@ -93,11 +92,13 @@ fn two_hop_path(mut peers: Vec<Descriptor>, rng: &mut impl Rng) -> Option<Vec<Ho
     Some(peers[..2].iter().map(hop).collect())
 }
 
-/// One round: a single-hop probe of every routable peer, and one two-hop probe (a random middle
-/// and terminal) when at least two peers are routable.
+/// One round: a single-hop probe of up to [`ROUND_SAMPLE`] routable peers at random, and one
+/// two-hop probe (a random middle and terminal) when at least two peers are routable.
 pub async fn round(ctx: &Context) {
     let now = ctx.clock.unix();
-    let peers = ctx.peers.routable(now);
+    let mut peers = ctx.peers.routable(now);
+    peers.shuffle(&mut rand::rng());
+    peers.truncate(ROUND_SAMPLE);
     let c = &ctx.counters;
     for d in &peers {
         probe_one(ctx, d, crate::forward::SENDER_DEADLINE).await;
@@ -117,53 +118,40 @@ pub async fn round(ctx: &Context) {
     }
 }
 
-/// The peers a reach round probes at `now` (see the module docs): at most
-/// [`REACH_PER_ROUND`], at random.
-fn reach_due(ctx: &Context, now: u64, rng: &mut impl Rng) -> Vec<Descriptor> {
+/// The peers a recovery round probes at `now` (see the module docs): at most
+/// [`RECOVERY_PER_ROUND`], at random.
+fn recovery_due(ctx: &Context, now: u64, rng: &mut impl Rng) -> Vec<Descriptor> {
     let mut due: Vec<Descriptor> = ctx
         .peers
         .candidates(now)
         .into_iter()
-        .filter(|c| {
-            let failing_due = ctx.health.recovery_due(&c.d.node_id, now);
-            // A --peer's own URL is fetched (and so reached) by the peer table itself.
-            let untried = !c.reached
-                && ctx.health.usable(&c.d.node_id, now)
-                && !ctx.peers.is_pinned(&c.d.node_id);
-            failing_due || untried
-        })
-        .map(|c| c.d)
+        .filter(|c| ctx.health.recovery_due(&c.s.d.node_id, now))
+        .map(|c| c.s.d.clone())
         .collect();
     due.shuffle(rng);
-    due.truncate(REACH_PER_ROUND);
+    due.truncate(RECOVERY_PER_ROUND);
     due
 }
 
-/// One reach round: the due peers probed together; how many answered.
-pub async fn reach_round(ctx: &Arc<Context>) -> usize {
-    let due = reach_due(ctx, ctx.clock.unix(), &mut rand::rng());
+/// One recovery round: the due peers probed together; how many answered.
+pub async fn recovery_round(ctx: &Arc<Context>) -> usize {
+    let due = recovery_due(ctx, ctx.clock.unix(), &mut rand::rng());
     let mut probes = tokio::task::JoinSet::new();
     for d in due {
         let ctx = Arc::clone(ctx);
-        probes.spawn(async move { probe_one(&ctx, &d, REACH_DEADLINE).await });
+        probes.spawn(async move { probe_one(&ctx, &d, RECOVERY_DEADLINE).await });
     }
     probes.join_all().await.into_iter().filter(|ok| *ok).count()
 }
 
-/// Reach rounds every [`REACH_ROUND`], and as soon as an identity this node has not reached is
-/// kept (at most one round per [`REACH_GAP`]), until `cancel`.
-pub async fn reach(ctx: Arc<Context>, cancel: CancellationToken) {
+/// Recovery rounds every [`RECOVERY_ROUND`] until `cancel`.
+pub async fn recover(ctx: Arc<Context>, cancel: CancellationToken) {
     loop {
         tokio::select! {
             () = cancel.cancelled() => return,
-            () = tokio::time::sleep(REACH_ROUND) => {}
-            () = ctx.peers.unreached_kept() => {}
+            () = tokio::time::sleep(RECOVERY_ROUND) => {}
         }
-        reach_round(&ctx).await;
-        tokio::select! {
-            () = cancel.cancelled() => return,
-            () = tokio::time::sleep(REACH_GAP) => {}
-        }
+        recovery_round(&ctx).await;
     }
 }
 

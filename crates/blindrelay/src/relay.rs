@@ -4,10 +4,8 @@
 //! connection table; none of those reaches the others through the pipeline.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::context::Context;
-use crate::gossip::Introductions;
 use crate::pipeline::Pipeline;
 use crate::replay::ReplayRegistry;
 use crate::sources::CountTable;
@@ -20,8 +18,6 @@ pub struct Relay {
     replay: Arc<ReplayRegistry>,
     terminal: Terminal,
     connections: CountTable,
-    introductions: Introductions,
-    gossip_interval: Duration,
 }
 
 impl Relay {
@@ -38,26 +34,7 @@ impl Relay {
             replay,
             terminal,
             connections,
-            introductions: Introductions::default(),
-            gossip_interval: crate::gossip::DEFAULT_INTERVAL,
         }
-    }
-
-    /// The node with gossip rounds every `interval` (what is still news is counted in rounds).
-    #[must_use]
-    pub fn with_gossip_interval(mut self, interval: Duration) -> Self {
-        self.gossip_interval = interval;
-        self
-    }
-
-    /// Time between gossip rounds.
-    pub fn gossip_interval(&self) -> Duration {
-        self.gossip_interval
-    }
-
-    /// Who introduced how many new identities by gossip lately.
-    pub fn introductions(&self) -> &Introductions {
-        &self.introductions
     }
 
     /// The shared context: keys, peers, clock, counters, peer health.

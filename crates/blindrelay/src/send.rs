@@ -297,8 +297,8 @@ fn route(
         .peers
         .candidates(now)
         .into_iter()
-        .filter(|c| c.reached && !avoid.contains(&c.d.node_id))
-        .partition(|c| ctx.health.usable(&c.d.node_id, now));
+        .filter(|c| c.reached && !avoid.contains(&c.d().node_id))
+        .partition(|c| ctx.health.usable(&c.d().node_id, now));
     let terminal_ip = crate::proto::parse_endpoint(&terminal.endpoint)
         .ok()
         .map(|a| a.ip());
@@ -315,11 +315,12 @@ fn route(
         usable.clone(),
         hops,
         rules,
+        now,
         &mut rng,
     ) {
         Err(SendError::NotEnoughPeers(_)) if !failed.is_empty() => {
             let all = usable.into_iter().chain(failed).collect();
-            path::choose(me, terminal, terminal_ip, all, hops, rules, &mut rng)
+            path::choose(me, terminal, terminal_ip, all, hops, rules, now, &mut rng)
         }
         chosen => chosen,
     };
@@ -430,9 +431,9 @@ pub(crate) async fn deliver_along(
     for h in &path[1..] {
         ctx.health.record_route(&h.node_id, true, now);
     }
-    for h in &path {
-        ctx.peers.mark_reached(&h.node_id);
-    }
+    // A delivery is not passed on to discovery as a reach (a probe's is, `crate::probe`):
+    // announcing a terminal reached for the first time would tell the neighbours whom this
+    // node just sent to.
     Ok(r)
 }
 
@@ -533,6 +534,9 @@ fn reported(ctx: &Context, path: &[Hop], report_keys: &[[u8; 32]], r: &Report) -
             Cause::Refused { status, reason }
         }
     };
+    // Heard of, not met: nothing this node does next contacts that hop (it may be the
+    // terminal) because of it.
+    ctx.health.heard_of(node, now);
     HopFailure {
         position: Some(failed + 1),
         hops,

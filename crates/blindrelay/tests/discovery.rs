@@ -1,17 +1,18 @@
-//! Discovery by gossip, on real processes, each node in a /16 of its own: a network whose nodes
-//! each know one bootstrap peer forms by gossip and delivers; a newcomer is reachable from
-//! every old node with no restart; a network restarted without any `--peer` forms again from
-//! its peer stores; and identities one party announces are kept only up to the
-//! per-block bound and its introductions' burst. Every wait is bounded.
+//! Discovery on real processes, each node in a /16 of its own: a network whose nodes each know
+//! one bootstrap peer forms and delivers; a newcomer is reachable from every old node with no
+//! restart; a network restarted without any `--peer` forms again from its peer stores;
+//! strangers introduce a bounded number of identities per /24 they connect from; identities
+//! that answer nothing are never middles, never passed on, and forgotten. Every wait is
+//! bounded.
 
 mod common;
 
 use std::net::Ipv4Addr;
 use std::time::Duration;
 
-use blindrelay::gossip::{Announce, MAX_NEW_PER_ANSWER, PER_BLOCK};
+use blindrelay::discovery::{Msg, STRANGER_BURST};
 use blindrelay::proto::descriptor::Descriptor;
-use common::{Doc, Net, http, http_from};
+use common::{Doc, Net, http, http_from_as};
 use ed25519_dalek::SigningKey;
 
 /// Gossip every second: a round is a second.
@@ -92,116 +93,110 @@ async fn a_restarted_network_forms_again_without_its_bootstrap_peers() {
     assert_eq!(s.runtime()["peers"]["bootstrap"], 0, "{s}");
 }
 
-/// A descriptor of a fresh identity whose endpoint is in `block` (`127.250.<block>.<host>`).
-fn stranger(block: u8, host: u8, now: u64) -> Descriptor {
+/// A fresh identity whose endpoint is in `block` (`127.250.<block>.<host>`, where nothing
+/// answers), and its descriptor.
+fn stranger(block: u8, host: u8, now: u64) -> (SigningKey, Descriptor) {
     let key = SigningKey::from_bytes(&rand::random());
     let onion = x25519_dalek::PublicKey::from(&x25519_dalek::StaticSecret::from(rand::random::<
         [u8; 32],
     >()))
     .to_bytes();
-    Descriptor::sign(
+    let d = Descriptor::sign(
         &key,
         onion,
         format!("https://127.250.{block}.{host}:7001"),
         now,
         3600,
-    )
+    );
+    (key, d)
 }
 
-/// Announces `descriptor` to `url` from `client`; the answer's status.
-async fn announce(client: &reqwest::Client, url: &str, descriptor: Descriptor) -> u16 {
-    let resp = client
+/// The stranger `(key, descriptor)` says hello to `url` from `ip`, as itself (its link's
+/// certificate is its key); the answer's status.
+async fn announce(ip: Ipv4Addr, url: &str, (key, own): (SigningKey, Descriptor)) -> u16 {
+    let hello = Msg::Hello {
+        own: Some(own),
+        have: 0,
+    };
+    let resp = http_from_as(ip, &key)
         .post(url)
-        .json(&Announce {
-            descriptor,
-            news: vec![],
-        })
+        .body(hello.to_bytes())
         .send()
         .await
         .expect("post");
     resp.status().as_u16()
 }
 
-/// One party announcing 50 identities whose endpoints are in one /24 gets at most the
-/// per-block bound of them kept; another, naming a block per identity, gets at most its
-/// introductions' burst kept; every announcement is answered, and junk gets a JSON error and
-/// changes nothing.
+/// One party saying hello as 50 identities from one /24 gets a stranger's burst of them kept
+/// (waiting to be reached), another /24 as much again; every hello is answered, and junk gets
+/// a JSON error and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn identities_announced_by_one_party_are_bounded() {
+async fn strangers_introduce_a_bounded_number_per_block() {
     let net = Net::start_bootstrapped(2, &args(), |i| i.checked_sub(1).into_iter().collect()).await;
     net.wait_routable_within(0, 1, SPREAD).await;
     let now = blindrelay::clock::wall_unix();
-    let url = format!("{}/v1/gossip", net.node(0).endpoint);
-    let one_block = http_from(Ipv4Addr::new(127, 0, 9, 1));
+    let url = format!("{}/v1/discovery", net.node(0).endpoint);
     for host in 1..=50 {
-        assert_eq!(
-            announce(&one_block, &url, stranger(7, host, now)).await,
-            200
-        );
+        let from = Ipv4Addr::new(127, 0, 9, host);
+        assert_eq!(announce(from, &url, stranger(7, host, now)).await, 200);
     }
-    let gossiped = |s: &serde_json::Value| s.runtime()["peers"]["gossip"].as_u64();
-    // Node 1 (it gossiped itself to node 0, which knew nobody), then PER_BLOCK of block 7.
+    let known = |s: &serde_json::Value| s.runtime()["peers"]["known"].as_u64();
+    let burst = u64::from(STRANGER_BURST);
     let s = net.status(0).await;
-    assert_eq!(gossiped(&s), Some(1 + PER_BLOCK as u64), "{s}");
-    let many_blocks = http_from(Ipv4Addr::new(127, 0, 10, 1));
+    assert_eq!(known(&s), Some(1 + burst), "{s}");
     for block in 20..40 {
-        assert_eq!(
-            announce(&many_blocks, &url, stranger(block, 1, now)).await,
-            200
-        );
+        let from = Ipv4Addr::new(127, 0, 10, 1);
+        assert_eq!(announce(from, &url, stranger(block, 1, now)).await, 200);
     }
     let s = net.status(0).await;
-    assert_eq!(
-        gossiped(&s),
-        Some(1 + (PER_BLOCK + MAX_NEW_PER_ANSWER) as u64),
-        "{s}"
-    );
-    let peers = s.runtime()["peers"].clone();
+    assert_eq!(known(&s), Some(1 + 2 * burst), "{s}");
+    let peers = s.runtime()["peers"]["known"].clone();
     // Junk is refused with a JSON error, and changes nothing.
     let resp = http()
         .post(&url)
-        .body("not a descriptor")
+        .body("not a discovery message")
         .send()
         .await
         .expect("post");
     assert_eq!(resp.status(), 400);
     let body: serde_json::Value = resp.json().await.expect("JSON error");
     assert_eq!(body["error"], "malformed_envelope", "{body}");
-    assert_eq!(net.status(0).await.runtime()["peers"], peers);
+    assert_eq!(net.status(0).await.runtime()["peers"]["known"], peers);
 }
 
-/// Identities announced to a node whose endpoints answer nothing are probed, never taken as a
-/// middle of its routes and never passed on: its sends over three hops all go through the
-/// first route they try.
+/// Identities whose endpoints answer nothing, introduced by strangers, are probed, never taken
+/// as a middle of this node's routes, never passed on, and forgotten: its sends over three
+/// hops all go through the first route they try, and the other nodes never learn them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identities_that_answer_nothing_are_never_middles_nor_passed_on() {
     let net = Net::start(4, &args()).await;
     let now = blindrelay::clock::wall_unix();
-    let url = format!("{}/v1/gossip", net.node(0).endpoint);
-    let party = http_from(Ipv4Addr::new(127, 0, 11, 1));
+    let url = format!("{}/v1/discovery", net.node(0).endpoint);
     for block in 50..58 {
-        assert_eq!(announce(&party, &url, stranger(block, 1, now)).await, 200);
+        let from = Ipv4Addr::new(127, 0, 11, block);
+        assert_eq!(announce(from, &url, stranger(block, 1, now)).await, 200);
     }
     let s = net.status(0).await;
     assert_eq!(s.runtime()["peers"]["known"], 3 + 8, "{s}");
-    // The reach probes try them within a few rounds.
-    let deadline = std::time::Instant::now() + SPREAD;
-    while common::counter(&net.status(0).await, "probe_failed") < 8 {
-        assert!(std::time::Instant::now() < deadline, "not probed");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    assert_eq!(s.runtime()["peers"]["waiting"], 8, "{s}");
     for k in 0..12 {
         let (ok, out, err) = net.send(0, 1 + k % 3, 3, b"past the strangers").await;
         assert!(ok && !out.contains("(route "), "send {k}: {out} {err}");
     }
     let s = net.status(0).await;
     assert_eq!(common::counter(&s, "send_rerouted"), 0, "{s}");
-    let out_of_routes = common::peer_rows(&s)
-        .iter()
-        .filter(|r| r["in_routes"] == false)
-        .count();
-    assert_eq!(out_of_routes, 8, "{s}");
-    // Gossip every second: the others heard from node 0 many times, and learned none of them.
+    // Two probes each, ten seconds apart: forgotten.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        let s = net.status(0).await;
+        let forgotten = s.runtime()["peers"]["discovery"]["counters"]["forgotten"].as_u64();
+        if forgotten == Some(8) {
+            assert_eq!(s.runtime()["peers"]["known"], 3, "{s}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not forgotten: {s}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     for i in 1..4 {
         let s = net.status(i).await;
         assert_eq!(s.runtime()["peers"]["known"], 3, "node {i}: {s}");

@@ -64,8 +64,10 @@ async fn sends_go_around_dead_middles_and_take_them_back_once_they_answer() {
         let s = net.status(to).await;
         assert_eq!(counter(&s, "duplicate_message"), 0, "{s}");
     }
-    // A dead node restarted is taken back once it answers a recovery probe (5 s after its
-    // failure, at most 10 s after its second).
+    // A dead node restarted is taken back: a first hop that failed once it answers a recovery
+    // probe (5 s after its failure, at most 10 s after its second); a later hop, whose failure
+    // this node only heard of in the route's report, once the same wait is over, with no probe
+    // (it could have been a send's terminal: nothing this node does next goes to it).
     if rerouted > 0 {
         let failed: Vec<usize> = dead
             .iter()
@@ -86,7 +88,6 @@ async fn sends_go_around_dead_middles_and_take_them_back_once_they_answer() {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
-        assert!(counter(&net.status(0).await, "probe_succeeded") >= failed.len() as u64);
     }
 }
 

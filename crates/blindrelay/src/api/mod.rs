@@ -19,9 +19,9 @@
 //! have the answer is answered `503 route_in_flight` and goes on (`forward::late_deadline`).
 
 pub mod cookie;
+mod discovery;
 mod error;
 mod fixed;
-mod gossip;
 mod link;
 pub mod serve;
 
@@ -55,7 +55,7 @@ pub fn public(relay: Arc<Relay>) -> Router {
         .route("/v1/descriptor", get(descriptor))
         .route("/v2/relay", post(relay_request))
         .route("/v1/relay", post(v1_relay))
-        .route("/v1/gossip", post(gossip::exchange))
+        .route("/v1/discovery", post(discovery::exchange))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .with_state(relay)

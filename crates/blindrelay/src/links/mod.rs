@@ -393,6 +393,9 @@ pub fn unpinned_config_as(key: &SigningKey) -> Result<rustls::ClientConfig, Link
 
 /// Connect timeout to a peer.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// Pinned clients (one per peer talked to lately, each with its pooled connections) kept at
+/// most.
+pub const MAX_CLIENTS: usize = 1024;
 /// Whole-request timeout of a link's client (each request is also bounded by its deadline).
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -485,7 +488,7 @@ impl Links {
 
     /// The client that talks only to `pinned` (to any Ed25519 key when `None`); connections
     /// are reused while the client lives. The table is bounded: past [`LinkLimits::clients`]
-    /// it starts again.
+    /// one pinned client (an arbitrary one) makes room.
     pub fn client(&self, pinned: Option<&NodeId>) -> reqwest::Client {
         let mut map = self
             .clients
@@ -495,8 +498,11 @@ impl Links {
         if let Some(c) = map.get(&key) {
             return c.clone();
         }
-        if map.len() >= self.limits.clients {
-            map.clear();
+        if map.len() >= self.limits.clients
+            && let Some(k) = map.keys().find(|k| k.is_some()).copied()
+        {
+            // One client makes room (its idle connections closed): the others keep theirs.
+            map.remove(&k);
         }
         let c = http_client(
             self.bind,

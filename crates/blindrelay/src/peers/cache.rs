@@ -2,14 +2,17 @@
 //! forms again without its bootstrap peers, and a `--peer URL` trusted on first use stays
 //! pinned to the identity it answered with.
 //!
-//! Every [`SAVE_EVERY`] the table is written again if it changed (atomically:
-//! `guard::statefile`, a temporary file renamed over the old one), and once more at shutdown;
-//! a kill -9 loses at most what was learned since. At start the file is read (at most
-//! [`MAX_FILE`] bytes) and every descriptor in it verified again: an expired or forged one is
-//! dropped, the others are held as [`PeerSource::Cache`] until a `--peer` fetch or gossip
-//! brings a newer one. A damaged or oversized file is a lost cache, not a lost store: the node
-//! says so at `warn`, naming the file, and starts from its `--peer`s. Nothing in the file is
-//! secret (descriptors are public); it is written with the state dir's permissions.
+//! Only peers this node reached are written, with when it first kept each and last reached it
+//! (what route choice weighs a peer by): identities that never answered are not, so the
+//! store cannot bring back junk. Every [`SAVE_EVERY`] the table is written again if it
+//! changed (atomically: `guard::statefile`, a temporary file renamed over the old one), and
+//! once more at shutdown; a kill -9 loses at most what was learned since. At start the file is
+//! read (at most [`MAX_FILE`] bytes), every descriptor in it verified again (in batches): an
+//! expired or forged one is dropped, the others go through the view's bounds like any
+//! newcomer (per block, per source) as the store's. A damaged or oversized file is a lost
+//! cache, not a lost store: the node says so at `warn`, naming the file, and starts from its
+//! `--peer`s. Nothing in the file is secret (descriptors are public); it is written with the
+//! state dir's permissions.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -25,8 +28,8 @@ use crate::proto::from_hex;
 
 /// The file in the state dir.
 pub const FILE: &str = "peers.json";
-/// Largest file read at start (1 024 peers of about 600 bytes each, with room to spare).
-pub const MAX_FILE: u64 = 2 * 1024 * 1024;
+/// Largest file read at start (100 000 peers, the view's bound, of about 600 bytes each).
+pub const MAX_FILE: u64 = 64 * 1024 * 1024;
 /// How often the table is written again when it changed.
 pub const SAVE_EVERY: Duration = Duration::from_secs(5);
 
@@ -46,10 +49,16 @@ pub struct Cached {
     pub descriptor: Descriptor,
     /// `bootstrap`, `gossip` or `cache`.
     pub source: String,
-    /// This node reached it at its endpoint once (route choice uses only such peers as
-    /// middles); absent in files written before, read as not reached.
+    /// This node reached it at its endpoint once; absent in files written before, read as
+    /// not reached (and not kept).
     #[serde(default)]
     pub reached: bool,
+    /// When this node first kept it (Unix seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_seen: Option<u64>,
+    /// When this node last reached it (Unix seconds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reached_at: Option<u64>,
 }
 
 /// A `--peer` URL and the node id pinned to it.
@@ -84,9 +93,22 @@ pub fn restore(peers: &Peers, path: &Path) -> usize {
             peers.restore_pin(&pin.url, id);
         }
     }
-    file.peers
+    let now = peers.now().unix;
+    let reached: Vec<&Cached> = file.peers.iter().filter(|c| c.reached).collect();
+    let ds: Vec<Descriptor> = reached.iter().map(|c| c.descriptor.clone()).collect();
+    let verified = crate::discovery::verify::check(&ds, &[], now);
+    let mut by_id: std::collections::HashMap<_, _> =
+        reached.iter().map(|c| (c.descriptor.node_id, *c)).collect();
+    verified
         .into_iter()
-        .filter(|c| peers.restore(c.descriptor.clone(), c.reached))
+        .filter(|s| {
+            let Some(c) = by_id.remove(&s.d.node_id) else {
+                return false;
+            };
+            let first_seen = c.first_seen.unwrap_or(now).min(now);
+            let at = c.reached_at.unwrap_or(first_seen).min(now);
+            peers.restore(std::sync::Arc::clone(s), first_seen, Some(at))
+        })
         .count()
 }
 
@@ -104,18 +126,26 @@ fn read(path: &Path) -> Result<Option<PeerFile>, String> {
     })
 }
 
-/// What `peers` holds now, as the file keeps it.
+/// What `peers` holds now, as the file keeps it: the peers this node reached.
 pub fn snapshot(peers: &Peers) -> PeerFile {
-    PeerFile {
-        peers: peers
-            .held()
-            .into_iter()
-            .map(|(descriptor, source, reached)| Cached {
-                descriptor,
-                source: source.as_str().to_string(),
-                reached,
+    let cached = {
+        let disc = peers.lock();
+        let view = disc.view();
+        view.iter()
+            .filter_map(|e| {
+                let at = e.reached()?;
+                Some(Cached {
+                    descriptor: e.s.d.clone(),
+                    source: super::source_of(view.origin(e)).as_str().to_string(),
+                    reached: true,
+                    first_seen: Some(e.first_seen()),
+                    reached_at: Some(at),
+                })
             })
-            .collect(),
+            .collect()
+    };
+    PeerFile {
+        peers: cached,
         pins: peers
             .pins()
             .into_iter()
@@ -125,6 +155,38 @@ pub fn snapshot(peers: &Peers) -> PeerFile {
             })
             .collect(),
     }
+}
+
+/// A seed list (`super::seeds`) of the peers in the store of `state_dir` (reached ones, one per
+/// /16, known longest first, at most `max`), signed with the node's identity key.
+///
+/// # Errors
+/// The node's identity cannot be loaded, or its store read.
+pub fn seed_list(state_dir: &Path, max: usize) -> Result<String, String> {
+    let node = crate::node::Node::load(state_dir).map_err(|e| e.to_string())?;
+    let file = read(&path(state_dir))
+        .map_err(|why| format!("the peer store cannot be read ({why})"))?
+        .unwrap_or(PeerFile {
+            peers: Vec::new(),
+            pins: Vec::new(),
+        });
+    let mut reached: Vec<&Cached> = file.peers.iter().filter(|c| c.reached).collect();
+    reached.sort_by_key(|c| (c.first_seen.unwrap_or(u64::MAX), c.descriptor.node_id));
+    let mut blocks = std::collections::HashSet::new();
+    let peers: Vec<_> = reached
+        .into_iter()
+        .filter(|c| {
+            let ip = crate::proto::parse_endpoint(&c.descriptor.endpoint)
+                .ok()
+                .map(|a| a.ip());
+            ip.is_some_and(|ip| {
+                blocks.insert(crate::blocks::block(ip, crate::send::path::PATH_BLOCKS))
+            })
+        })
+        .take(max)
+        .map(|c| (c.descriptor.node_id, c.descriptor.endpoint.clone()))
+        .collect();
+    Ok(super::seeds::write(node.signing_key(), &peers))
 }
 
 /// Writes the table to `path` every [`SAVE_EVERY`] when it changed, and at `cancel`.
@@ -235,11 +297,15 @@ mod tests {
                     descriptor: descriptor(1),
                     source: "gossip".into(),
                     reached: true,
+                    first_seen: None,
+                    reached_at: None,
                 },
                 Cached {
                     descriptor: forged,
                     source: "gossip".into(),
                     reached: true,
+                    first_seen: None,
+                    reached_at: None,
                 },
             ],
             pins: vec![],

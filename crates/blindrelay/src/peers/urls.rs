@@ -141,7 +141,7 @@ impl Peers {
             }
             if self.insert(d) {
                 debug!(peer = %Prefix(&id), "peer descriptor stored");
-            } else if !self.lock().contains_key(&id) {
+            } else if !self.holds(&id) {
                 complete = false;
             }
         }

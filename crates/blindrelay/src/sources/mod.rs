@@ -16,7 +16,7 @@ pub mod fair;
 
 use std::collections::HashMap;
 use std::fmt;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -78,14 +78,8 @@ impl fmt::Debug for Source {
     }
 }
 
-/// How sources are grouped.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grouping {
-    /// IPv4 prefix length (0–32).
-    pub v4_prefix: u8,
-    /// IPv6 prefix length (0–128).
-    pub v6_prefix: u8,
-}
+use crate::blocks::canonical;
+pub use crate::blocks::{Grouping, block};
 
 impl Default for Grouping {
     fn default() -> Self {
@@ -93,39 +87,6 @@ impl Default for Grouping {
             v4_prefix: DEFAULT_V4_PREFIX,
             v6_prefix: DEFAULT_V6_PREFIX,
         }
-    }
-}
-
-/// `ip` with its host bits cleared (IPv4-mapped IPv6 addresses count as IPv4).
-pub fn block(ip: IpAddr, g: Grouping) -> IpAddr {
-    match canonical(ip) {
-        IpAddr::V4(v4) => {
-            let bits = u32::from(v4);
-            let keep = u32::from(g.v4_prefix.min(32));
-            let mask = if keep == 0 {
-                0
-            } else {
-                u32::MAX << (32 - keep)
-            };
-            IpAddr::V4(Ipv4Addr::from(bits & mask))
-        }
-        IpAddr::V6(v6) => {
-            let bits = u128::from(v6);
-            let keep = u32::from(g.v6_prefix.min(128));
-            let mask = if keep == 0 {
-                0
-            } else {
-                u128::MAX << (128 - keep)
-            };
-            IpAddr::V6(Ipv6Addr::from(bits & mask))
-        }
-    }
-}
-
-fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4),
-        v4 => v4,
     }
 }
 

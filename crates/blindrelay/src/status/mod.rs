@@ -10,7 +10,7 @@
 pub mod metrics;
 pub mod quality;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
@@ -72,13 +72,40 @@ pub struct PeersInfo {
     /// Descriptors read back from the peer store at start, not refreshed since.
     #[serde(default)]
     pub cache: usize,
-    /// When a gossip round last got an answer (Unix seconds), if ever.
+    /// When a reconciliation last completed (Unix seconds), if ever.
     #[serde(default)]
     pub last_gossip_at: Option<u64>,
+    /// Held, not reached yet (probed in turn; never routed through nor passed on).
+    #[serde(default)]
+    pub waiting: usize,
+    /// Reached peers whose descriptors lapsed, still greeted now and then.
+    #[serde(default)]
+    pub lapsed: usize,
+    /// What discovery did, and whether this node may be eclipsed.
+    #[serde(default)]
+    pub discovery: DiscoveryInfo,
     /// Descriptors and TLS handshakes refused because a `--peer` URL or a next hop answered
     /// with another identity than the one pinned to it (on the command line, on first use, or
     /// by the descriptor naming it). Not zero: look at the log.
     pub identity_changes: u64,
+}
+
+/// Discovery (`crate::discovery`), as counts.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct DiscoveryInfo {
+    /// Eclipse detection: `ok`, `one_source` (nearly every peer came through one source) or
+    /// `unconfirmed` (the sources disagree).
+    pub eclipse: String,
+    /// Distinct roots (first-hand sources, by /16) of the peers held.
+    pub roots: usize,
+    /// Percent of peers held unconfirmed under the largest root.
+    pub top_root_percent: u32,
+    /// Percent of peers held that no second root vouched for.
+    pub unconfirmed_percent: u32,
+    /// Roots this node reconciled with.
+    pub roots_synced: usize,
+    /// Discovery's own counters (`crate::discovery::Stats`).
+    pub counters: BTreeMap<String, u64>,
 }
 
 /// The inbox, as the document shows it.
@@ -235,12 +262,43 @@ fn known_peers(relay: &Relay) -> HashMap<NodeId, crate::health::Known> {
             let known = crate::health::Known {
                 expires_at: p.expires_at,
                 source: p.source.as_str(),
-                last_gossip: p.last_gossip,
+                last_gossip: p.last_reached,
                 reached: p.reached,
             };
             (id, known)
         })
         .collect()
+}
+
+/// Discovery's counters and eclipse assessment.
+fn discovery_info(ctx: &crate::context::Context) -> DiscoveryInfo {
+    let disc = ctx.peers.lock();
+    let (e, st) = (disc.eclipse(), disc.stats());
+    let counters = [
+        ("bytes_sent", st.bytes_sent),
+        ("bytes_received", st.bytes_received),
+        ("exchanges", st.exchanges),
+        ("exchanges_failed", st.exchanges_failed),
+        ("syncs", st.syncs),
+        ("learned", st.learned),
+        ("refused", st.refused),
+        ("reached", st.reached),
+        ("forgotten", st.forgotten),
+        ("revived", st.revived),
+        ("pushes", st.pushes),
+        ("turned_away", st.turned_away),
+    ];
+    DiscoveryInfo {
+        eclipse: e.state.as_str().to_string(),
+        roots: e.roots,
+        top_root_percent: (e.top_share * 100.0).round() as u32,
+        unconfirmed_percent: (e.unconfirmed_share * 100.0).round() as u32,
+        roots_synced: e.roots_synced,
+        counters: counters
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+    }
 }
 
 /// The whole status document now. Reads the replay registry's and the inbox's in-memory state
@@ -259,6 +317,8 @@ pub fn document(relay: &Relay) -> Document {
     let inbox = relay.terminal().inbox();
     let (max_items, max_bytes) = inbox.limits();
     let by_source = ctx.peers.by_source();
+    // Taken alone: a lock guard in the literal below would live to its end.
+    let lapsed = ctx.peers.lock().lapsed();
     let runtime = Runtime {
         blind_relay: counters,
         replay: ReplayInfo {
@@ -276,6 +336,9 @@ pub fn document(relay: &Relay) -> Document {
             gossip: by_source.gossip,
             cache: by_source.cache,
             last_gossip_at: ctx.peers.last_gossip_at(),
+            waiting: by_source.waiting,
+            lapsed,
+            discovery: discovery_info(ctx),
             identity_changes: ctx.peers.identity_changes(),
         },
         inbox: InboxInfo {

@@ -1,0 +1,210 @@
+//! The machine driven by the simulator on small networks: convergence from one bootstrap peer
+//! each, a newcomer's sync and push, junk from strangers, splits longer than a descriptor's
+//! life, and a lying bootstrap peer.
+
+use std::collections::HashSet;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::sim::{Net, SimConfig};
+use super::*;
+
+const T0: u64 = 1_800_000_000;
+
+/// Node `i`'s address: a /16 of its own.
+fn ip(i: usize) -> IpAddr {
+    IpAddr::from([10, (i % 250) as u8 + 1, (i / 250) as u8, 1])
+}
+
+fn sim(interval: u64, lifetime: u64) -> SimConfig {
+    SimConfig {
+        interval: Duration::from_secs(interval),
+        lifetime,
+        tick: Duration::from_millis(500),
+        ..SimConfig::default()
+    }
+}
+
+/// `n` nodes, node `i` started with one bootstrap peer among the nodes before it.
+fn network(n: usize, cfg: SimConfig) -> Net {
+    let mut net = Net::new(cfg, crate::clock::now().into_std(), T0);
+    net.grow(n, ip);
+    net
+}
+
+/// Every up node among `nodes` holds and reached every other up node of them.
+fn knows_all(net: &Net, nodes: &[usize]) -> bool {
+    nodes.iter().filter(|i| net.nodes[**i].up).all(|i| {
+        let view = net.nodes[*i].disc.view();
+        nodes
+            .iter()
+            .filter(|j| *j != i && net.nodes[**j].up)
+            .all(|j| {
+                view.get(&net.nodes[*j].id())
+                    .is_some_and(|e| e.reached().is_some())
+            })
+    })
+}
+
+#[test]
+fn a_network_converges_from_one_bootstrap_peer_each() {
+    let n = 40;
+    let mut net = network(n, sim(10, 3600));
+    let all: Vec<usize> = (0..n).collect();
+    assert!(
+        net.run_until(Duration::from_secs(120), |net| knows_all(net, &all)),
+        "converged within 120 s"
+    );
+    let took = net.elapsed();
+    assert!(took < Duration::from_secs(60), "took {took:?}");
+}
+
+#[test]
+fn a_newcomer_syncs_in_one_exchange_and_its_descriptor_is_pushed_to_everyone() {
+    let n = 40;
+    let mut net = network(n, sim(10, 3600));
+    let all: Vec<usize> = (0..n).collect();
+    assert!(net.run_until(Duration::from_secs(120), |net| knows_all(net, &all)));
+    let start = net.elapsed();
+    let newcomer = net.add(ip(n), &[3]);
+    let id = net.nodes[newcomer].id();
+    // The newcomer holds every node after its first reconciliation.
+    assert!(net.run_until(start + Duration::from_secs(5), |net| {
+        net.nodes[newcomer].disc.view().len() == n
+    }));
+    assert!(net.nodes[newcomer].disc.stats().syncs >= 1);
+    // Every old node holds it and reached it within a few flushes.
+    let everyone = net.run_until(start + Duration::from_secs(30), |net| {
+        (0..n).all(|i| {
+            net.nodes[i]
+                .disc
+                .view()
+                .get(&id)
+                .is_some_and(|e| e.reached().is_some())
+        })
+    });
+    assert!(everyone, "pushed to all within 30 s");
+}
+
+#[test]
+fn strangers_introduce_a_bounded_number_and_junk_that_never_answers_is_forgotten() {
+    let mut net = network(3, sim(10, 3600));
+    net.run_until(Duration::from_secs(10), |_| false);
+    let victim = 0;
+    let now = net.now();
+    // 130 /24s each announce 20 identities whose endpoints answer nothing (no such node).
+    let mut rng = StdRng::seed_from_u64(9);
+    for block in 0..130u32 {
+        for _ in 0..20 {
+            let seed: [u8; 32] = rng.random();
+            let d = crate::proto::descriptor::for_test(
+                seed,
+                format!("https://172.{}.{}.9:7001", 16 + block / 256, block % 256),
+                now.unix,
+            );
+            let caller = Caller {
+                id: Some(d.node_id),
+                ip: IpAddr::from([172, 16 + (block / 256) as u8, (block % 256) as u8, 9]),
+            };
+            let msg = Msg::Sync {
+                own: Some(d.clone()),
+                round: vec![],
+            };
+            let checked = verify::check(std::slice::from_ref(&d), &[], now.unix);
+            net.nodes[victim]
+                .disc
+                .on_request(caller, &msg, checked, now);
+        }
+    }
+    let waiting = net.nodes[victim].disc.view().waiting();
+    assert_eq!(waiting, 130 * STRANGER_BURST as usize, "a burst per /24");
+    // A newcomer an honest peer brings is reached within seconds, ahead of the junk.
+    let start = net.elapsed();
+    let newcomer = net.add(ip(7), &[1]);
+    let id = net.nodes[newcomer].id();
+    assert!(net.run_until(start + Duration::from_secs(20), |net| {
+        net.nodes[victim]
+            .disc
+            .view()
+            .get(&id)
+            .is_some_and(|e| e.reached().is_some())
+    }));
+    // The junk fails its probes and is forgotten within minutes.
+    let gone = net.run_until(start + Duration::from_secs(900), |net| {
+        net.nodes[victim].disc.view().waiting() == 0
+    });
+    let d = &net.nodes[victim].disc;
+    assert!(gone, "{} waiting, {:?}", d.view().waiting(), d.stats());
+    assert!(net.nodes[victim].disc.stats().forgotten >= 1000);
+}
+
+#[test]
+fn the_halves_of_a_split_longer_than_a_descriptors_life_rejoin() {
+    let n = 20;
+    // Descriptors live 120 s; the split lasts 400 s.
+    let mut net = network(n, sim(10, 120));
+    let all: Vec<usize> = (0..n).collect();
+    assert!(net.run_until(Duration::from_secs(120), |net| knows_all(net, &all)));
+    let half: Vec<usize> = (0..n / 2).collect();
+    net.split(&half);
+    let t = net.elapsed();
+    net.run_until(t + Duration::from_secs(400), |_| false);
+    let other = net.nodes[n - 1].id();
+    assert!(
+        net.nodes[0].disc.view().get(&other).is_none(),
+        "expired during the split"
+    );
+    net.heal();
+    let t = net.elapsed();
+    let rejoined = net.run_until(t + Duration::from_secs(60), |net| knows_all(net, &all));
+    assert!(rejoined, "rejoined within 60 s (6 intervals)");
+}
+
+#[test]
+fn a_lying_bootstrap_peer_is_reported_and_a_seed_brings_the_honest_network() {
+    let honest = 16;
+    let mut net = network(honest, sim(10, 3600));
+    let all: Vec<usize> = (0..honest).collect();
+    assert!(net.run_until(Duration::from_secs(120), |net| knows_all(net, &all)));
+    // The liar and its 20 Sybils know only each other.
+    let liar = net.add(IpAddr::from([192, 168, 0, 1]), &[]);
+    let sybils: Vec<usize> = (0..20)
+        .map(|k| net.add(IpAddr::from([100, 64 + k as u8, 0, 1]), &[liar]))
+        .collect();
+    let mut theirs: HashSet<_> = sybils.iter().map(|i| net.nodes[*i].id()).collect();
+    theirs.insert(net.nodes[liar].id());
+    let theirs = Arc::new(theirs);
+    for i in sybils.iter().chain([&liar]) {
+        net.nodes[*i].only = Some(Arc::clone(&theirs));
+    }
+    let t = net.elapsed();
+    let victim = net.add(IpAddr::from([10, 251, 0, 1]), &[liar]);
+    net.run_until(t + Duration::from_secs(60), |_| false);
+    let v = &net.nodes[victim].disc;
+    assert_eq!(v.eclipse().state, EclipseState::OneSource);
+    let honest_known = (0..honest)
+        .filter(|i| v.view().get(&net.nodes[*i].id()).is_some())
+        .count();
+    assert_eq!(honest_known, 0, "eclipsed");
+    // A seed (an honest node) passed by its operator: the honest network, and the report.
+    net.fetch(victim, 5);
+    let t = net.elapsed();
+    let found = net.run_until(t + Duration::from_secs(120), |net| {
+        let v = net.nodes[victim].disc.view();
+        (0..honest).all(|i| {
+            v.get(&net.nodes[i].id())
+                .is_some_and(|e| e.reached().is_some())
+        })
+    });
+    assert!(found, "the honest network learned through the seed");
+    let e = net.nodes[victim].disc.eclipse();
+    assert_ne!(
+        e.state,
+        EclipseState::Ok,
+        "two sources that vouch for nothing of each other: {e:?}"
+    );
+}
