@@ -49,6 +49,13 @@ pub fn block_key(ip: IpAddr, g: Grouping) -> u64 {
     }
 }
 
+/// A block key in 4 bytes: an IPv4 block's as it is, an IPv6 block's folded (two blocks may
+/// then share a key: they are counted together, never apart).
+pub fn block_key32(ip: IpAddr, g: Grouping) -> u32 {
+    let k = block_key(ip, g);
+    (k ^ (k >> 32)) as u32
+}
+
 /// The one form of an address: an IPv4-mapped IPv6 address is its IPv4 address.
 pub fn canonical(ip: IpAddr) -> IpAddr {
     match ip {

@@ -155,7 +155,7 @@ pub struct RunArgs {
     /// Refuse a `--seeds` list signed by any other node id (64 hex) than this.
     #[arg(long, value_parser = parse_id)]
     pub seeds_signer: Option<crate::proto::NodeId>,
-    /// How long this node's descriptor is valid (humantime, 60 s to 2 h); it is signed again
+    /// How long this node's descriptor is valid (humantime, 60 s to 3 h); it is signed again
     /// at half of it. Peers forget a node whose descriptor lapsed, and greet it again now and
     /// then.
     #[arg(long, default_value_t = humantime::Duration::from(std::time::Duration::from_secs(crate::proto::descriptor::DESCRIPTOR_TTL)), value_parser = parse_lifetime)]
@@ -296,11 +296,12 @@ fn parse_id(s: &str) -> Result<crate::proto::NodeId, String> {
     crate::proto::from_hex::<32>(s).ok_or_else(|| "a node id is 64 hex digits".to_string())
 }
 
-/// A descriptor lifetime: 60 s to the longest a descriptor may have.
+/// A descriptor lifetime: 60 s to the default (the previous onion key is kept that long
+/// after a rotation, `node::ONION_GRACE`).
 fn parse_lifetime(s: &str) -> Result<humantime::Duration, String> {
     let d: humantime::Duration = s.parse().map_err(|e| format!("{e}"))?;
     let secs = std::time::Duration::from(d).as_secs();
-    let max = crate::proto::descriptor::MAX_DESCRIPTOR_LIFETIME;
+    let max = crate::proto::descriptor::DESCRIPTOR_TTL;
     if (60..=max).contains(&secs) {
         Ok(d)
     } else {

@@ -276,11 +276,12 @@ impl Node {
         PublicKey::from(&StaticSecret::from(self.ring().current.0)).to_bytes()
     }
 
-    /// The node with descriptors valid `secs` (at most the longest a descriptor may be; by
-    /// default [`DESCRIPTOR_TTL`]), signed again at half of it.
+    /// The node with descriptors valid `secs` (at most, and by default, [`DESCRIPTOR_TTL`]: the
+    /// previous onion key is kept [`ONION_GRACE`] after a rotation), signed again at half of
+    /// it.
     #[must_use]
     pub fn with_descriptor_lifetime(mut self, secs: u64) -> Self {
-        self.lifetime = secs.clamp(2, crate::proto::descriptor::MAX_DESCRIPTOR_LIFETIME);
+        self.lifetime = secs.clamp(2, DESCRIPTOR_TTL);
         self
     }
 

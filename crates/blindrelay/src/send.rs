@@ -26,8 +26,12 @@ use crate::reason::Reason;
 pub const DEFAULT_HOPS: usize = 3;
 /// The largest payload a send carries: the largest size class's capacity.
 pub const MAX_PAYLOAD: usize = 192 * 1024;
-/// Routes a send tries at most, within [`forward::SEND_DEADLINE`].
-pub const MAX_ROUTES: usize = 3;
+/// Routes a send tries at most, within [`forward::SEND_DEADLINE`]: enough that a send still
+/// gets through when a third of the network died at once (each failed middle is avoided for
+/// the rest of the send, and a dead peer refuses connections at once).
+pub const MAX_ROUTES: usize = 8;
+/// Routes a send tries at most when the terminal is what failed (another route seldom helps).
+pub const TERMINAL_ROUTES: usize = 3;
 /// Longest hex of a sealed receipt accepted from the entry hop (a sealed receipt is 192 bytes).
 const MAX_RECEIPT_HEX: usize = 1024;
 
@@ -156,6 +160,11 @@ impl HopFailure {
         }
     }
 
+    /// The terminal is the hop that failed.
+    fn at_terminal(&self) -> bool {
+        self.position == Some(self.hops)
+    }
+
     /// Whether another route could deliver: not when the terminal refused for its own stores,
     /// nor when there is no other route (one hop).
     fn worth_another_route(&self) -> bool {
@@ -264,9 +273,13 @@ pub async fn send(
             Err(SendError::Route { failure, .. }) => {
                 debug!(hops, routes, %failure, "route failed");
                 avoid.extend(failure.suspects(&path));
-                let more = failure.worth_another_route()
-                    && routes < MAX_ROUTES
-                    && ctx.clock.now() < deadline;
+                let cap = if failure.at_terminal() {
+                    TERMINAL_ROUTES
+                } else {
+                    MAX_ROUTES
+                };
+                let more =
+                    failure.worth_another_route() && routes < cap && ctx.clock.now() < deadline;
                 if !more {
                     break Some(failure);
                 }

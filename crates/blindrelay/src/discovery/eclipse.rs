@@ -1,8 +1,9 @@
 //! Eclipse detection: whether what this node knows came through one source.
 //!
 //! Every identity remembers its *root*: the /16 (/32) of the first-hand source it came
-//! through (the operator's `--peer` or seed, a stranger's own endpoint, the peer store's
-//! entry itself; an identity a peer brought inherits that peer's root). It is *confirmed* once
+//! through (the operator's `--peer` or seed, a stranger's own endpoint; an identity a peer
+//! brought inherits that peer's root; the peer store keeps roots across restarts, and reads an
+//! entry written without one as rooted at its own endpoint). It is *confirmed* once
 //! a reconciliation with a peer under another root finds that peer holds it too. So a lying
 //! bootstrap peer and the Sybils it hands out share one root, whatever blocks their endpoints
 //! are in, and a second, honest source confirms nothing of theirs.

@@ -13,7 +13,7 @@ pub struct Entry {
     /// Its newest verified descriptor.
     pub s: Arc<Signed>,
     /// Its root: the /16 (/32) of the first-hand source it came through, as a block key.
-    pub(super) root: u64,
+    pub(super) root: u32,
     pub(super) first_seen: u32,
     /// When this node last reached it (0: never).
     pub(super) reached: u32,

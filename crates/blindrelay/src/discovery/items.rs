@@ -22,6 +22,9 @@ pub struct Items {
     removed: Vec<Arc<Signed>>,
 }
 
+/// Changes kept aside at most before they are merged.
+const PENDING: usize = 512;
+
 fn order(a: &Arc<Signed>, b: &Arc<Signed>) -> std::cmp::Ordering {
     a.key().cmp(&b.key())
 }
@@ -30,14 +33,24 @@ impl Items {
     /// `s` added.
     pub fn add(&mut self, s: &Arc<Signed>) {
         self.added.push(Arc::clone(s));
+        self.settle_when_many();
     }
 
     /// `s` removed.
     pub fn remove(&mut self, s: &Arc<Signed>) {
-        if let Some(i) = self.added.iter().position(|k| Arc::ptr_eq(k, s)) {
+        if let Some(i) = self.added.iter().rposition(|k| Arc::ptr_eq(k, s)) {
             self.added.swap_remove(i);
         } else {
             self.removed.push(Arc::clone(s));
+        }
+        self.settle_when_many();
+    }
+
+    /// Merges once [`PENDING`] changes wait: a removal's search of the changes, and the
+    /// room they take, stay bounded whatever the time between reads.
+    fn settle_when_many(&mut self) {
+        if self.added.len() + self.removed.len() >= PENDING {
+            self.settle();
         }
     }
 
@@ -65,6 +78,14 @@ impl Items {
         out.shrink_to_fit();
         self.sorted = Arc::new(out);
         self.removed.clear();
+        self.added.shrink_to(PENDING);
+        self.removed.shrink_to(PENDING);
+    }
+
+    /// The heap its lists take (the descriptors they point to apart).
+    pub fn heap_bytes(&self) -> usize {
+        (self.sorted.capacity() + self.added.capacity() + self.removed.capacity())
+            * std::mem::size_of::<Arc<Signed>>()
     }
 
     /// Items held (changes merged).

@@ -21,7 +21,7 @@
 //!   Waiting identities are probed fairly by source (the operator's, then those peers brought,
 //!   then strangers' own, round robin within each), a few at a time; one that fails three
 //!   tries is forgotten. A reached peer whose descriptor lapsed is kept aside and tried again,
-//!   backing off to twice `sync_every`, so the halves of a split rejoin however long it lasted.
+//!   backing off to twice the interval, so the halves of a split rejoin however long it lasted.
 //! - **Eclipse** ([`eclipse`]): every identity remembers the first-hand source (its /16) it came
 //!   through, and is *confirmed* once a peer under another root holds it too. A view where
 //!   almost everything came through one root, or where most of it is confirmed by no second
@@ -44,7 +44,7 @@ pub mod verify;
 pub mod view;
 pub mod wire;
 
-use std::collections::HashMap;
+use hashbrown::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -55,7 +55,7 @@ use rand::rngs::StdRng;
 pub use self::eclipse::{Eclipse, EclipseState};
 use self::view::{Admitted, Refused, View};
 pub use self::wire::Msg;
-use crate::blocks::{Grouping, block_key};
+use crate::blocks::{Grouping, block_key32};
 use crate::proto::NodeId;
 use crate::proto::descriptor::{self, Descriptor};
 
@@ -122,8 +122,10 @@ pub struct Caller {
 /// How discovery paces itself.
 #[derive(Debug, Clone, Copy)]
 pub struct Config {
-    /// One reconciliation with a peer this often (anti-entropy), and lapsed peers retried at
-    /// least every two of these.
+    /// The discovery interval: lapsed peers are greeted again at least every two of these,
+    /// and one push neighbour is replaced every one.
+    pub interval: Duration,
+    /// One reconciliation with a peer this often (anti-entropy).
     pub sync_every: Duration,
     /// Pushes leave in batches this often.
     pub flush_every: Duration,
@@ -141,10 +143,12 @@ pub struct Config {
 
 impl Config {
     /// The pacing for a discovery interval (`--gossip-interval`): a reconciliation every
-    /// interval, pushes every twelfth of it (at least 100 ms, at most 5 s).
+    /// [`SYNC_INTERVALS`] intervals, pushes every twelfth of one (at least 100 ms, at most
+    /// 5 s).
     pub fn for_interval(interval: Duration) -> Config {
         Config {
-            sync_every: interval,
+            interval,
+            sync_every: interval * SYNC_INTERVALS,
             flush_every: (interval / 12).clamp(Duration::from_millis(100), Duration::from_secs(5)),
             fanout: 3,
             start_syncs: 3,
@@ -165,6 +169,18 @@ pub struct Out {
     pub to: Arc<Signed>,
     /// The request.
     pub msg: Msg,
+}
+
+/// What the peer store kept of one identity beside its descriptor.
+#[derive(Debug, Clone, Copy)]
+pub struct Kept {
+    /// When this node first kept it (Unix seconds).
+    pub first_seen: u64,
+    /// When this node last reached it.
+    pub reached: Option<u64>,
+    /// Its root (a block key, see `eclipse`) and whether a second root confirmed it; absent in
+    /// stores written before, then rooted at its own endpoint.
+    pub root: Option<(u32, bool)>,
 }
 
 /// An exchange that got no usable answer (no connection, a timeout, a refusal, bad bytes).
@@ -209,6 +225,22 @@ pub struct Stats {
     pub pushes: u64,
     /// Requests from strangers or over a budget, answered with nothing.
     pub turned_away: u64,
+    /// Message bytes both ways by kind ([`Msg::kind`]'s order: sync, sync reply, get,
+    /// descriptors, inventory, want, ack, hello).
+    pub bytes_by_kind: [u64; 8],
+}
+
+impl Stats {
+    /// Counts `msg` one way.
+    fn count(&mut self, msg: &Msg, sent: bool) {
+        let n = msg.encoded_len() as u64;
+        if sent {
+            self.bytes_sent += n;
+        } else {
+            self.bytes_received += n;
+        }
+        self.bytes_by_kind[msg.kind_index()] += n;
+    }
 }
 
 /// The state machine. See the module docs.
@@ -241,8 +273,11 @@ pub const STRANGER_EVERY: Duration = Duration::from_secs(10);
 pub const STRANGER_BLOCKS: usize = 4096;
 /// The blocks strangers are counted in.
 pub const STRANGER_GROUPING: Grouping = view::BLOCKS;
-/// The discovery interval by default (`--gossip-interval`): a reconciliation with one peer
-/// each, pushes every twelfth of it ([`Config::for_interval`]).
+/// Intervals between two periodic reconciliations (pushes carry what is fresh; this catches
+/// what they missed).
+pub const SYNC_INTERVALS: u32 = 5;
+/// The discovery interval by default (`--gossip-interval`): pushes every twelfth of it, a
+/// reconciliation every [`SYNC_INTERVALS`] ([`Config::for_interval`]).
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
 
 impl Discovery {
@@ -317,23 +352,29 @@ impl Discovery {
     /// A descriptor the operator's `--peer` or seed served from its own URL (so reached).
     pub fn operator(&mut self, s: Arc<Signed>, now: Now) {
         let id = s.d.node_id;
-        let _ = self.learn(s, Source::Operator, now);
+        let fresh = self.learn(Arc::clone(&s), Source::Operator, now).is_ok();
         self.view.make_operator(&id);
         self.reached(&id, now);
+        // A source the operator just added (or that came back): reconciled with at once.
+        if fresh && self.sync.started() {
+            self.begin(s, now);
+        }
     }
 
     /// An entry of the peer store: kept through the same bounds as any newcomer, with when
     /// it was first seen and last reached. True if kept.
-    pub fn restore(
-        &mut self,
-        s: Arc<Signed>,
-        first_seen: u64,
-        reached: Option<u64>,
-        now: Now,
-    ) -> bool {
+    pub fn restore(&mut self, s: Arc<Signed>, kept: Kept, now: Now) -> bool {
         let id = s.d.node_id;
+        let Kept {
+            first_seen,
+            reached,
+            root,
+        } = kept;
         if self.learn(s, Source::Store, now).is_err() {
             return false;
+        }
+        if let Some((root, confirmed)) = root {
+            self.view.reroot(&id, root, confirmed);
         }
         self.view.remember(&id, first_seen, None);
         if let Some(at) = reached {
@@ -381,7 +422,7 @@ impl Discovery {
             return;
         };
         match reply {
-            Ok(msg) => self.stats.bytes_received += msg.encoded_len() as u64,
+            Ok(msg) => self.stats.count(msg, false),
             Err(Failed) => self.stats.exchanges_failed += 1,
         }
         match purpose {
@@ -455,7 +496,10 @@ impl Discovery {
             }
         }
         self.strangers.retain(|_, full_at| *full_at > now.at);
+        shrink(&mut self.strangers);
+        shrink(&mut self.inflight);
         self.push.sweep(now);
+        self.probes.sweep();
     }
 
     /// Sends `msg` to the held identity `to`.
@@ -471,7 +515,7 @@ impl Discovery {
         let xid = self.next_xid;
         self.next_xid += 1;
         self.stats.exchanges += 1;
-        self.stats.bytes_sent += msg.encoded_len() as u64;
+        self.stats.count(&msg, true);
         let deadline = now.at + self.cfg.exchange_timeout;
         self.inflight.insert(xid, (purpose, deadline));
         self.next_timeout = Some(self.next_timeout.map_or(deadline, |t| t.min(deadline)));
@@ -485,7 +529,7 @@ impl Discovery {
             Source::Peer(p) => self.view.get(&p).map(|e| self.view.root(e)),
             _ => None,
         }
-        .or_else(|| s.ip.map(|ip| block_key(ip, ROOTS)))
+        .or_else(|| s.ip.map(|ip| block_key32(ip, ROOTS)))
         .unwrap_or(0);
         let from = match origin {
             Source::Peer(p) => Some(p),
@@ -515,6 +559,14 @@ impl Discovery {
     fn neighbour_failed(&mut self, id: &NodeId) {
         self.view.failed(id);
         self.push.drop_neighbour(id);
+    }
+}
+
+/// Gives back a map's room when it holds a quarter of it or less: the bursts of a start (a
+/// whole network pending, asked for, probed) leave nothing behind in 10 000 machines.
+pub(crate) fn shrink<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() * 4 <= map.capacity() {
+        map.shrink_to_fit();
     }
 }
 

@@ -11,12 +11,14 @@
 //!
 //! A reached peer whose descriptor expired is set aside (at most [`LAPSED`], the ones reached
 //! longest ago dropped first) and greeted again at its last endpoint at once, then backing off
-//! from a quarter of `sync_every` to twice it, for as long as it is kept: when it answers, its
+//! from a quarter of the discovery interval to twice it, for as long as it is kept: when it answers, its
 //! fresh descriptor is kept with what this node knew of it (first seen), and this node
 //! reconciles with it, which brings back the half of the network behind it.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::collections::{BinaryHeap, VecDeque};
+
+use hashbrown::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -147,6 +149,15 @@ impl Probes {
             self.lapsed_asked -= 1;
         }
         Some(l.first_seen)
+    }
+
+    /// Gives back the room of a burst.
+    pub fn sweep(&mut self) {
+        super::shrink(&mut self.lapsed);
+        let set = &mut self.promoted;
+        if set.capacity() > 64 && set.len() * 4 <= set.capacity() {
+            set.shrink_to_fit();
+        }
     }
 
     /// Probes in flight.
@@ -313,8 +324,8 @@ impl Discovery {
             if let Some(l) = self.probes.lapsed.get_mut(&id) {
                 l.asked = false;
                 l.tries = l.tries.saturating_add(1);
-                let wait = (cfg.sync_every / 4).saturating_mul(1 << l.tries.min(8));
-                l.due = now.at + wait.min(cfg.sync_every * 2);
+                let wait = (cfg.interval / 4).saturating_mul(1 << l.tries.min(8));
+                l.due = now.at + wait.min(cfg.interval * 2);
                 self.probes.lapsed_asked -= 1;
             }
             return;

@@ -3,8 +3,9 @@
 //! A descriptor this node passes on and did not before (a peer reached for the first time, a
 //! newer descriptor of a reached peer, its own reissued) is pending, newest per identity,
 //! until the next flush (`flush_every`). A flush sends one inventory (12 bytes an entry, at
-//! most [`MAX_INV`] entries) to each neighbour, leaving out the one it came from: the
-//! `fanout` peers this node chose (reached and healthy, one replaced every `sync_every`, a
+//! most [`MAX_INV`] entries) to each neighbour, leaving out the one it came from and those
+//! that announced it to this node meanwhile (they have it): the
+//! `fanout` peers this node chose (reached and healthy, one replaced every interval, a
 //! failed one at once) and up to [`IN_NEIGHBOURS`] that pushed to it lately, so the graph is
 //! connected both ways. A neighbour answers with the entries it lacks (or holds older), asked
 //! of one neighbour at a time; those descriptors follow in a second request.
@@ -13,7 +14,7 @@
 //! bucket of [`PUSH_BURST`] refilled at [`PUSH_RATE`] a second): past it, its inventories are
 //! answered with nothing and its descriptors dropped, counted as turned away.
 
-use std::collections::HashMap;
+use hashbrown::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -39,8 +40,9 @@ pub const MAX_PUSH: usize = 512 * 1024;
 /// The push state.
 #[derive(Debug, Default)]
 pub struct Push {
-    /// Newest `issued_at` per identity to announce, and the peer it came from.
-    pending: HashMap<NodeId, (u64, Option<NodeId>)>,
+    /// Newest `issued_at` per identity to announce, and the neighbours known to hold it
+    /// already (the peer it came from, those that announced it since): left out.
+    pending: HashMap<NodeId, (u64, Vec<Short>)>,
     out: Vec<NodeId>,
     inn: Vec<(NodeId, Instant)>,
     /// Per inbound peer: when its byte budget is full again.
@@ -55,12 +57,13 @@ impl Push {
     /// `s` is to be announced (newest per identity); `from` is the peer it came from.
     pub fn fresh(&mut self, s: &Arc<Signed>, from: Option<NodeId>) {
         let (id, at) = (s.d.node_id, s.d.issued_at);
+        let skip = from.iter().map(short).collect();
         if let Some(p) = self.pending.get_mut(&id) {
             if p.0 < at {
-                *p = (at, from);
+                *p = (at, skip);
             }
         } else if self.pending.len() < MAX_PENDING {
-            self.pending.insert(id, (at, from));
+            self.pending.insert(id, (at, skip));
         }
     }
 
@@ -98,7 +101,17 @@ impl Push {
             if *s == short(view.me()) {
                 continue;
             }
-            let held = view.by_short(s).any(|e| e.s.d.issued_at >= *at);
+            let mut held = false;
+            for e in view.by_short(s).filter(|e| e.s.d.issued_at >= *at) {
+                held = true;
+                // Pending here: `peer` has it, and is left out of its announcement.
+                if let Some(p) = self.pending.get_mut(e.id())
+                    && p.0 <= *at
+                    && p.1.len() < 2 * IN_NEIGHBOURS
+                {
+                    p.1.push(short(&peer));
+                }
+            }
             let asked = self.wanted.get(s).is_some_and(|until| *until > now.at);
             if !held && !asked {
                 self.wanted.insert(*s, now.at + cfg.exchange_timeout);
@@ -120,6 +133,9 @@ impl Push {
         let horizon = Duration::from_secs(300);
         self.inn
             .retain(|(_, at)| now.at.saturating_duration_since(*at) < horizon);
+        super::shrink(&mut self.budgets);
+        super::shrink(&mut self.wanted);
+        super::shrink(&mut self.pending);
     }
 
     /// `id` failed as a neighbour: replaced at the next flush.
@@ -172,13 +188,13 @@ impl Discovery {
         }
         let take = self.push.pending.len().min(MAX_INV);
         let keys: Vec<NodeId> = self.push.pending.keys().take(take).copied().collect();
-        let items: Vec<(NodeId, u64, Option<NodeId>)> = keys
+        let items: Vec<(NodeId, u64, Vec<Short>)> = keys
             .into_iter()
             .filter_map(|id| {
                 self.push
                     .pending
                     .remove(&id)
-                    .map(|(at, from)| (id, at, from))
+                    .map(|(at, skip)| (id, at, skip))
             })
             .collect();
         let mut targets: Vec<NodeId> = self.push.out.clone();
@@ -188,9 +204,10 @@ impl Discovery {
             }
         }
         for t in targets {
+            let t_short = short(&t);
             let list: Vec<(Short, u64)> = items
                 .iter()
-                .filter(|(id, _, from)| *from != Some(t) && *id != t)
+                .filter(|(id, _, skip)| !skip.contains(&t_short) && *id != t)
                 .map(|(id, at, _)| (short(id), *at))
                 .collect();
             if !list.is_empty() && self.request_to(&t, Msg::Inv(list), Purpose::Inv(t), now) {
@@ -199,7 +216,7 @@ impl Discovery {
         }
     }
 
-    /// Drops neighbours no longer healthy, replaces one every `sync_every`, fills up to
+    /// Drops neighbours no longer healthy, replaces one every interval, fills up to
     /// `fanout` from reached peers at random.
     fn keep_neighbours(&mut self, now: Now) {
         let view = &self.view;
@@ -207,7 +224,7 @@ impl Discovery {
             .out
             .retain(|n| view.get(n).is_some_and(|e| e.healthy()));
         if self.push.next_rotate.is_none_or(|t| now.at >= t) {
-            self.push.next_rotate = Some(now.at + self.cfg.sync_every);
+            self.push.next_rotate = Some(now.at + self.cfg.interval);
             if self.push.out.len() >= self.cfg.fanout && !self.push.out.is_empty() {
                 self.push.out.remove(0);
             }

@@ -18,7 +18,7 @@ impl Discovery {
         checked: Vec<Arc<Signed>>,
         now: Now,
     ) -> Msg {
-        self.stats.bytes_received += msg.encoded_len() as u64;
+        self.stats.count(msg, false);
         let reply = match msg {
             Msg::Sync { own, round } => {
                 self.learn_own(&caller, checked, now);
@@ -74,7 +74,7 @@ impl Discovery {
             }
             Msg::SyncReply { .. } | Msg::Want(_) | Msg::Ack => Msg::Ack,
         };
-        self.stats.bytes_sent += reply.encoded_len() as u64;
+        self.stats.count(&reply, true);
         reply
     }
 

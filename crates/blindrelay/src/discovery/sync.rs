@@ -10,11 +10,13 @@
 //! elsewhere than the responder (`super::eclipse`).
 //!
 //! Sessions start: at start, with up to `start_syncs` sources from distinct roots (the
-//! operator's first, then the peer store's, then any reached peer); then one every
-//! `sync_every` with a reached peer at random, or, when eclipse detection is not content, with
-//! one under another root (the operator's first).
+//! operator's first, then the peer store's, then any reached peer); with an operator's source
+//! as soon as it is fetched anew (a `--peer` or seed added); then one every interval for the
+//! first [`super::SYNC_INTERVALS`], and one every `sync_every` after, with a reached peer at
+//! random, or, when eclipse detection is not content, with one under another root (the
+//! operator's first).
 
-use std::collections::{HashMap, HashSet};
+use hashbrown::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,7 +50,7 @@ const MAX_SESSIONS: usize = 4;
 /// One reconciliation as the initiator.
 struct Session {
     peer: NodeId,
-    root: u64,
+    root: u32,
     neg: Negentropy<'static, Snapshot>,
     mine: Snapshot,
     have: HashSet<NodeId>,
@@ -73,12 +75,19 @@ pub struct Syncs {
     sessions: HashMap<u64, Session>,
     next_sid: u64,
     next_periodic: Option<Instant>,
+    /// Periodic reconciliations started.
+    periodic: u32,
     started: bool,
     last_ok: Option<u64>,
-    roots: HashSet<u64>,
+    roots: HashSet<u32>,
 }
 
 impl Syncs {
+    /// True once the first reconciliations started.
+    pub fn started(&self) -> bool {
+        self.started
+    }
+
     /// Distinct roots this node completed a reconciliation with.
     pub fn roots_synced(&self) -> usize {
         self.roots.len()
@@ -131,13 +140,20 @@ impl Discovery {
             for s in partners {
                 self.begin(s, now);
             }
-            self.sync.next_periodic = Some(now.at + self.cfg.sync_every);
+            self.sync.next_periodic = Some(now.at + self.cfg.interval);
             return;
         }
         if self.sync.next_periodic.is_some_and(|t| now.at < t) {
             return;
         }
-        self.sync.next_periodic = Some(now.at + self.cfg.sync_every);
+        // A node just started reconciles every interval at first, then every `sync_every`.
+        self.sync.periodic += 1;
+        let gap = if self.sync.periodic < super::SYNC_INTERVALS {
+            self.cfg.interval
+        } else {
+            self.cfg.sync_every
+        };
+        self.sync.next_periodic = Some(now.at + gap);
         if let Some(s) = self.periodic_partner() {
             self.begin(s, now);
         }
@@ -146,7 +162,7 @@ impl Discovery {
     /// Up to `start_syncs` sources from distinct roots: the operator's, then the store's, then
     /// any reached peer.
     fn start_partners(&mut self) -> Vec<Arc<Signed>> {
-        let mut ranked: Vec<(usize, u32, Arc<Signed>, u64)> = self
+        let mut ranked: Vec<(usize, u32, Arc<Signed>, u32)> = self
             .view
             .iter()
             .filter(|e| e.healthy())

@@ -30,20 +30,23 @@
 //! form finds it without a second index), hashed with a per-process random seed (foldhash,
 //! hashbrown's default).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use hashbrown::HashMap;
 use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
 mod evict;
+mod roots;
 
 use super::entry::secs;
 pub use super::entry::{Entry, Origin};
 use super::items::{Items, Snapshot};
 use super::wire::{Short, short};
 use super::{Signed, Source};
-use crate::blocks::{Grouping, block_key};
+use crate::blocks::{Grouping, block_key32};
 use crate::proto::NodeId;
 
 /// The blocks whose identities are bounded.
@@ -131,7 +134,7 @@ pub struct RootCounts {
     /// Of those, the most under one root.
     pub top_unconfirmed: usize,
     /// That root (a /16's block key).
-    pub top: Option<u64>,
+    pub top: Option<u32>,
 }
 
 /// The view. See the module docs.
@@ -147,11 +150,11 @@ pub struct View {
     passable: Items,
     /// Descriptors by expiry (the minute they expire in); replaced ones skipped when due.
     expiry: BTreeMap<u64, Vec<Arc<Signed>>>,
-    blocks: HashMap<u64, BlockCount>,
+    blocks: HashMap<u32, BlockCount>,
     /// Identities never reached per source (only while some are).
     waiting_from: HashMap<Origin, u32>,
     /// Identities per root.
-    roots: HashMap<u64, RootStat>,
+    roots: HashMap<u32, RootStat>,
     /// Identities a full view evicts next, worst last (checked again when taken).
     victims: Vec<NodeId>,
     waiting: usize,
@@ -235,7 +238,7 @@ impl View {
 
     /// The root of `e`: the /16 of the first-hand source it came through (see
     /// `super::eclipse`).
-    pub fn root(&self, e: &Entry) -> u64 {
+    pub fn root(&self, e: &Entry) -> u32 {
         e.root
     }
 
@@ -270,7 +273,7 @@ impl View {
         &mut self,
         s: Arc<Signed>,
         origin: Source,
-        root: u64,
+        root: u32,
         now: u64,
     ) -> Result<Admitted, Refused> {
         let origin = Origin::from(origin);
@@ -291,7 +294,7 @@ impl View {
             return Err(Refused::Source);
         }
         let mut evicted = None;
-        if let Some(b) = s.ip.map(|ip| block_key(ip, BLOCKS))
+        if let Some(b) = s.ip.map(|ip| block_key32(ip, BLOCKS))
             && !operator
         {
             let count = self.blocks.get(&b).copied().unwrap_or_default();
@@ -331,7 +334,6 @@ impl View {
             self.reached(id, at);
         }
     }
-
     /// `id` is the operator's from now on (a `--peer` or seed served it): no longer counted
     /// against its block or its source.
     pub fn make_operator(&mut self, id: &NodeId) {
@@ -344,7 +346,7 @@ impl View {
         let (origin, waiting, b) = (
             e.origin,
             e.reached == 0,
-            e.s.ip.map(|i| block_key(i, BLOCKS)),
+            e.s.ip.map(|i| block_key32(i, BLOCKS)),
         );
         e.origin = Origin::OPERATOR;
         self.count_block(b, -1, waiting);
@@ -367,7 +369,7 @@ impl View {
             let (origin, s) = (e.origin, Arc::clone(&e.s));
             Self::count(&mut self.waiting_from, origin, false);
             self.waiting -= 1;
-            if let Some(b) = s.ip.map(|ip| block_key(ip, BLOCKS))
+            if let Some(b) = s.ip.map(|ip| block_key32(ip, BLOCKS))
                 && let Some(c) = self.blocks.get_mut(&b)
             {
                 c.waiting = c.waiting.saturating_sub(1);
@@ -414,43 +416,25 @@ impl View {
         }
         gone
     }
-
-    /// The entries in `held` (node ids this node holds and a peer rooted at `by` holds too)
-    /// are confirmed by a second source when their own root is another.
-    pub fn confirm<'a>(&mut self, held: impl Iterator<Item = &'a NodeId>, by: u64) {
-        for id in held {
-            let h = self.hash(&short(id));
-            let Some(e) = self.table.find_mut(h, |e| e.id() == id) else {
-                continue;
-            };
-            if e.confirmed || e.root == by {
-                continue;
-            }
-            e.confirmed = true;
-            let root = e.root;
-            if let Some(r) = self.roots.get_mut(&root) {
-                r.unconfirmed = r.unconfirmed.saturating_sub(1);
-            }
-        }
+    /// The heap this view takes by structure (table, the two sorted lists, the expiry index,
+    /// blocks, roots), estimated from capacities; the descriptors themselves, shared, apart.
+    pub fn heap_bytes(&self) -> [usize; 6] {
+        use std::mem::size_of;
+        let map = |cap: usize, each: usize| cap * (each + 1);
+        let expiry: usize = self
+            .expiry
+            .values()
+            .map(|v| v.capacity() * size_of::<Arc<Signed>>() + 48)
+            .sum();
+        [
+            map(self.table.capacity(), size_of::<Entry>()),
+            self.all.heap_bytes(),
+            self.passable.heap_bytes(),
+            expiry,
+            map(self.blocks.capacity(), 4 + size_of::<BlockCount>()),
+            map(self.roots.capacity(), 4 + size_of::<RootStat>()),
+        ]
     }
-
-    /// The counts eclipse detection reads.
-    pub fn roots(&self) -> RootCounts {
-        let mut c = RootCounts {
-            held: self.table.len(),
-            ..RootCounts::default()
-        };
-        for (root, stat) in &self.roots {
-            c.roots += 1;
-            c.unconfirmed += stat.unconfirmed as usize;
-            if stat.unconfirmed as usize > c.top_unconfirmed || c.top.is_none() {
-                c.top_unconfirmed = stat.unconfirmed as usize;
-                c.top = Some(*root);
-            }
-        }
-        c
-    }
-
     fn replace(&mut self, s: Arc<Signed>) {
         let id = s.d.node_id;
         let h = self.hash(&short(&id));
@@ -467,8 +451,8 @@ impl View {
         }
         self.schedule_expiry(&s);
         let (old_b, new_b) = (
-            old.ip.map(|i| block_key(i, BLOCKS)),
-            s.ip.map(|i| block_key(i, BLOCKS)),
+            old.ip.map(|i| block_key32(i, BLOCKS)),
+            s.ip.map(|i| block_key32(i, BLOCKS)),
         );
         if counted && old_b != new_b {
             self.count_block(old_b, -1, !reached);
@@ -483,7 +467,7 @@ impl View {
             .push(Arc::clone(s));
     }
 
-    fn count_block(&mut self, b: Option<u64>, by: i32, waiting: bool) {
+    fn count_block(&mut self, b: Option<u32>, by: i32, waiting: bool) {
         let Some(b) = b else {
             return;
         };
@@ -518,7 +502,7 @@ impl View {
 
     fn insert(&mut self, e: Entry) {
         if !e.origin.is_operator() {
-            self.count_block(e.s.ip.map(|i| block_key(i, BLOCKS)), 1, true);
+            self.count_block(e.s.ip.map(|i| block_key32(i, BLOCKS)), 1, true);
         }
         Self::count(&mut self.waiting_from, e.origin, true);
         let r = self.roots.entry(e.root).or_default();
@@ -538,7 +522,7 @@ impl View {
         let (e, _) = self.table.find_entry(h, |e| e.id() == id).ok()?.remove();
         let waiting = e.reached == 0;
         if !e.origin.is_operator() {
-            self.count_block(e.s.ip.map(|i| block_key(i, BLOCKS)), -1, waiting);
+            self.count_block(e.s.ip.map(|i| block_key32(i, BLOCKS)), -1, waiting);
         }
         if waiting {
             Self::count(&mut self.waiting_from, e.origin, false);

@@ -143,17 +143,34 @@ impl Msg {
 
     /// The message's name (counters, logs).
     pub fn kind(&self) -> &'static str {
+        Msg::KINDS[self.kind_index()]
+    }
+
+    /// Its place in [`Msg::KINDS`].
+    pub fn kind_index(&self) -> usize {
         match self {
-            Msg::Sync { .. } => "sync",
-            Msg::SyncReply { .. } => "sync_reply",
-            Msg::Get(_) => "get",
-            Msg::Descriptors(_) => "descriptors",
-            Msg::Inv(_) => "inv",
-            Msg::Want(_) => "want",
-            Msg::Ack => "ack",
-            Msg::Hello { .. } => "hello",
+            Msg::Sync { .. } => 0,
+            Msg::SyncReply { .. } => 1,
+            Msg::Get(_) => 2,
+            Msg::Descriptors(_) => 3,
+            Msg::Inv(_) => 4,
+            Msg::Want(_) => 5,
+            Msg::Ack => 6,
+            Msg::Hello { .. } => 7,
         }
     }
+
+    /// The kinds' names, in [`Msg::kind_index`]'s order.
+    pub const KINDS: [&'static str; 8] = [
+        "sync",
+        "sync_reply",
+        "get",
+        "descriptors",
+        "inv",
+        "want",
+        "ack",
+        "hello",
+    ];
 
     /// The bytes of its binary form.
     pub fn encoded_len(&self) -> usize {

@@ -59,6 +59,13 @@ pub struct Cached {
     /// When this node last reached it (Unix seconds).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reached_at: Option<u64>,
+    /// The block key of the first-hand source it came through (its root for eclipse
+    /// detection): a restart keeps what came through one source counted as that source's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub root: Option<u32>,
+    /// A source under another root held it too.
+    #[serde(default)]
+    pub confirmed: bool,
 }
 
 /// A `--peer` URL and the node id pinned to it.
@@ -107,7 +114,12 @@ pub fn restore(peers: &Peers, path: &Path) -> usize {
             };
             let first_seen = c.first_seen.unwrap_or(now).min(now);
             let at = c.reached_at.unwrap_or(first_seen).min(now);
-            peers.restore(std::sync::Arc::clone(s), first_seen, Some(at))
+            let kept = crate::discovery::Kept {
+                first_seen,
+                reached: Some(at),
+                root: c.root.map(|r| (r, c.confirmed)),
+            };
+            peers.restore(std::sync::Arc::clone(s), kept)
         })
         .count()
 }
@@ -140,6 +152,8 @@ pub fn snapshot(peers: &Peers) -> PeerFile {
                     reached: true,
                     first_seen: Some(e.first_seen()),
                     reached_at: Some(at),
+                    root: Some(view.root(e)),
+                    confirmed: e.confirmed(),
                 })
             })
             .collect()
@@ -299,6 +313,8 @@ mod tests {
                     reached: true,
                     first_seen: None,
                     reached_at: None,
+                    root: None,
+                    confirmed: false,
                 },
                 Cached {
                     descriptor: forged,
@@ -306,6 +322,8 @@ mod tests {
                     reached: true,
                     first_seen: None,
                     reached_at: None,
+                    root: None,
+                    confirmed: false,
                 },
             ],
             pins: vec![],

@@ -256,9 +256,9 @@ impl Peers {
 
     /// Adds an entry read back from the peer store if it verifies now, through the view's
     /// bounds. True if kept.
-    pub fn restore(&self, s: Arc<Signed>, first_seen: u64, reached: Option<u64>) -> bool {
+    pub fn restore(&self, s: Arc<Signed>, kept: crate::discovery::Kept) -> bool {
         let now = self.now();
-        let kept = self.lock().restore(s, first_seen, reached, now);
+        let kept = self.lock().restore(s, kept, now);
         if kept {
             self.changed();
         }

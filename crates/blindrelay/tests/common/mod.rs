@@ -1053,10 +1053,69 @@ impl Net {
     /// Runs node `i`'s `run` command (stopped first) and waits for it to exit (at most 30 s):
     /// for a start that must fail.
     pub async fn run_to_exit(&mut self, i: usize) -> CliOutput {
+        self.run_to_exit_with(i, &[]).await
+    }
+
+    /// [`Net::run_to_exit`] with `extra` arguments added to the node's `run`.
+    pub async fn run_to_exit_with(&mut self, i: usize, extra: &[&str]) -> CliOutput {
         self.kill9(i).await;
-        let args = self.run_args(i);
+        let mut args = self.run_args(i);
+        args.extend(extra.iter().map(|s| s.to_string()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         run_cli(&args, self.rust_log.as_deref()).await
+    }
+
+    /// [`Net::revive`] with `extra` arguments added to the node's `run` for this start: returns
+    /// once it is ready, whatever it can route to.
+    pub async fn revive_with(&mut self, i: usize, extra: &[&str]) {
+        self.kill9(i).await;
+        self.spawn_with(i, extra);
+        self.wait_ready(i).await;
+    }
+
+    /// Polls node `i`'s `GET /v1/status` (every 100 ms, at most `within`) until `pred` holds of
+    /// it; returns that status, or panics naming `what` with the last status and the log.
+    pub async fn wait_status(
+        &self,
+        i: usize,
+        within: Duration,
+        what: &str,
+        pred: impl Fn(&Value) -> bool,
+    ) -> Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let s = self.status(i).await;
+            if pred(&s) {
+                return s;
+            }
+            if Instant::now() >= deadline {
+                panic!(
+                    "node {i}: not {what} within {within:?}; last status {s}; log:\n{}",
+                    self.nodes[i].lines().join("\n")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits (at most `within`) until node `i`'s peer store (`peers.json`) holds exactly
+    /// `want` peers; returns the file as JSON.
+    pub async fn wait_store_holds(&self, i: usize, want: usize, within: Duration) -> Value {
+        let file = self.nodes[i].state_dir.join("peers.json");
+        let deadline = Instant::now() + within;
+        loop {
+            let v = std::fs::read(&file)
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Value>(&b).ok());
+            let held = v.as_ref().and_then(|v| v["peers"].as_array().map(Vec::len));
+            if let (Some(v), Some(n)) = (v, held)
+                && n == want
+            {
+                return v;
+            }
+            assert!(Instant::now() < deadline, "node {i}'s store holds {held:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Kills every node, then starts them all again with no `--peer` at all (their peer

@@ -1,18 +1,18 @@
 //! Making room: which identity a newcomer takes the place of (see the parent's docs).
 
 use super::{BLOCKS, Entry, View};
-use crate::blocks::block_key;
+use crate::blocks::block_key32;
 use crate::proto::NodeId;
 
 impl View {
     /// The identity of block `b` never reached that failed most (then the newest): the one a
     /// newcomer of that block takes the place of. A scan, done only when the block is full and
     /// holds such an identity.
-    pub(super) fn junk_in_block(&self, b: u64) -> Option<NodeId> {
+    pub(super) fn junk_in_block(&self, b: u32) -> Option<NodeId> {
         self.table
             .iter()
             .filter(|e| e.reached == 0 && !e.origin.is_operator())
-            .filter(|e| e.s.ip.map(|i| block_key(i, BLOCKS)) == Some(b))
+            .filter(|e| e.s.ip.map(|i| block_key32(i, BLOCKS)) == Some(b))
             .max_by_key(|e| (e.failures, e.first_seen))
             .map(|e| *e.id())
     }

@@ -6,11 +6,22 @@
 //!    random): the virtual time until every node holds and reached every other;
 //! 2. a newcomer with one bootstrap peer: the time and bytes until it holds the whole network;
 //! 3. its descriptor: the time until 99 % (and 100 %) of the nodes hold it;
-//! 4. steady state: bytes sent and received per node per second over `--steady` seconds;
-//! 5. memory: the process's peak resident size over the nodes (bytes per node).
+//! 4. steady state: bytes sent and received per node per second over `--steady` seconds (by
+//!    default one reissue period: every node's descriptor is signed again once in it);
+//! 5. memory: the process's resident size over the nodes;
+//! 6. Sybils: 500 identities in 250 /16s join; the share of three-hop routes honest nodes
+//!    choose whose every middle is theirs, on each day of their first week;
+//! 7. eclipse: a node whose only bootstrap peer serves only its own 20 Sybils; what it knows,
+//!    what it says, then the time until a seed brings it the honest network;
+//! 8. 30 % of the nodes killed at once: after `--after` seconds, the share of 1 000 sends over
+//!    three hops delivered (route choice by `blindrelay::send::path::choose`, at most
+//!    `blindrelay::send::MAX_ROUTES` routes, a failed hop avoided as the daemon avoids it).
 //!
-//! `cargo run --release -p blindrelay --example simulate -- [--nodes N] [--steady S]`
-//! (`scripts/bench-simulate`). No network, no file: one process, one thread.
+//! `cargo run --release -p blindrelay --example simulate -- [--nodes N] [--interval S]
+//! [--steady S] [--after S] [--seed K]` (`scripts/bench-simulate`). No network, no file: one
+//! process.
+
+mod attacks;
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
@@ -34,6 +45,11 @@ fn ip(i: usize) -> IpAddr {
     IpAddr::from([10 + (a / 256) as u8, (a % 256) as u8, b as u8, 1])
 }
 
+/// The machine's threads: the simulator's shards by default.
+fn threads() -> u64 {
+    std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
+}
+
 fn holds_all(net: &Net, n: usize) -> bool {
     (0..n).all(|i| {
         let v = net.nodes[i].disc.view();
@@ -53,6 +69,16 @@ fn rss_kib(field: &str) -> u64 {
         .unwrap_or(0)
 }
 
+fn by_kind(net: &Net) -> [u64; 8] {
+    let mut out = [0; 8];
+    for n in &net.nodes {
+        for (o, b) in out.iter_mut().zip(n.disc.stats().bytes_by_kind) {
+            *o += b;
+        }
+    }
+    out
+}
+
 fn bytes(net: &Net) -> (u64, u64) {
     net.nodes.iter().fold((0, 0), |(s, r), n| {
         let st = n.disc.stats();
@@ -62,26 +88,52 @@ fn bytes(net: &Net) -> (u64, u64) {
 
 fn main() {
     let n = arg("--nodes", 10_000) as usize;
-    let steady = arg("--steady", 1800);
+    let interval = Duration::from_secs(arg("--interval", 60));
     let wall = Instant::now();
     let cfg = SimConfig {
         seed: arg("--seed", 1),
+        interval,
+        shards: arg("--shards", threads()) as usize,
         ..SimConfig::default()
     };
     let mut net = Net::new(cfg, Instant::now(), T0);
     net.grow(n, ip);
-    println!("simulate: {n} nodes, interval {:?}", cfg.interval);
+    println!(
+        "simulate: {n} nodes, interval {interval:?}, {} shards",
+        cfg.shards
+    );
     converge(&mut net, n, arg("--progress", 0) > 0, wall);
+    if arg("--converge-only", 0) > 0 {
+        return;
+    }
     newcomer(&mut net, n);
-    steady_state(&mut net, n, steady);
+    let reissue = cfg.lifetime / 2;
+    steady_state(&mut net, n, arg("--steady", reissue));
     let (peak, now) = (rss_kib("VmHWM:"), rss_kib("VmRSS:"));
     println!(
-        "5. resident now {} MiB ({} KiB per node), peak {} MiB; wall time {:.0} s",
+        "5. resident now {} MiB ({} KiB per node), peak {} MiB; wall time so far {:.0} s",
         now / 1024,
         now / (n as u64 + 1),
         peak / 1024,
         wall.elapsed().as_secs_f64()
     );
+    let mut heap = [0usize; 6];
+    for node in &net.nodes {
+        for (h, b) in heap.iter_mut().zip(node.disc.view().heap_bytes()) {
+            *h += b;
+        }
+    }
+    let held: usize = net.nodes.iter().map(|x| x.disc.view().len()).sum();
+    let per: Vec<String> = ["table", "all", "passable", "expiry", "blocks", "roots"]
+        .iter()
+        .zip(heap)
+        .map(|(name, b)| format!("{name} {:.0}", b as f64 / held.max(1) as f64))
+        .collect();
+    println!("   view bytes per identity held: {}", per.join(", "));
+    attacks::sybils(&mut net, n, interval);
+    attacks::eclipse(&mut net, n, interval);
+    attacks::deaths(&mut net, n, Duration::from_secs(arg("--after", 60)));
+    println!("wall time {:.0} s", wall.elapsed().as_secs_f64());
 }
 
 /// 1. Every node started at once with one bootstrap peer: until all hold and reached all.
@@ -154,6 +206,7 @@ fn newcomer(net: &mut Net, n: usize) {
 /// 4. Bytes per node per second over `secs` (a reissue period covers every node's refresh).
 fn steady_state(net: &mut Net, n: usize, secs: u64) {
     let (s0, r0) = bytes(net);
+    let k0 = by_kind(net);
     let t = net.elapsed();
     net.run_until(t + Duration::from_secs(secs), |_| false);
     let (s1, r1) = bytes(net);
@@ -163,4 +216,10 @@ fn steady_state(net: &mut Net, n: usize, secs: u64) {
         per(s1 - s0),
         per(r1 - r0)
     );
+    let kinds: Vec<String> = blindrelay::discovery::Msg::KINDS
+        .iter()
+        .zip(by_kind(net).iter().zip(k0))
+        .map(|(name, (b, b0))| format!("{name} {:.0}", per(b - b0) / 2.0))
+        .collect();
+    println!("   by message, B/s per node each way: {}", kinds.join(", "));
 }

@@ -1,0 +1,370 @@
+//! One shard of the simulated network: the nodes one thread runs, their event queue, and what
+//! happens at each event (the machine's functions called as the daemon calls them).
+//!
+//! A message between nodes takes at least the link's latency, so within a window of that
+//! length no event of one shard can cause an event in another before the window ends: each
+//! shard runs its window alone, and what it sent to the other shard's nodes is handed over
+//! between windows (conservative parallel simulation, the latency as lookahead).
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ed25519_dalek::SigningKey;
+use hashbrown::{HashMap, HashSet};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use super::super::{Caller, Discovery, Failed, Msg, Now, Signed, verify};
+use super::SimConfig;
+use crate::proto::NodeId;
+use crate::proto::descriptor::Descriptor;
+
+/// One simulated node.
+#[derive(Debug)]
+pub struct Node {
+    /// Its machine.
+    pub disc: Discovery,
+    pub(super) key: SigningKey,
+    pub(super) onion: [u8; 32],
+    pub(super) endpoint: String,
+    /// Its endpoint's address.
+    pub ip: IpAddr,
+    /// Running: a dead node's port refuses.
+    pub up: bool,
+    /// Hung: it accepts and never answers.
+    pub hung: bool,
+    /// If set, the only identities it keeps (a liar's network).
+    pub only: Option<Arc<std::collections::HashSet<NodeId>>>,
+}
+
+impl Node {
+    /// Its id.
+    pub fn id(&self) -> NodeId {
+        self.key.verifying_key().to_bytes()
+    }
+
+    pub(super) fn current(&self) -> Option<&Descriptor> {
+        self.disc.own.as_ref().map(|o| &o.d)
+    }
+
+    /// Its descriptor signed again at `now` when half its life is gone; the new one, to be
+    /// remembered by the network.
+    pub(super) fn reissue(&mut self, now: u64, lifetime: u64) -> Option<Arc<Signed>> {
+        let stale = self
+            .current()
+            .is_none_or(|d| now.saturating_sub(d.issued_at) >= lifetime / 2);
+        if !stale {
+            return None;
+        }
+        let d = Descriptor::sign(&self.key, self.onion, self.endpoint.clone(), now, lifetime);
+        let s = Arc::new(Signed::trusted(d));
+        self.disc.set_own(Arc::clone(&s));
+        Some(s)
+    }
+}
+
+/// What happens to a node at a time.
+#[derive(Debug)]
+pub(super) enum Event {
+    Poll(usize),
+    Request {
+        from: usize,
+        to: usize,
+        xid: u64,
+        msg: Box<Msg>,
+    },
+    Reply {
+        to: usize,
+        xid: u64,
+        reply: Result<Box<Msg>, Failed>,
+    },
+}
+
+impl Event {
+    /// The node it happens to.
+    pub(super) fn node(&self) -> usize {
+        match self {
+            Event::Poll(i) | Event::Request { to: i, .. } | Event::Reply { to: i, .. } => *i,
+        }
+    }
+}
+
+/// What every shard reads and none changes during a window.
+#[derive(Debug)]
+pub(super) struct Shared {
+    pub(super) ids: Vec<(NodeId, IpAddr)>,
+    pub(super) index: HashMap<NodeId, usize>,
+    pub(super) memo: HashMap<(NodeId, u64), Arc<Signed>>,
+    /// If set, the nodes on one side of a split: nothing crosses it.
+    pub(super) cut: Option<HashSet<usize>>,
+    pub(super) cfg: SimConfig,
+    pub(super) base: Instant,
+    pub(super) unix0: u64,
+}
+
+impl Shared {
+    pub(super) fn crosses(&self, a: usize, b: usize) -> bool {
+        self.cut
+            .as_ref()
+            .is_some_and(|side| side.contains(&a) != side.contains(&b))
+    }
+}
+
+/// A shard's event queue and its own random numbers.
+#[derive(Debug)]
+pub(super) struct Queue {
+    /// `(time, sequence, slot)`: the events in time order, each in a slot of `events_at`.
+    heap: BinaryHeap<Reverse<(u64, u64, u32)>>,
+    events_at: Vec<Option<Event>>,
+    free: Vec<u32>,
+    seq: u64,
+    pub(super) rng: StdRng,
+}
+
+impl Queue {
+    pub(super) fn new(seed: u64) -> Queue {
+        Queue {
+            heap: BinaryHeap::new(),
+            events_at: Vec::new(),
+            free: Vec::new(),
+            seq: 0,
+            rng: StdRng::seed_from_u64(seed),
+        }
+    }
+
+    /// The time of the next event.
+    pub(super) fn next_at(&self) -> Option<u64> {
+        self.heap.peek().map(|Reverse((t, _, _))| *t)
+    }
+
+    pub(super) fn push(&mut self, at: u64, event: Event) {
+        self.seq += 1;
+        let slot = match self.free.pop() {
+            Some(slot) => {
+                self.events_at[slot as usize] = Some(event);
+                slot
+            }
+            None => {
+                self.events_at.push(Some(event));
+                u32::try_from(self.events_at.len() - 1).unwrap_or(u32::MAX)
+            }
+        };
+        self.heap.push(Reverse((at, self.seq, slot)));
+    }
+
+    /// The next event if it is before `end`.
+    pub(super) fn pop_before(&mut self, end: u64) -> Option<(u64, Event)> {
+        let t = self.next_at().filter(|t| *t < end)?;
+        let Reverse((_, _, slot)) = self.heap.pop()?;
+        self.free.push(slot);
+        self.events_at[slot as usize].take().map(|e| (t, e))
+    }
+
+    /// Every event, in order.
+    pub(super) fn drain(&mut self) -> Vec<(u64, Event)> {
+        let mut out = Vec::with_capacity(self.heap.len());
+        while let Some((t, e)) = self.pop_before(u64::MAX) {
+            out.push((t, e));
+        }
+        self.events_at.clear();
+        self.free.clear();
+        out
+    }
+}
+
+/// One thread's part of a window: its nodes (`first..first + nodes.len()`), its queue.
+pub(super) struct Shard<'a> {
+    pub(super) nodes: &'a mut [Node],
+    pub(super) first: usize,
+    pub(super) queue: &'a mut Queue,
+    pub(super) shared: &'a Shared,
+    /// Events for other shards' nodes, in the order they were made.
+    pub(super) outbox: Vec<(u64, Event)>,
+    /// Descriptors signed in this window.
+    pub(super) signed: Vec<Arc<Signed>>,
+    pub(super) micros: u64,
+    pub(super) events: u64,
+}
+
+impl Shard<'_> {
+    /// Runs every event before `end`.
+    pub(super) fn run(&mut self, end: u64) {
+        while let Some((t, event)) = self.queue.pop_before(end) {
+            self.micros = t;
+            self.handle(event);
+        }
+    }
+
+    fn node(&mut self, i: usize) -> &mut Node {
+        &mut self.nodes[i - self.first]
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            at: self.shared.base + Duration::from_micros(self.micros),
+            unix: self.shared.unix0 + self.micros / 1_000_000,
+        }
+    }
+
+    fn schedule(&mut self, after_us: u64, event: Event) {
+        let at = self.micros + after_us;
+        let i = event.node();
+        if (self.first..self.first + self.nodes.len()).contains(&i) {
+            self.queue.push(at, event);
+        } else {
+            self.outbox.push((at, event));
+        }
+    }
+
+    fn delay(&mut self) -> u64 {
+        let cfg = &self.shared.cfg;
+        let jitter = cfg.jitter.as_micros() as u64;
+        cfg.latency.as_micros() as u64
+            + if jitter > 0 {
+                self.queue.rng.random_range(0..jitter)
+            } else {
+                0
+            }
+    }
+
+    fn lost(&mut self) -> bool {
+        let loss = self.shared.cfg.loss;
+        loss > 0.0 && self.queue.rng.random_bool(loss)
+    }
+
+    fn handle(&mut self, event: Event) {
+        self.events += 1;
+        match event {
+            Event::Poll(i) => {
+                if !self.node(i).up {
+                    return;
+                }
+                let (now, lifetime) = (self.now().unix, self.shared.cfg.lifetime);
+                if let Some(s) = self.node(i).reissue(now, lifetime) {
+                    self.signed.push(s);
+                }
+                self.drain(i);
+                let tick = self.shared.cfg.tick.as_micros() as u64;
+                self.schedule(tick, Event::Poll(i));
+            }
+            Event::Request { from, to, xid, msg } => self.request(from, to, xid, &msg),
+            Event::Reply { to, xid, reply } => {
+                if !self.node(to).up {
+                    return;
+                }
+                let checked = match &reply {
+                    Ok(msg) => self.check(to, msg),
+                    Err(_) => Vec::new(),
+                };
+                let now = self.now();
+                let reply = reply.as_deref().map_err(|f| *f);
+                self.node(to).disc.on_reply(xid, reply, checked, now);
+                self.drain(to);
+            }
+        }
+    }
+
+    fn request(&mut self, from: usize, to: usize, xid: u64, msg: &Msg) {
+        let (up, hung) = (self.node(to).up, self.node(to).hung);
+        if !up {
+            let d = self.delay();
+            let reply = Err(Failed);
+            self.schedule(
+                d,
+                Event::Reply {
+                    to: from,
+                    xid,
+                    reply,
+                },
+            );
+            return;
+        }
+        if hung {
+            return;
+        }
+        let checked = self.check(to, msg);
+        let now = self.now();
+        let (id, ip) = self.shared.ids[from];
+        let caller = Caller { id: Some(id), ip };
+        // Answering starts nothing: what it learned is probed at the node's next poll.
+        let reply = self.node(to).disc.on_request(caller, msg, checked, now);
+        if !self.lost() {
+            let d = self.delay();
+            let reply = Ok(Box::new(reply));
+            self.schedule(
+                d,
+                Event::Reply {
+                    to: from,
+                    xid,
+                    reply,
+                },
+            );
+        }
+    }
+
+    /// Node `i`'s requests out, each to its node after the link's latency.
+    fn drain(&mut self, i: usize) {
+        let now = self.now();
+        for out in self.node(i).disc.poll(now) {
+            let to = self
+                .shared
+                .index
+                .get(&out.to.d.node_id)
+                .copied()
+                .filter(|to| !self.shared.crosses(i, *to));
+            let d = self.delay();
+            let Some(to) = to else {
+                let reply = Err(Failed);
+                self.schedule(
+                    d,
+                    Event::Reply {
+                        to: i,
+                        xid: out.xid,
+                        reply,
+                    },
+                );
+                continue;
+            };
+            if self.lost() {
+                continue;
+            }
+            let (xid, msg) = (out.xid, Box::new(out.msg));
+            self.schedule(
+                d,
+                Event::Request {
+                    from: i,
+                    to,
+                    xid,
+                    msg,
+                },
+            );
+        }
+    }
+
+    /// The descriptors of `msg` that node `i` screens in and that verify (once per distinct
+    /// descriptor in the whole run), shared.
+    fn check(&mut self, i: usize, msg: &Msg) -> Vec<Arc<Signed>> {
+        let now = self.now();
+        let carried = verify::carried(msg);
+        if carried.is_empty() {
+            return Vec::new();
+        }
+        let node = &self.nodes[i - self.first];
+        let worth = node.disc.screen(carried, now);
+        let only = node.only.as_ref();
+        let mut out = Vec::new();
+        for (d, w) in carried.iter().zip(worth) {
+            if !w || only.is_some_and(|o| !o.contains(&d.node_id)) {
+                continue;
+            }
+            match self.shared.memo.get(&(d.node_id, d.issued_at)) {
+                Some(s) if s.d == *d => out.push(Arc::clone(s)),
+                _ => out.extend(verify::check(std::slice::from_ref(d), &[], now.unix)),
+            }
+        }
+        out
+    }
+}
