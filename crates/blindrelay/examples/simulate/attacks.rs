@@ -17,6 +17,8 @@ use rand::seq::{IndexedRandom, SliceRandom};
 use rand::{Rng, SeedableRng};
 
 const DAY: u64 = 86_400;
+/// Peers in the eclipsed node's seed list.
+const SEEDS: usize = 8;
 
 /// The candidates `from` would choose middles among now, but `avoid`; those first kept
 /// before `since` as if `older` seconds earlier.
@@ -95,12 +97,8 @@ pub(crate) fn sybils(net: &mut Net, honest: usize, interval: Duration) {
     let mut bad = HashSet::new();
     for k in 0..500usize {
         let boot = net.random_below(honest);
-        let ip = IpAddr::from([
-            172,
-            16 + (k / 2 / 256) as u8,
-            ((k / 2) % 256) as u8,
-            (k % 2) as u8 + 1,
-        ]);
+        // Two per /16, in 182.0/16 to 182.249/16 (no honest node's first octet).
+        let ip = IpAddr::from([182, (k / 2) as u8, 0, (k % 2) as u8 + 1]);
         let i = net.add(ip, &[boot]);
         bad.insert(net.nodes[i].id());
     }
@@ -161,7 +159,7 @@ pub(crate) fn sybils(net: &mut Net, honest: usize, interval: Duration) {
 }
 
 /// Step 7: a liar and its 20 Sybils, who keep only each other; a newcomer whose only
-/// bootstrap peer is the liar; then a seed (an honest node) passed by its operator.
+/// bootstrap peer is the liar; then a seed list of honest nodes passed by its operator.
 pub(crate) fn eclipse(net: &mut Net, honest: usize, interval: Duration) {
     let liar = net.add(IpAddr::from([192, 168, 0, 1]), &[]);
     let theirs: Vec<usize> = (0..20)
@@ -194,19 +192,33 @@ pub(crate) fn eclipse(net: &mut Net, honest: usize, interval: Duration) {
         e.state,
         e.top_share * 100.0
     );
-    let seed = net.random_below(honest);
-    net.fetch(victim, seed);
+    // A seed list (`blindrelay seeds`) names peers in distinct /16s: eight of them here.
+    for _ in 0..SEEDS {
+        let seed = net.random_below(honest);
+        net.fetch(victim, seed);
+    }
     let t = net.elapsed();
     let found = net.run_until(t + Duration::from_secs(900), |net| {
         honest_known(net) * 100 >= honest * 99
     });
+    let held = net.elapsed() - t;
+    // Its next reconciliations, with peers under other roots, confirm what the seed brought.
+    let ok = net.run_until(net.elapsed() + interval * 6, |net| {
+        net.nodes[victim].disc.eclipse().state == blindrelay::discovery::EclipseState::Ok
+    });
     let e = net.nodes[victim].disc.eclipse();
     println!(
-        "   with one seed: 99 % of the honest network held after {:.0} s{}; it says \"{}\" ({:.0} % unconfirmed)",
-        (net.elapsed() - t).as_secs_f64(),
+        "   with a seed list of {SEEDS}: 99 % of the honest network held after {:.0} s{}; it says \"{}\" ({:.0} % unconfirmed) {:.0} s after the seed{}",
+        held.as_secs_f64(),
         if found { "" } else { " (NOT reached)" },
         e.state,
-        e.unconfirmed_share * 100.0
+        e.unconfirmed_share * 100.0,
+        (net.elapsed() - t).as_secs_f64(),
+        if ok {
+            ""
+        } else {
+            " (not ok within 6 intervals)"
+        }
     );
 }
 
@@ -225,13 +237,13 @@ pub(crate) fn deaths(net: &mut Net, honest: usize, after: Duration) {
     let (mut ok, mut routes) = (0, [0usize; 16]);
     let count = 1000;
     for _ in 0..count {
-        let (from, to) = (
-            *live.choose(&mut rng).unwrap_or(&0),
-            *live.choose(&mut rng).unwrap_or(&1),
-        );
-        if from == to {
-            continue;
-        }
+        let from = *live.choose(&mut rng).unwrap_or(&0);
+        let to = loop {
+            let to = *live.choose(&mut rng).unwrap_or(&1);
+            if to != from || live.len() < 2 {
+                break to;
+            }
+        };
         if let Some(r) = send(net, from, to, &mut rng) {
             ok += 1;
             routes[r.min(15)] += 1;

@@ -6,8 +6,9 @@
 //!    random): the virtual time until every node holds and reached every other;
 //! 2. a newcomer with one bootstrap peer: the time and bytes until it holds the whole network;
 //! 3. its descriptor: the time until 99 % (and 100 %) of the nodes hold it;
-//! 4. steady state: bytes sent and received per node per second over `--steady` seconds (by
-//!    default one reissue period: every node's descriptor is signed again once in it);
+//! 4. steady state: bytes sent and received per node per second over `--steady` seconds (600
+//!    by default; every node's first descriptor is dated back by up to half its life, so the
+//!    reissues are spread over time as in a network whose nodes started apart);
 //! 5. memory: the process's resident size over the nodes;
 //! 6. Sybils: 500 identities in 250 /16s join; the share of three-hop routes honest nodes
 //!    choose whose every middle is theirs, on each day of their first week;
@@ -39,10 +40,12 @@ fn arg(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-/// Node `i`'s address: its own /16 of 10/8 and 100.64/10 (30 000 /16s).
+/// Node `i`'s address: a /16 of its own (43 520 of them: first octets 11–99 and 101–181,
+/// clear of the Sybils', the liar's and the victim's), as in the real-process benchmark.
 fn ip(i: usize) -> IpAddr {
-    let (a, b) = (i / 256, i % 256);
-    IpAddr::from([10 + (a / 256) as u8, (a % 256) as u8, b as u8, 1])
+    let firsts: Vec<u8> = (11..=99).chain(101..=181).collect();
+    let (a, b) = (firsts[(i / 256) % firsts.len()], (i % 256) as u8);
+    IpAddr::from([a, b, 0, 1])
 }
 
 /// The machine's threads: the simulator's shards by default.
@@ -94,6 +97,7 @@ fn main() {
         seed: arg("--seed", 1),
         interval,
         shards: arg("--shards", threads()) as usize,
+        stagger: true,
         ..SimConfig::default()
     };
     let mut net = Net::new(cfg, Instant::now(), T0);
@@ -107,8 +111,7 @@ fn main() {
         return;
     }
     newcomer(&mut net, n);
-    let reissue = cfg.lifetime / 2;
-    steady_state(&mut net, n, arg("--steady", reissue));
+    steady_state(&mut net, n, arg("--steady", 600));
     let (peak, now) = (rss_kib("VmHWM:"), rss_kib("VmRSS:"));
     println!(
         "5. resident now {} MiB ({} KiB per node), peak {} MiB; wall time so far {:.0} s",
@@ -136,6 +139,32 @@ fn main() {
     println!("wall time {:.0} s", wall.elapsed().as_secs_f64());
 }
 
+/// Where the heap goes, in MiB over all nodes.
+fn memory(net: &Net) -> String {
+    let (mut view, mut rest) = ([0usize; 6], [0usize; 4]);
+    for node in &net.nodes {
+        for (h, b) in view.iter_mut().zip(node.disc.view().heap_bytes()) {
+            *h += b;
+        }
+        for (h, b) in rest.iter_mut().zip(node.disc.heap_bytes()) {
+            *h += b;
+        }
+    }
+    let names = ["table", "all", "passable", "expiry", "blocks", "roots"];
+    let more = ["sessions", "push", "probes", "in flight"];
+    let parts: Vec<String> = names
+        .iter()
+        .zip(view)
+        .chain(more.iter().zip(rest))
+        .map(|(name, b)| format!("{name} {}", b >> 20))
+        .collect();
+    format!(
+        "MiB: {}; resident {}",
+        parts.join(", "),
+        rss_kib("VmRSS:") >> 10
+    )
+}
+
 /// 1. Every node started at once with one bootstrap peer: until all hold and reached all.
 fn converge(net: &mut Net, n: usize, progress: bool, wall: Instant) {
     let mut last = 0;
@@ -147,8 +176,9 @@ fn converge(net: &mut Net, n: usize, progress: bool, wall: Instant) {
             let waiting: usize = (0..n).map(|i| net.nodes[i].disc.view().waiting()).sum();
             let short = lens.iter().filter(|l| **l < n - 1).count();
             println!(
-                "   {t} s: min view {}, {short} nodes short, {waiting} waiting",
-                lens.iter().min().unwrap_or(&0)
+                "   {t} s: min view {}, {short} nodes short, {waiting} waiting; {}",
+                lens.iter().min().unwrap_or(&0),
+                memory(net)
             );
         }
         holds_all(net, n)
@@ -203,7 +233,7 @@ fn newcomer(net: &mut Net, n: usize) {
     );
 }
 
-/// 4. Bytes per node per second over `secs` (a reissue period covers every node's refresh).
+/// 4. Bytes per node per second over `secs` (reissues spread over time: see the docs above).
 fn steady_state(net: &mut Net, n: usize, secs: u64) {
     let (s0, r0) = bytes(net);
     let k0 = by_kind(net);

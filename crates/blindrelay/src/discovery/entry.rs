@@ -1,4 +1,4 @@
-//! What the view keeps of one identity: an [`Entry`] of 40 bytes pointing to the shared
+//! What the view keeps of one identity: an [`Entry`] of 32 bytes pointing to the shared
 //! descriptor, and the compact [`Origin`] of who introduced it.
 
 use std::sync::Arc;
@@ -7,7 +7,7 @@ use super::wire::short;
 use super::{Signed, Source};
 use crate::proto::NodeId;
 
-/// What the view knows of one identity (40 bytes).
+/// What the view knows of one identity (32 bytes).
 #[derive(Debug, Clone)]
 pub struct Entry {
     /// Its newest verified descriptor.
@@ -22,37 +22,45 @@ pub struct Entry {
     pub(super) confirmed: bool,
 }
 
-/// A source as an entry keeps it: its kind and 8 bytes (a peer's id prefix, a block key).
+/// A source as an entry keeps it, in 8 bytes: its kind in the top two bits, then 62 bits of
+/// its key (a peer's id prefix, a stranger's block key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Origin {
-    kind: u8,
-    key: u64,
-}
+pub struct Origin(u64);
+
+const KIND_SHIFT: u32 = 62;
 
 impl Origin {
     /// The operator's `--peer`s and seeds.
-    pub const OPERATOR: Origin = Origin { kind: 0, key: 0 };
+    pub const OPERATOR: Origin = Origin(0);
     /// The peer store.
-    pub const STORE: Origin = Origin { kind: 1, key: 0 };
+    pub const STORE: Origin = Origin(1 << KIND_SHIFT);
+
+    fn new(kind: u64, key: u64) -> Origin {
+        Origin((kind << KIND_SHIFT) | (key & ((1 << KIND_SHIFT) - 1)))
+    }
+
+    fn kind(self) -> u64 {
+        self.0 >> KIND_SHIFT
+    }
 
     /// The operator's.
     pub fn is_operator(self) -> bool {
-        self.kind == 0
+        self.kind() == 0
     }
 
     /// A stranger's own.
     pub fn is_stranger(self) -> bool {
-        self.kind == 3
+        self.kind() == 3
     }
 
     /// Brought by a reached peer, or the peer store (may take a block's junk's place).
     pub fn may_evict(self) -> bool {
-        matches!(self.kind, 1 | 2)
+        matches!(self.kind(), 1 | 2)
     }
 
     /// The probe class: the operator's and the store's, peers', strangers'.
     pub fn class(self) -> usize {
-        match self.kind {
+        match self.kind() {
             0 | 1 => 0,
             2 => 1,
             _ => 2,
@@ -65,11 +73,8 @@ impl From<Source> for Origin {
         match s {
             Source::Operator => Origin::OPERATOR,
             Source::Store => Origin::STORE,
-            Source::Peer(id) => Origin {
-                kind: 2,
-                key: u64::from_be_bytes(short(&id)),
-            },
-            Source::Stranger(b) => Origin { kind: 3, key: b },
+            Source::Peer(id) => Origin::new(2, u64::from_be_bytes(short(&id))),
+            Source::Stranger(b) => Origin::new(3, b),
         }
     }
 }
@@ -108,5 +113,22 @@ impl Entry {
     /// Vouched for by two independent sources (see `super::eclipse`).
     pub fn confirmed(&self) -> bool {
         self.confirmed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_entry_is_32_bytes_and_an_origin_keeps_its_kind() {
+        assert_eq!(std::mem::size_of::<Entry>(), 32);
+        let peer = Origin::from(Source::Peer([0xff; 32]));
+        let stranger = Origin::from(Source::Stranger(u64::MAX));
+        assert_eq!(peer.class(), 1);
+        assert!(peer.may_evict() && !peer.is_stranger() && !peer.is_operator());
+        assert!(stranger.is_stranger() && !stranger.may_evict());
+        assert_ne!(peer, stranger);
+        assert!(Origin::OPERATOR.is_operator() && Origin::STORE.may_evict());
     }
 }

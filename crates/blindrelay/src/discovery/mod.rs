@@ -383,6 +383,17 @@ impl Discovery {
         true
     }
 
+    /// The heap its state beside the view takes, estimated: `[sessions, push, probes, in
+    /// flight]` (the simulator's measure of where memory goes).
+    pub fn heap_bytes(&self) -> [usize; 4] {
+        [
+            self.sync.heap_bytes(),
+            self.push.heap_bytes(),
+            self.probes.heap_bytes(),
+            self.inflight.capacity() * 41 + self.outbox.capacity() * 64,
+        ]
+    }
+
     /// This node reached `id` at its endpoint (a route or a probe through it delivered).
     pub fn reached(&mut self, id: &NodeId, now: Now) {
         if self.view.reached(id, now.unix) {

@@ -101,6 +101,24 @@ pub struct Probes {
 }
 
 impl Probes {
+    /// The heap it takes, estimated.
+    pub fn heap_bytes(&self) -> usize {
+        let classes: usize = self
+            .classes
+            .iter()
+            .map(|c| {
+                c.ring.capacity() * 8
+                    + c.queues.capacity() * 41
+                    + c.queues.values().map(|q| q.capacity() * 8).sum::<usize>()
+            })
+            .sum();
+        classes
+            + self.retry.capacity() * 48
+            + self.stranger_probes.capacity() * 33
+            + self.promoted.capacity() * 33
+            + self.lapsed.capacity() * 120
+    }
+
     /// `s`, introduced by `origin`, waits to be probed.
     pub fn waiting(&mut self, s: &Arc<Signed>, origin: Origin) {
         self.classes[origin.class()].push(origin, Arc::clone(s));

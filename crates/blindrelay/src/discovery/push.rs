@@ -54,6 +54,18 @@ pub struct Push {
 }
 
 impl Push {
+    /// The heap it takes, estimated.
+    pub fn heap_bytes(&self) -> usize {
+        self.pending.capacity() * 65
+            + self
+                .pending
+                .values()
+                .map(|p| p.1.capacity() * 8)
+                .sum::<usize>()
+            + self.budgets.capacity() * 49
+            + self.wanted.capacity() * 25
+    }
+
     /// `s` is to be announced (newest per identity); `from` is the peer it came from.
     pub fn fresh(&mut self, s: &Arc<Signed>, from: Option<NodeId>) {
         let (id, at) = (s.d.node_id, s.d.issued_at);

@@ -83,6 +83,17 @@ pub struct Syncs {
 }
 
 impl Syncs {
+    /// The heap its sessions take, estimated (snapshots counted whole, shared or not).
+    pub fn heap_bytes(&self) -> usize {
+        self.sessions
+            .values()
+            .map(|s| s.mine.all().len() * 8 + s.have.capacity() * 41 + s.need.capacity() * 32)
+            .sum::<usize>()
+            + self.sessions.capacity() * 200
+    }
+}
+
+impl Syncs {
     /// True once the first reconciliations started.
     pub fn started(&self) -> bool {
         self.started
@@ -205,7 +216,7 @@ impl Discovery {
                 return Some(Arc::clone(&e.s));
             }
         }
-        self.random_reached()
+        self.random_reached().or_else(|| self.any_reached())
     }
 
     /// A reached, healthy peer at random (from what this node passes on).
@@ -215,16 +226,25 @@ impl Discovery {
             snap = self.view.passable();
         }
         let all = snap.all();
+        if all.is_empty() {
+            return None;
+        }
         for _ in 0..8 {
-            if all.is_empty() {
-                return None;
-            }
             let s = &all[self.rng.random_range(0..all.len())];
             if self.view.get(&s.d.node_id).is_some_and(Entry::healthy) {
                 return Some(Arc::clone(s));
             }
         }
         None
+    }
+
+    /// A reconciliation partner when no healthy one is at hand (a node whose few peers each
+    /// failed an exchange): a reached peer tried again, once per period, so one lost exchange
+    /// never cuts a node off; an answer clears its failures.
+    fn any_reached(&mut self) -> Option<Arc<Signed>> {
+        let snap = self.view.passable();
+        let all = snap.all();
+        (!all.is_empty()).then(|| Arc::clone(&all[self.rng.random_range(0..all.len())]))
     }
 
     /// Starts a reconciliation with `peer`.

@@ -208,3 +208,36 @@ fn a_lying_bootstrap_peer_is_reported_and_a_seed_brings_the_honest_network() {
         "two sources that vouch for nothing of each other: {e:?}"
     );
 }
+
+#[test]
+fn a_node_whose_only_peer_missed_one_exchange_tries_it_again() {
+    let mut net = network(8, sim(10, 3600));
+    let all: Vec<usize> = (0..8).collect();
+    assert!(net.run_until(Duration::from_secs(120), |net| knows_all(net, &all)));
+    // Its only peer (fetched as its `--peer`) hangs through the newcomer's first exchanges,
+    // then answers again.
+    let newcomer = net.add(ip(50), &[3]);
+    net.nodes[3].hung = true;
+    let t = net.elapsed();
+    let timeout = net.nodes[newcomer].disc.exchange_timeout();
+    net.run_until(t + timeout + Duration::from_secs(1), |_| false);
+    assert!(
+        net.nodes[newcomer].disc.view().len() <= 1,
+        "cut off meanwhile"
+    );
+    net.nodes[3].hung = false;
+    let all: Vec<usize> = (0..=newcomer).collect();
+    let t = net.elapsed();
+    assert!(
+        net.run_until(t + Duration::from_secs(30), |net| knows_all(net, &all)),
+        "the newcomer tried its peer again within a few intervals: {:?} {:?} {}",
+        net.nodes[newcomer].disc.stats(),
+        net.nodes[newcomer]
+            .disc
+            .view()
+            .iter()
+            .map(|e| (e.reached(), e.failures()))
+            .collect::<Vec<_>>(),
+        net.nodes[newcomer].probe_state()
+    );
+}

@@ -254,12 +254,21 @@ impl Peers {
         kept
     }
 
-    /// Adds an entry read back from the peer store if it verifies now, through the view's
-    /// bounds. True if kept.
-    pub fn restore(&self, s: Arc<Signed>, kept: crate::discovery::Kept) -> bool {
+    /// Adds the entries read back from the peer store (verified by the caller), each through
+    /// the view's bounds, under one lock and with one notification; how many were kept.
+    pub fn restore_all(
+        &self,
+        entries: impl IntoIterator<Item = (Arc<Signed>, crate::discovery::Kept)>,
+    ) -> usize {
         let now = self.now();
-        let kept = self.lock().restore(s, kept, now);
-        if kept {
+        let kept = {
+            let mut disc = self.lock();
+            entries
+                .into_iter()
+                .filter(|(s, kept)| disc.restore(Arc::clone(s), *kept, now))
+                .count()
+        };
+        if kept > 0 {
             self.changed();
         }
         kept

@@ -1,9 +1,13 @@
-//! The Prometheus text (`GET /metrics`): the counters, the status, and a few gauges.
+//! The Prometheus text (`GET /metrics`): the counters, the status, a few gauges, and
+//! discovery's (what the view holds, the eclipse verdict, its counters). Counts only: no
+//! label names a peer, a route or an address; the only labels are fixed names (`status`,
+//! `state`, `kind`).
 
 use guard::counters::{Kind, PromText};
 
 use super::quality::{Quality, Status, Stores, quality};
-use super::stores;
+use super::{discovery_counters, percent, stores};
+use crate::discovery::{Eclipse, EclipseState, Msg};
 use crate::relay::Relay;
 
 /// The Prometheus text (`GET /metrics`): aggregates only, no label names a peer, route or
@@ -39,7 +43,57 @@ pub fn render(relay: &Relay) -> String {
         out.family(name, Kind::Gauge, help);
         out.sample(name, &[], v);
     }
+    discovery(&mut out, relay);
     out.finish()
+}
+
+/// Discovery's families: what the view holds (gauges), the eclipse verdict
+/// (`blindrelay_discovery_eclipse{state}`, 1 for the current one, as `blindrelay_status`), its
+/// counters (`blindrelay_discovery_<name>_total`, the status document's
+/// `peers.discovery.counters`) and its message bytes by kind. Read under one lock.
+fn discovery(out: &mut PromText, relay: &Relay) {
+    let (held, waiting, lapsed, e, st) = {
+        let disc = relay.ctx().peers.lock();
+        let view = disc.view();
+        (
+            view.len(),
+            view.waiting(),
+            disc.lapsed(),
+            disc.eclipse(),
+            disc.stats(),
+        )
+    };
+    for (name, help, v) in discovery_gauges(held, waiting, lapsed, &e) {
+        out.family(name, Kind::Gauge, help);
+        out.sample(name, &[], v);
+    }
+    let name = "blindrelay_discovery_eclipse";
+    out.family(
+        name,
+        Kind::Gauge,
+        "1 for discovery's current eclipse verdict (ok, one_source, unconfirmed).",
+    );
+    for state in EclipseState::ALL {
+        out.sample(
+            name,
+            &[("state", state.as_str())],
+            u64::from(e.state == state),
+        );
+    }
+    for (counter, help, v) in discovery_counters(&st) {
+        let name = format!("blindrelay_discovery_{counter}_total");
+        out.family(&name, Kind::Counter, help);
+        out.sample(&name, &[], v);
+    }
+    let name = "blindrelay_discovery_message_bytes_total";
+    out.family(
+        name,
+        Kind::Counter,
+        "Discovery message bytes both ways, by message kind.",
+    );
+    for (kind, v) in Msg::KINDS.iter().zip(st.bytes_by_kind) {
+        out.sample(name, &[("kind", kind)], v);
+    }
 }
 
 /// The gauges after the status: name, help, value.
@@ -104,13 +158,59 @@ fn gauges(
         ),
         (
             "blindrelay_peers_routable",
-            "Peers with a valid descriptor and an allowed endpoint.",
+            "Peers route choice may take: reached at their endpoint, a current v2 descriptor, an allowed endpoint.",
             relay.ctx().peers.routable(now).len() as u64,
         ),
         (
             "blindrelay_guard_identities",
             "Previous hops the guard remembers.",
             relay.pipeline().hops().len() as u64,
+        ),
+    ]
+}
+
+/// Discovery's gauges: name, help, value.
+fn discovery_gauges(
+    held: usize,
+    waiting: usize,
+    lapsed: usize,
+    e: &Eclipse,
+) -> [(&'static str, &'static str, u64); 7] {
+    [
+        (
+            "blindrelay_peers_known",
+            "Identities held (descriptors, reached or not, current or not).",
+            held as u64,
+        ),
+        (
+            "blindrelay_peers_waiting",
+            "Identities held and not reached yet (probed in turn; never routed through nor passed on).",
+            waiting as u64,
+        ),
+        (
+            "blindrelay_peers_lapsed",
+            "Reached peers whose descriptors lapsed, still greeted now and then.",
+            lapsed as u64,
+        ),
+        (
+            "blindrelay_discovery_roots",
+            "Distinct roots (first-hand sources, by /16) of the identities held.",
+            e.roots as u64,
+        ),
+        (
+            "blindrelay_discovery_roots_synced",
+            "Distinct roots this node reconciled with.",
+            e.roots_synced as u64,
+        ),
+        (
+            "blindrelay_discovery_top_root_percent",
+            "Percent of the identities held unconfirmed under the largest root.",
+            u64::from(percent(e.top_share)),
+        ),
+        (
+            "blindrelay_discovery_unconfirmed_percent",
+            "Percent of the identities held that no second root vouched for.",
+            u64::from(percent(e.unconfirmed_share)),
         ),
     ]
 }

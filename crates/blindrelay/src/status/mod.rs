@@ -18,6 +18,7 @@ pub use self::quality::{
     Cause, CauseReason, CauseSource, Evidence, ProofScope, Quality, Status, Stores,
 };
 use crate::counters::Snapshot;
+use crate::discovery::Stats;
 use crate::health::{Standing, Summary};
 use crate::pipeline::pressure::Culprit;
 use crate::proto::{NodeId, Prefix};
@@ -270,33 +271,81 @@ fn known_peers(relay: &Relay) -> HashMap<NodeId, crate::health::Known> {
         .collect()
 }
 
+/// Discovery's own counters (`crate::discovery::Stats`) as the document
+/// (`peers.discovery.counters`) and the metrics (`blindrelay_discovery_<name>_total`) name
+/// them: name, help, value. Counts only.
+// structure: table
+pub fn discovery_counters(st: &Stats) -> [(&'static str, &'static str, u64); 12] {
+    [
+        (
+            "bytes_sent",
+            "Discovery message bytes sent (requests and answers).",
+            st.bytes_sent,
+        ),
+        (
+            "bytes_received",
+            "Discovery message bytes received (requests and answers).",
+            st.bytes_received,
+        ),
+        (
+            "exchanges",
+            "Discovery exchanges this node started.",
+            st.exchanges,
+        ),
+        (
+            "exchanges_failed",
+            "Discovery exchanges this node started that got no usable answer.",
+            st.exchanges_failed,
+        ),
+        ("syncs", "Reconciliations completed.", st.syncs),
+        (
+            "learned",
+            "Descriptors kept (new identities and newer descriptors).",
+            st.learned,
+        ),
+        (
+            "refused",
+            "Descriptors not kept because a bound of the view refused them.",
+            st.refused,
+        ),
+        (
+            "reached",
+            "Identities reached for the first time.",
+            st.reached,
+        ),
+        (
+            "forgotten",
+            "Identities forgotten after every probe failed.",
+            st.forgotten,
+        ),
+        ("revived", "Lapsed peers that answered again.", st.revived),
+        ("pushes", "Pushes (inventories) sent.", st.pushes),
+        (
+            "turned_away",
+            "Discovery requests from strangers or over a budget, answered with nothing.",
+            st.turned_away,
+        ),
+    ]
+}
+
+/// A share (0 to 1) as a whole percent.
+pub fn percent(share: f64) -> u32 {
+    (share * 100.0).round() as u32
+}
+
 /// Discovery's counters and eclipse assessment.
 fn discovery_info(ctx: &crate::context::Context) -> DiscoveryInfo {
     let disc = ctx.peers.lock();
     let (e, st) = (disc.eclipse(), disc.stats());
-    let counters = [
-        ("bytes_sent", st.bytes_sent),
-        ("bytes_received", st.bytes_received),
-        ("exchanges", st.exchanges),
-        ("exchanges_failed", st.exchanges_failed),
-        ("syncs", st.syncs),
-        ("learned", st.learned),
-        ("refused", st.refused),
-        ("reached", st.reached),
-        ("forgotten", st.forgotten),
-        ("revived", st.revived),
-        ("pushes", st.pushes),
-        ("turned_away", st.turned_away),
-    ];
     DiscoveryInfo {
         eclipse: e.state.as_str().to_string(),
         roots: e.roots,
-        top_root_percent: (e.top_share * 100.0).round() as u32,
-        unconfirmed_percent: (e.unconfirmed_share * 100.0).round() as u32,
+        top_root_percent: percent(e.top_share),
+        unconfirmed_percent: percent(e.unconfirmed_share),
         roots_synced: e.roots_synced,
-        counters: counters
+        counters: discovery_counters(&st)
             .into_iter()
-            .map(|(k, v)| (k.to_string(), v))
+            .map(|(k, _, v)| (k.to_string(), v))
             .collect(),
     }
 }

@@ -47,6 +47,9 @@ pub struct SimConfig {
     pub lifetime: u64,
     /// The run's seed.
     pub seed: u64,
+    /// A node's first descriptor dated back by up to half its life, at random, so that the
+    /// network's reissues are spread over time as in a network whose nodes started apart.
+    pub stagger: bool,
     /// Threads the nodes are split over (1: one queue; more need a latency above zero).
     pub shards: usize,
 }
@@ -62,6 +65,7 @@ impl Default for SimConfig {
             lifetime: crate::proto::descriptor::DESCRIPTOR_TTL,
             seed: 1,
             shards: 1,
+            stagger: false,
         }
     }
 }
@@ -227,7 +231,7 @@ impl Net {
         self.distribute();
         let lookahead = self.shared.cfg.latency.as_micros().max(1) as u64;
         let mut next_check = self.micros;
-        while let Some(t) = self.queues.iter().filter_map(Queue::next_at).min() {
+        while let Some(t) = self.queues.iter_mut().filter_map(Queue::next_at).min() {
             if t > end {
                 break;
             }
@@ -320,7 +324,8 @@ impl Net {
         };
         let n = self.nodes.len();
         self.bounds = (0..k).map(|j| j * n / k).collect();
-        self.queues = (0..k).map(|_| Queue::new(self.rng.random())).collect();
+        let now = self.micros;
+        self.queues = (0..k).map(|_| Queue::new(self.rng.random(), now)).collect();
         for (at, event) in events {
             let j = self.shard_of(event.node());
             self.queues[j].push(at, event);
@@ -329,8 +334,14 @@ impl Net {
 
     /// Signs node `i`'s descriptor again when half its life is gone.
     fn reissue(&mut self, i: usize) {
-        let now = self.now().unix;
-        if let Some(s) = self.nodes[i].reissue(now, self.shared.cfg.lifetime) {
+        let (now, lifetime) = (self.now().unix, self.shared.cfg.lifetime);
+        let fresh = self.nodes[i].current().is_none();
+        let age = if fresh && self.shared.cfg.stagger {
+            self.rng.random_range(0..(lifetime / 2).max(1))
+        } else {
+            0
+        };
+        if let Some(s) = self.nodes[i].reissue(now, lifetime, age) {
             self.shared.memo.insert((s.d.node_id, s.d.issued_at), s);
         }
     }

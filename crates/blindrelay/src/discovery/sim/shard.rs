@@ -50,16 +50,17 @@ impl Node {
         self.disc.own.as_ref().map(|o| &o.d)
     }
 
-    /// Its descriptor signed again at `now` when half its life is gone; the new one, to be
-    /// remembered by the network.
-    pub(super) fn reissue(&mut self, now: u64, lifetime: u64) -> Option<Arc<Signed>> {
+    /// Its descriptor signed again at `now` when half its life is gone, dated `age` seconds
+    /// back; the new one, to be remembered by the network.
+    pub(super) fn reissue(&mut self, now: u64, lifetime: u64, age: u64) -> Option<Arc<Signed>> {
         let stale = self
             .current()
             .is_none_or(|d| now.saturating_sub(d.issued_at) >= lifetime / 2);
         if !stale {
             return None;
         }
-        let d = Descriptor::sign(&self.key, self.onion, self.endpoint.clone(), now, lifetime);
+        let at = now.saturating_sub(age);
+        let d = Descriptor::sign(&self.key, self.onion, self.endpoint.clone(), at, lifetime);
         let s = Arc::new(Signed::trusted(d));
         self.disc.set_own(Arc::clone(&s));
         Some(s)
@@ -113,11 +114,23 @@ impl Shared {
     }
 }
 
-/// A shard's event queue and its own random numbers.
+/// An event's place in a queue: `(time, sequence, slot)`.
+type Key = (u64, u64, u32);
+
+/// Milliseconds the queue's ring covers; events further ahead wait in a heap.
+const RING_MS: u64 = 4096;
+
+/// A shard's event queue and its own random numbers: a ring of one-millisecond buckets (a
+/// bucket sorted when its millisecond comes), events beyond the ring in a heap. Pushing and
+/// taking cost the same whatever the number of events waiting.
 #[derive(Debug)]
 pub(super) struct Queue {
-    /// `(time, sequence, slot)`: the events in time order, each in a slot of `events_at`.
-    heap: BinaryHeap<Reverse<(u64, u64, u32)>>,
+    ring: Vec<Vec<Key>>,
+    /// The millisecond of the bucket at `cursor`; its bucket is sorted, latest first.
+    base_ms: u64,
+    cursor: usize,
+    in_ring: usize,
+    later: BinaryHeap<Reverse<Key>>,
     events_at: Vec<Option<Event>>,
     free: Vec<u32>,
     seq: u64,
@@ -125,9 +138,13 @@ pub(super) struct Queue {
 }
 
 impl Queue {
-    pub(super) fn new(seed: u64) -> Queue {
+    pub(super) fn new(seed: u64, now: u64) -> Queue {
         Queue {
-            heap: BinaryHeap::new(),
+            ring: (0..RING_MS).map(|_| Vec::new()).collect(),
+            base_ms: now / 1000,
+            cursor: 0,
+            in_ring: 0,
+            later: BinaryHeap::new(),
             events_at: Vec::new(),
             free: Vec::new(),
             seq: 0,
@@ -136,8 +153,48 @@ impl Queue {
     }
 
     /// The time of the next event.
-    pub(super) fn next_at(&self) -> Option<u64> {
-        self.heap.peek().map(|Reverse((t, _, _))| *t)
+    pub(super) fn next_at(&mut self) -> Option<u64> {
+        loop {
+            if let Some(k) = self.ring[self.cursor].last() {
+                return Some(k.0);
+            }
+            if self.in_ring == 0 {
+                // Nothing within the ring: jump to the next event's millisecond.
+                let Reverse(k) = self.later.peek()?;
+                self.base_ms = self.base_ms.max(k.0 / 1000);
+            } else {
+                self.base_ms += 1;
+                self.cursor = (self.cursor + 1) % RING_MS as usize;
+            }
+            while let Some(Reverse(k)) = self.later.peek().copied() {
+                if k.0 / 1000 >= self.base_ms + RING_MS {
+                    break;
+                }
+                self.later.pop();
+                self.place(k);
+            }
+            let bucket = &mut self.ring[self.cursor];
+            bucket.sort_unstable_by(|a, b| b.cmp(a));
+        }
+    }
+
+    fn place(&mut self, k: Key) {
+        let ms = (k.0 / 1000).max(self.base_ms);
+        let ahead = ms - self.base_ms;
+        if ahead >= RING_MS {
+            self.later.push(Reverse(k));
+            return;
+        }
+        let i = (self.cursor + ahead as usize) % RING_MS as usize;
+        let bucket = &mut self.ring[i];
+        if ahead == 0 {
+            // The bucket being taken: kept sorted, latest first.
+            let at = bucket.partition_point(|x| *x > k);
+            bucket.insert(at, k);
+        } else {
+            bucket.push(k);
+        }
+        self.in_ring += 1;
     }
 
     pub(super) fn push(&mut self, at: u64, event: Event) {
@@ -152,20 +209,21 @@ impl Queue {
                 u32::try_from(self.events_at.len() - 1).unwrap_or(u32::MAX)
             }
         };
-        self.heap.push(Reverse((at, self.seq, slot)));
+        self.place((at, self.seq, slot));
     }
 
     /// The next event if it is before `end`.
     pub(super) fn pop_before(&mut self, end: u64) -> Option<(u64, Event)> {
-        let t = self.next_at().filter(|t| *t < end)?;
-        let Reverse((_, _, slot)) = self.heap.pop()?;
+        self.next_at().filter(|t| *t < end)?;
+        let (t, _, slot) = self.ring[self.cursor].pop()?;
+        self.in_ring -= 1;
         self.free.push(slot);
         self.events_at[slot as usize].take().map(|e| (t, e))
     }
 
     /// Every event, in order.
     pub(super) fn drain(&mut self) -> Vec<(u64, Event)> {
-        let mut out = Vec::with_capacity(self.heap.len());
+        let mut out = Vec::new();
         while let Some((t, e)) = self.pop_before(u64::MAX) {
             out.push((t, e));
         }
@@ -243,7 +301,7 @@ impl Shard<'_> {
                     return;
                 }
                 let (now, lifetime) = (self.now().unix, self.shared.cfg.lifetime);
-                if let Some(s) = self.node(i).reissue(now, lifetime) {
+                if let Some(s) = self.node(i).reissue(now, lifetime, 0) {
                     self.signed.push(s);
                 }
                 self.drain(i);
