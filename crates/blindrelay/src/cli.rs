@@ -271,8 +271,9 @@ pub struct RunArgs {
     /// swapped behind a URL is caught within it.
     #[arg(long, default_value_t = humantime::Duration::from(crate::peers::ROUND))]
     pub peer_refresh: humantime::Duration,
-    /// Time between gossip rounds (humantime, `0s` disables them): the node posts its
-    /// descriptor to a few peers and learns the ones they know.
+    /// The discovery interval (humantime, `0s` disables discovery): a reconciliation of the
+    /// node's descriptors with a peer every 5 of these (every one at first), pushes of what is
+    /// new every twelfth of one, peers whose descriptors lapsed greeted again at most 2 apart.
     #[arg(long, default_value_t = humantime::Duration::from(crate::gossip::DEFAULT_INTERVAL))]
     pub gossip_interval: humantime::Duration,
     /// Start even when `replay.db` or `inbox.db`, opened by an earlier run, is missing or empty

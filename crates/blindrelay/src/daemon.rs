@@ -209,7 +209,7 @@ pub struct Built {
     pub relay: Arc<Relay>,
     /// Time between probe rounds.
     pub probe_interval: Duration,
-    /// Time between gossip rounds.
+    /// The discovery interval (`--gossip-interval`; zero: no discovery).
     pub gossip_interval: Duration,
     /// The peer store's file (`peers.json` in the state dir).
     pub peer_store: PathBuf,

@@ -96,6 +96,8 @@ impl Event {
 /// What every shard reads and none changes during a window.
 #[derive(Debug)]
 pub(super) struct Shared {
+    /// Each node's id and address, copied out of the nodes: a shard reads a caller's while
+    /// another thread holds that caller's node.
     pub(super) ids: Vec<(NodeId, IpAddr)>,
     pub(super) index: HashMap<NodeId, usize>,
     pub(super) memo: HashMap<(NodeId, u64), Arc<Signed>>,
