@@ -27,21 +27,30 @@ guard::counter_set! {
             forwarded: Counter,
             /// Refused.
             rejected: Counter,
-            /// Previous hop or onion layer failed authentication.
-            invalid_signature: Counter,
-            /// Envelope over the size limit or not an envelope.
+            /// Refused `invalid_previous_hop`: the link's client presented no node identity.
+            invalid_previous_hop: Counter,
+            /// Refused `malformed_envelope`: not a v2 frame (unknown version or class, wrong
+            /// length).
+            malformed_envelope: Counter,
+            /// Refused `envelope_too_large`: over the largest frame.
             envelope_too_large: Counter,
-            /// No hops left.
-            ttl_exhausted: Counter,
-            /// Not for this node, or no valid descriptor for the next hop.
+            /// Refused `onion_peel_failed`: the layer does not open with this node's keys.
+            onion_peel_failed: Counter,
+            /// Refused `no_route`: no valid descriptor for the next hop.
             no_route: Counter,
-            /// The next hop's endpoint is not allowed.
+            /// Refused `invalid_endpoint`: the next hop's endpoint is not allowed.
             invalid_endpoint: Counter,
-            /// Self-loop or route loop.
-            loop_detected: Counter,
-            /// Refused by the replay registry: the same request in flight, another request with
-            /// the same route id, or a stored answer too old to replay.
-            replay_dropped: Counter,
+            /// Refused `self_loop`: the previous hop is this node.
+            self_loop: Counter,
+            /// Refused `route_loop`: the next hop is the previous hop or this node.
+            route_loop: Counter,
+            /// Refused `route_in_flight`: the same request is being handled.
+            route_in_flight: Counter,
+            /// Refused `replay_conflict`: another frame already carried this layer.
+            replay_conflict: Counter,
+            /// Refused `replay_response_expired`: the same request, its stored answer too old to
+            /// replay.
+            replay_response_expired: Counter,
             /// A completed route's duplicate, answered with its stored response (receipt
             /// included): nothing forwarded or stored twice (the design's `duplicate_route`).
             duplicate_route: Counter,
@@ -71,8 +80,10 @@ guard::counter_set! {
             next_hop_queue_full: Counter,
             /// Requests to a next hop that waited for their turn under its previous-hop rate.
             paced: Counter,
-            /// A layer past its expiry or dated too far ahead.
-            timestamp_rejected: Counter,
+            /// Refused `timestamp_expired`: the layer's expiry is more than the skew past.
+            timestamp_expired: Counter,
+            /// Refused `timestamp_in_future`: the layer's expiry is too far ahead.
+            timestamp_in_future: Counter,
             /// Refused: a version 1 envelope (or a body posted to `/v1/relay`); never scored.
             v1_not_accepted: Counter,
             /// Over the previous hop's rate.

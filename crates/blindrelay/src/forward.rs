@@ -46,7 +46,7 @@ use crate::outbound::Turn;
 use crate::proto::answer::Accepted;
 use crate::proto::link::MAX_ANSWER;
 use crate::proto::sphinx::Report;
-use crate::proto::{NodeId, Prefix, RouteId};
+use crate::proto::{NodeId, Prefix, ReplayTag};
 use crate::reason::Reason;
 
 /// Attempts in all, the first included.
@@ -128,10 +128,10 @@ impl Drop for NextHopSlot {
 }
 
 /// The delay before the attempt after `attempt` (see the module docs).
-pub fn retry_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32) -> Duration {
+pub fn retry_delay(tag: &ReplayTag, next_hop: &NodeId, attempt: u32) -> Duration {
     let mut h = Sha256::new();
     h.update(b"blindrelay/retry/v1");
-    h.update(route_id);
+    h.update(tag);
     h.update(next_hop);
     h.update(attempt.to_be_bytes());
     let d = h.finalize();
@@ -260,8 +260,8 @@ fn busy(status: u16, reason: Option<Reason>) -> bool {
 /// The delay before busy retry number `n` (1-based): the formula's delay times `n`, at most
 /// [`MAX_BUSY_BACKOFF`] times: a next hop still handling the same request needs longer than
 /// a moment of backpressure.
-pub fn busy_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32, n: u32) -> Duration {
-    retry_delay(route_id, next_hop, attempt) * n.clamp(1, MAX_BUSY_BACKOFF)
+pub fn busy_delay(tag: &ReplayTag, next_hop: &NodeId, attempt: u32, n: u32) -> Duration {
+    retry_delay(tag, next_hop, attempt) * n.clamp(1, MAX_BUSY_BACKOFF)
 }
 
 /// The delay before busy retry number `n` (1-based) of a `backpressure` answer: the next hop
@@ -269,10 +269,10 @@ pub fn busy_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32, n: u32) -
 /// millisecond of CPU each, so the first retry comes after the formula's delay ÷ 32 (1.5–4.7
 /// ms), doubling at each retry, and never later than [`busy_delay`] would (from the ninth
 /// retry on, the same). A next hop that stays overloaded sees the retries thin out as fast.
-pub fn backpressure_delay(route_id: &RouteId, next_hop: &NodeId, attempt: u32, n: u32) -> Duration {
+pub fn backpressure_delay(tag: &ReplayTag, next_hop: &NodeId, attempt: u32, n: u32) -> Duration {
     let doubling =
-        retry_delay(route_id, next_hop, attempt) * (1 << n.clamp(1, 9).saturating_sub(1)) / 32;
-    doubling.min(busy_delay(route_id, next_hop, attempt, n))
+        retry_delay(tag, next_hop, attempt) * (1 << n.clamp(1, 9).saturating_sub(1)) / 32;
+    doubling.min(busy_delay(tag, next_hop, attempt, n))
 }
 
 /// Posts a frame to `url` (the next hop of `turn`) until `deadline`, each attempt in its
@@ -282,7 +282,7 @@ pub async fn post(
     links: &Links,
     url: &str,
     envelope: &[u8],
-    route_id: &RouteId,
+    tag: &ReplayTag,
     counters: &Counters,
     deadline: Instant,
     mut turn: Turn,
@@ -306,9 +306,9 @@ pub async fn post(
                     .then(|| reason_of(body.as_deref()))
                     .flatten();
                 let delay = if reason == Some(Reason::Backpressure) {
-                    backpressure_delay(route_id, next_hop, retry + 1, busy_retries + 1)
+                    backpressure_delay(tag, next_hop, retry + 1, busy_retries + 1)
                 } else {
-                    busy_delay(route_id, next_hop, retry + 1, busy_retries + 1)
+                    busy_delay(tag, next_hop, retry + 1, busy_retries + 1)
                 };
                 if busy(status, reason)
                     && busy_retries < MAX_BUSY_RETRIES
@@ -329,7 +329,7 @@ pub async fn post(
             Attempt::Failed(kind) => {
                 failures += 1;
                 debug!(next = %Prefix(next_hop), attempt = failures, kind, "next hop unreachable");
-                let delay = retry_delay(route_id, next_hop, retry + 1);
+                let delay = retry_delay(tag, next_hop, retry + 1);
                 if failures >= MAX_ATTEMPTS || clock::now() + delay >= deadline {
                     break;
                 }

@@ -46,8 +46,6 @@ named_enum! {
         Quarantine = "quarantine",
         /// Loops.
         Loop = "loop",
-        /// No hops left.
-        Ttl = "ttl",
         /// Too old or too new.
         Timestamp = "timestamp",
         /// Replay conflicts and expired replays.
@@ -78,7 +76,6 @@ impl Bucket {
             RateLimited => Bucket::RateLimit,
             Quarantined => Bucket::Quarantine,
             SelfLoop | RouteLoop => Bucket::Loop,
-            TtlExhausted => Bucket::Ttl,
             TimestampExpired | TimestampInFuture => Bucket::Timestamp,
             ReplayConflict | ReplayResponseExpired | RouteInFlight => Bucket::Replay,
             OnionPeelFailed => Bucket::Layer,

@@ -1,7 +1,7 @@
 //! The reason vocabulary: why the pipeline refuses a relay request.
 //!
 //! One table (the `match`es below, the design's table in `docs/blindrelay.md`): each reason has
-//! a stable wire string, one HTTP status, exactly one aggregate counter (besides `received` and
+//! a stable wire string, one HTTP status, a counter of its own (besides `received` and
 //! `rejected`), whether it is the abuse guard at work (status `protecting`), and whether it
 //! scores against the authenticated previous hop. Every pipeline step returns one of these;
 //! nothing else decides a refusal's status or counter.
@@ -26,155 +26,71 @@ pub enum Blame {
     ThisNode,
 }
 
-/// Why a request was refused: one stable reason, one status, one counter.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// No capacity now (request gate or crypto slots).
-    Backpressure,
-    /// Not a v2 frame (unknown version or class, wrong length).
-    MalformedEnvelope,
-    /// Over the size limit.
-    EnvelopeTooLarge,
-    /// The link's client presented no node identity (no TLS client certificate): nothing on
-    /// the link can be a frame of a previous hop.
-    InvalidPreviousHop,
-    /// v2 frames only (their previous hop's signature did not verify): no longer produced,
-    /// since the link authenticates the previous hop and frames carry no signature. Kept so
-    /// the vocabulary and its counter stay stable.
-    InvalidSignature,
-    /// Over the previous hop's rate: a quarantine starts.
-    RateLimited,
-    /// The previous hop is quarantined.
-    Quarantined,
-    /// The layer's sealed expiry is more than the skew (120 s) past.
-    TimestampExpired,
-    /// The layer's sealed expiry is further ahead than its lifetime plus the skew (720 s).
-    TimestampInFuture,
-    /// The previous hop is this node.
-    SelfLoop,
-    /// v1 only (a frame addressed to another node): no longer produced, since a v2 frame names
-    /// no next hop in clear (a layer for another node is `onion_peel_failed`). Kept so the
-    /// vocabulary and its counter stay stable.
-    WrongHop,
-    /// The onion layer does not open with this node's keys.
-    OnionPeelFailed,
-    /// The next hop is the previous hop or this node.
-    RouteLoop,
-    /// v1 only (no TTL left): no longer produced, since a v2 frame carries no TTL (the route's
-    /// length is sealed in the header). Kept so the vocabulary and its counter stay stable.
-    TtlExhausted,
-    /// No valid descriptor for the next hop.
-    NoRoute,
-    /// The next hop's endpoint is not allowed.
-    InvalidEndpoint,
-    /// The same request is being handled.
-    RouteInFlight,
-    /// Another frame (another previous hop) already carried this layer: its replay tag is taken.
-    ReplayConflict,
-    /// The same request, but its stored response is too old to replay.
-    ReplayResponseExpired,
-    /// Every replay slot holds a live route.
-    ReplayCapacity,
-    /// The next hop or the terminal store failed.
-    ForwardFailed,
-    /// The source is over its share of the request gate (cheap budget, rate or in flight).
-    SourceLimited,
-    /// The body did not arrive within its deadline.
-    RequestTimeout,
-    /// The next hop has its most requests in flight (it is slow or hung).
-    NextHopBusy,
-    /// The inbox holds its most items or bytes.
-    InboxFull,
-    /// The source holds its share of the inbox.
-    InboxShareExceeded,
-    /// The source holds its share of the replay registry's live routes.
-    ReplayShareExceeded,
-    /// The next hop's outbound queue (requests waiting for their turn under its previous-hop
-    /// rate) is full.
-    NextHopQueueFull,
-    /// A version 1 envelope (`BRE1…`, or any body posted to `/v1/relay`): the node speaks v2
-    /// only.
-    V1NotAccepted,
-    /// This node could not write its state (the replay reservation or the inbox: a full or
-    /// read-only disk): nothing was reserved or stored, so the same frame may be sent again.
-    StateWriteFailed,
+named_enum! {
+    /// Why a request was refused: one stable reason (its wire string), one status, one counter.
+    pub enum Reason {
+        /// No capacity now (request gate or crypto slots).
+        Backpressure = "backpressure",
+        /// Not a v2 frame (unknown version or class, wrong length).
+        MalformedEnvelope = "malformed_envelope",
+        /// Over the size limit.
+        EnvelopeTooLarge = "envelope_too_large",
+        /// The link's client presented no node identity (no TLS client certificate): nothing on
+        /// the link can be a frame of a previous hop.
+        InvalidPreviousHop = "invalid_previous_hop",
+        /// Over the previous hop's rate: a quarantine starts.
+        RateLimited = "rate_limited",
+        /// The previous hop is quarantined.
+        Quarantined = "quarantined",
+        /// The layer's sealed expiry is more than the skew (120 s) past.
+        TimestampExpired = "timestamp_expired",
+        /// The layer's sealed expiry is further ahead than its lifetime plus the skew (720 s).
+        TimestampInFuture = "timestamp_in_future",
+        /// The previous hop is this node.
+        SelfLoop = "self_loop",
+        /// The onion layer does not open with this node's keys.
+        OnionPeelFailed = "onion_peel_failed",
+        /// The next hop is the previous hop or this node.
+        RouteLoop = "route_loop",
+        /// No valid descriptor for the next hop.
+        NoRoute = "no_route",
+        /// The next hop's endpoint is not allowed.
+        InvalidEndpoint = "invalid_endpoint",
+        /// The same request is being handled.
+        RouteInFlight = "route_in_flight",
+        /// Another frame (another previous hop) already carried this layer: its replay tag is taken.
+        ReplayConflict = "replay_conflict",
+        /// The same request, but its stored response is too old to replay.
+        ReplayResponseExpired = "replay_response_expired",
+        /// Every replay slot holds a live route.
+        ReplayCapacity = "replay_capacity",
+        /// The next hop or the terminal store failed.
+        ForwardFailed = "forward_failed",
+        /// The source is over its share of the request gate (cheap budget, rate or in flight).
+        SourceLimited = "source_limited",
+        /// The body did not arrive within its deadline.
+        RequestTimeout = "request_timeout",
+        /// The next hop has its most requests in flight (it is slow or hung).
+        NextHopBusy = "next_hop_busy",
+        /// The inbox holds its most items or bytes.
+        InboxFull = "inbox_full",
+        /// The source holds its share of the inbox.
+        InboxShareExceeded = "inbox_share_exceeded",
+        /// The source holds its share of the replay registry's live routes.
+        ReplayShareExceeded = "replay_share_exceeded",
+        /// The next hop's outbound queue (requests waiting for their turn under its previous-hop
+        /// rate) is full.
+        NextHopQueueFull = "next_hop_queue_full",
+        /// A version 1 envelope (`BRE1…`, or any body posted to `/v1/relay`): the node speaks v2
+        /// only.
+        V1NotAccepted = "v1_not_accepted",
+        /// This node could not write its state (the replay reservation or the inbox: a full or
+        /// read-only disk): nothing was reserved or stored, so the same frame may be sent again.
+        StateWriteFailed = "state_write_failed",
+    }
 }
 
 impl Reason {
-    /// Every reason, for the docs' table and tests.
-    pub const ALL: [Reason; 30] = {
-        use Reason::*;
-        [
-            Backpressure,
-            MalformedEnvelope,
-            EnvelopeTooLarge,
-            InvalidPreviousHop,
-            InvalidSignature,
-            RateLimited,
-            Quarantined,
-            TimestampExpired,
-            TimestampInFuture,
-            SelfLoop,
-            WrongHop,
-            OnionPeelFailed,
-            RouteLoop,
-            TtlExhausted,
-            NoRoute,
-            InvalidEndpoint,
-            RouteInFlight,
-            ReplayConflict,
-            ReplayResponseExpired,
-            ReplayCapacity,
-            ForwardFailed,
-            SourceLimited,
-            RequestTimeout,
-            NextHopBusy,
-            InboxFull,
-            InboxShareExceeded,
-            ReplayShareExceeded,
-            NextHopQueueFull,
-            V1NotAccepted,
-            StateWriteFailed,
-        ]
-    };
-
-    /// The wire string.
-    pub fn as_str(self) -> &'static str {
-        use Reason::*;
-        match self {
-            Backpressure => "backpressure",
-            MalformedEnvelope => "malformed_envelope",
-            EnvelopeTooLarge => "envelope_too_large",
-            InvalidPreviousHop => "invalid_previous_hop",
-            InvalidSignature => "invalid_signature",
-            RateLimited => "rate_limited",
-            Quarantined => "quarantined",
-            TimestampExpired => "timestamp_expired",
-            TimestampInFuture => "timestamp_in_future",
-            SelfLoop => "self_loop",
-            WrongHop => "wrong_hop",
-            OnionPeelFailed => "onion_peel_failed",
-            RouteLoop => "route_loop",
-            TtlExhausted => "ttl_exhausted",
-            NoRoute => "no_route",
-            InvalidEndpoint => "invalid_endpoint",
-            RouteInFlight => "route_in_flight",
-            ReplayConflict => "replay_conflict",
-            ReplayResponseExpired => "replay_response_expired",
-            ReplayCapacity => "replay_capacity",
-            ForwardFailed => "forward_failed",
-            SourceLimited => "source_limited",
-            RequestTimeout => "request_timeout",
-            NextHopBusy => "next_hop_busy",
-            InboxFull => "inbox_full",
-            InboxShareExceeded => "inbox_share_exceeded",
-            ReplayShareExceeded => "replay_share_exceeded",
-            NextHopQueueFull => "next_hop_queue_full",
-            V1NotAccepted => "v1_not_accepted",
-            StateWriteFailed => "state_write_failed",
-        }
-    }
-
     /// The HTTP status.
     pub fn status(self) -> u16 {
         use Reason::*;
@@ -184,9 +100,8 @@ impl Reason {
             RequestTimeout => 408,
             InboxFull => 507,
             EnvelopeTooLarge => 413,
-            MalformedEnvelope | InvalidPreviousHop | InvalidSignature | TimestampExpired
-            | TimestampInFuture | SelfLoop | WrongHop | OnionPeelFailed | RouteLoop
-            | TtlExhausted | ReplayConflict | V1NotAccepted => 400,
+            MalformedEnvelope | InvalidPreviousHop | TimestampExpired | TimestampInFuture
+            | SelfLoop | OnionPeelFailed | RouteLoop | ReplayConflict | V1NotAccepted => 400,
             ReplayResponseExpired => 409,
             NoRoute | InvalidEndpoint | ForwardFailed => 502,
             RouteInFlight | ReplayCapacity | NextHopBusy | NextHopQueueFull | StateWriteFailed => {
@@ -195,21 +110,28 @@ impl Reason {
         }
     }
 
-    /// The one aggregate counter it bumps (besides `received` and `rejected`).
+    /// Its one counter (besides `received` and `rejected`), named as the reason is, but for
+    /// `backpressure`, whose counter has the design's name `backpressure_dropped`. No two
+    /// reasons share a counter.
     pub fn counter(self, c: &Counters) -> &Counter {
         use Reason::*;
         match self {
             Backpressure => &c.backpressure_dropped,
-            MalformedEnvelope | EnvelopeTooLarge => &c.envelope_too_large,
-            InvalidPreviousHop | InvalidSignature | OnionPeelFailed => &c.invalid_signature,
+            MalformedEnvelope => &c.malformed_envelope,
+            EnvelopeTooLarge => &c.envelope_too_large,
+            InvalidPreviousHop => &c.invalid_previous_hop,
+            OnionPeelFailed => &c.onion_peel_failed,
             RateLimited => &c.rate_limited,
             Quarantined => &c.quarantined,
-            TimestampExpired | TimestampInFuture => &c.timestamp_rejected,
-            SelfLoop | RouteLoop => &c.loop_detected,
-            TtlExhausted => &c.ttl_exhausted,
-            WrongHop | NoRoute => &c.no_route,
+            TimestampExpired => &c.timestamp_expired,
+            TimestampInFuture => &c.timestamp_in_future,
+            SelfLoop => &c.self_loop,
+            RouteLoop => &c.route_loop,
+            NoRoute => &c.no_route,
             InvalidEndpoint => &c.invalid_endpoint,
-            RouteInFlight | ReplayConflict | ReplayResponseExpired => &c.replay_dropped,
+            RouteInFlight => &c.route_in_flight,
+            ReplayConflict => &c.replay_conflict,
+            ReplayResponseExpired => &c.replay_response_expired,
             ReplayCapacity => &c.replay_capacity,
             ForwardFailed => &c.forward_failed,
             SourceLimited => &c.source_limited,
@@ -230,7 +152,6 @@ impl Reason {
         matches!(
             self,
             InvalidPreviousHop
-                | InvalidSignature
                 | OnionPeelFailed
                 | RateLimited
                 | Quarantined
@@ -238,7 +159,6 @@ impl Reason {
                 | TimestampInFuture
                 | SelfLoop
                 | RouteLoop
-                | TtlExhausted
                 | SourceLimited
                 | RequestTimeout
                 | InboxShareExceeded
@@ -273,9 +193,7 @@ impl Reason {
         use Reason::*;
         match self {
             // What the link's authenticated client alone produced, on the scored list.
-            MalformedEnvelope | EnvelopeTooLarge | InvalidSignature | SelfLoop => {
-                Blame::PreviousHop
-            }
+            MalformedEnvelope | EnvelopeTooLarge | SelfLoop => Blame::PreviousHop,
             // Its own frame, not scored (the design's list does not name them): a layer it
             // already carried once under the same replay tag (a re-wrap), its rate; and a
             // layer that does not open, which the sender may have sealed: noted, never scored.
@@ -284,8 +202,9 @@ impl Reason {
             }
             // Sealed by the original sender inside a layer no previous hop can read (v2 carries
             // the expiry inside the layer, so a stale or future layer is the sender's too).
-            RouteLoop | TtlExhausted | NoRoute | InvalidEndpoint | WrongHop | TimestampExpired
-            | TimestampInFuture => Blame::Sender,
+            RouteLoop | NoRoute | InvalidEndpoint | TimestampExpired | TimestampInFuture => {
+                Blame::Sender
+            }
             // Replays in flight, expired responses, a v1 envelope (an older node, not a bad
             // one), and a link with no identity (nobody to blame) have no effect.
             RouteInFlight | ReplayResponseExpired | V1NotAccepted | InvalidPreviousHop => {
@@ -320,13 +239,7 @@ impl Reason {
         use Reason::*;
         matches!(
             self,
-            InvalidPreviousHop
-                | InvalidSignature
-                | SelfLoop
-                | RouteLoop
-                | TtlExhausted
-                | MalformedEnvelope
-                | EnvelopeTooLarge
+            InvalidPreviousHop | SelfLoop | RouteLoop | MalformedEnvelope | EnvelopeTooLarge
         )
     }
 }
@@ -338,26 +251,28 @@ mod tests {
     /// The design's table, row by row: reason, status, counter, scored.
     #[test]
     fn the_table_of_the_docs() {
-        let table: [(&str, u16, &str, bool); 30] = [
+        let table: [(&str, u16, &str, bool); 27] = [
             ("backpressure", 429, "backpressure_dropped", false),
-            ("malformed_envelope", 400, "envelope_too_large", true),
+            ("malformed_envelope", 400, "malformed_envelope", true),
             ("envelope_too_large", 413, "envelope_too_large", true),
-            ("invalid_previous_hop", 400, "invalid_signature", true),
-            ("invalid_signature", 400, "invalid_signature", true),
+            ("invalid_previous_hop", 400, "invalid_previous_hop", true),
             ("rate_limited", 429, "rate_limited", false),
             ("quarantined", 429, "quarantined", false),
-            ("timestamp_expired", 400, "timestamp_rejected", false),
-            ("timestamp_in_future", 400, "timestamp_rejected", false),
-            ("self_loop", 400, "loop_detected", true),
-            ("wrong_hop", 400, "no_route", false),
-            ("onion_peel_failed", 400, "invalid_signature", false),
-            ("route_loop", 400, "loop_detected", true),
-            ("ttl_exhausted", 400, "ttl_exhausted", true),
+            ("timestamp_expired", 400, "timestamp_expired", false),
+            ("timestamp_in_future", 400, "timestamp_in_future", false),
+            ("self_loop", 400, "self_loop", true),
+            ("onion_peel_failed", 400, "onion_peel_failed", false),
+            ("route_loop", 400, "route_loop", true),
             ("no_route", 502, "no_route", false),
             ("invalid_endpoint", 502, "invalid_endpoint", false),
-            ("route_in_flight", 503, "replay_dropped", false),
-            ("replay_conflict", 400, "replay_dropped", false),
-            ("replay_response_expired", 409, "replay_dropped", false),
+            ("route_in_flight", 503, "route_in_flight", false),
+            ("replay_conflict", 400, "replay_conflict", false),
+            (
+                "replay_response_expired",
+                409,
+                "replay_response_expired",
+                false,
+            ),
             ("replay_capacity", 503, "replay_capacity", false),
             ("forward_failed", 502, "forward_failed", false),
             ("source_limited", 429, "source_limited", false),
@@ -370,12 +285,7 @@ mod tests {
             ("v1_not_accepted", 400, "v1_not_accepted", false),
             ("state_write_failed", 503, "state_write_failed", false),
         ];
-        let charged = [
-            "malformed_envelope",
-            "envelope_too_large",
-            "invalid_signature",
-            "self_loop",
-        ];
+        let charged = ["malformed_envelope", "envelope_too_large", "self_loop"];
         for r in Reason::ALL {
             assert_eq!(r.is_charged(), charged.contains(&r.as_str()), "{r:?}");
         }

@@ -95,9 +95,9 @@ async fn counters_equal_the_outcomes_of_a_scripted_run() {
             ("received", 5),
             ("forwarded", 2),
             ("rejected", 3),
-            ("envelope_too_large", 1),
-            ("timestamp_rejected", 1),
-            ("invalid_signature", 1),
+            ("malformed_envelope", 1),
+            ("timestamp_expired", 1),
+            ("onion_peel_failed", 1),
             // The test's outside peer is no known peer of node 1.
             ("strangers_refused", 3),
         ]),

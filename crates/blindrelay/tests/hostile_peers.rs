@@ -78,7 +78,7 @@ async fn sealed_loops_cannot_get_an_honest_relay_quarantined() {
     }
     let status = net.status(3).await;
     assert!(
-        counter(&status, "loop_detected") > 0,
+        counter(&status, "route_loop") > 0,
         "D saw the crafted frames: {status}"
     );
     assert_eq!(counter(&status, "quarantine_started"), 0, "{status}");

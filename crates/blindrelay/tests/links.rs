@@ -294,7 +294,7 @@ async fn a_frame_needs_a_link_that_proves_its_previous_hop() {
         "the impostor reached no handler: {s}"
     );
     assert_eq!(counter(&s, "terminal"), 1, "{s}");
-    assert_eq!(counter(&s, "invalid_signature"), 1, "{s}");
+    assert_eq!(counter(&s, "invalid_previous_hop"), 1, "{s}");
     assert_eq!(counter(&s, "quarantine_started"), 0, "{s}");
     let named = common::peer_rows(&s)
         .iter()

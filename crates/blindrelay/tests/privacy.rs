@@ -276,12 +276,12 @@ async fn nothing_printed_or_served_links_sender_terminal_or_payload() {
     let s1 = net.status(1).await;
     assert_eq!(s1.counters()["forwarded"], 1);
     // The two v1 envelopes and the junk of the alert rounds (wrong lengths all).
-    assert_eq!(s1.counters()["envelope_too_large"], 2 + junk);
+    assert_eq!(s1.counters()["malformed_envelope"], 2 + junk);
 
     // The reports pushed after the traffic, and every other one received.
     let p1 = net.node(1).prefix().to_string();
     sink.wait_for("after the forward", |v| {
-        v["node"] == p1.as_str() && v.counters()["envelope_too_large"] == 2 + junk
+        v["node"] == p1.as_str() && v.counters()["malformed_envelope"] == 2 + junk
     })
     .await;
     for (k, v) in sink.bodies().iter().enumerate() {

@@ -6,7 +6,7 @@
 use tracing::debug;
 
 use crate::reason::Reason;
-use crate::replay::{Digest, Outcome, ReplayRegistry, RouteId, StoredResponse};
+use crate::replay::{Digest, Outcome, ReplayRegistry, ReplayTag, StoredResponse};
 use crate::sources::SourceKey;
 
 /// A reservation that lets the request go on, or answers it.
@@ -18,7 +18,7 @@ pub(super) enum Reserved {
     Duplicate(StoredResponse),
 }
 
-/// Reserves the layer's replay tag `route_id` for the request `digest` at `now`, through
+/// Reserves the layer's replay tag `tag` for the request `digest` at `now`, through
 /// `keep_through` (the layer's expiry plus the skew: the last second the layer is accepted), so
 /// the same layer is refused whatever frame carries it for as long as it could be accepted.
 ///
@@ -31,13 +31,13 @@ pub(super) enum Reserved {
 /// ran on, once the crypto slot is given back.
 pub(super) fn reserve(
     replay: &ReplayRegistry,
-    route_id: RouteId,
+    tag: ReplayTag,
     digest: Digest,
     now: u64,
     keep_through: u64,
     source: SourceKey,
 ) -> Result<Reserved, Reason> {
-    match replay.reserve_through(route_id, digest, now, keep_through, Some(source)) {
+    match replay.reserve_through(tag, digest, now, keep_through, Some(source)) {
         Ok(outcome) => decide(outcome),
         Err(_) => {
             debug!("replay registry cannot be written");
@@ -67,15 +67,12 @@ fn decide(outcome: Outcome) -> Result<Reserved, Reason> {
 /// window ends, and never runs twice.
 pub(super) fn complete(
     replay: &ReplayRegistry,
-    route_id: RouteId,
+    tag: ReplayTag,
     digest: Digest,
     (status, body): (u16, Vec<u8>),
     now: u64,
 ) {
-    if replay
-        .complete(route_id, digest, status, &body, now)
-        .is_err()
-    {
+    if replay.complete(tag, digest, status, &body, now).is_err() {
         debug!("replay registry: completion not stored");
     }
 }

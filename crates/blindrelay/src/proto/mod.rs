@@ -42,8 +42,7 @@ pub use receipt::{
 /// A node's identity: its Ed25519 public key.
 pub type NodeId = [u8; 32];
 
-/// A layer's 16-byte replay tag as the replay registry carries it.
-pub type RouteId = [u8; 16];
+pub use self::sphinx::ReplayTag;
 
 /// A message's 16-byte id, drawn by its sender and sealed in the terminal's layer: the same on
 /// every route the sender tries, so the terminal stores the message once; receipts name it.

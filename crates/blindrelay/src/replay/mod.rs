@@ -19,7 +19,7 @@ mod registry;
 
 pub use registry::{
     ANSWER_FLUSH, CAPACITY, Digest, INTERRUPTED_BODY, INTERRUPTED_STATUS, MAX_BATCH_WRITES,
-    Outcome, RESPONSE_MAX_AGE_SECS, ReplayRegistry, RouteId, StoredResponse, WINDOW_SECS,
+    Outcome, RESPONSE_MAX_AGE_SECS, ReplayRegistry, ReplayTag, StoredResponse, WINDOW_SECS,
 };
 
 use std::sync::Arc;

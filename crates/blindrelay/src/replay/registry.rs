@@ -33,8 +33,9 @@ use crate::sources::SourceKey;
 use crate::sqlite::group_commit::GroupCommit;
 use crate::sqlite::{self, SqliteContext, StoreError, sql_time};
 
-/// The registry's key: a layer's replay tag (v2, `crate::proto::sphinx::ReplayTag`).
-pub type RouteId = [u8; 16];
+/// The registry's key: a layer's replay tag (its table's column is `route_id`, the name files
+/// written before keep).
+pub use crate::proto::sphinx::ReplayTag;
 /// The request digest: SHA-256(`blindrelay/request/v3` ‖ previous hop ‖ version ‖ class ‖
 /// alpha ‖ gamma), `crate::proto::frame::Frame::request_digest`.
 pub type Digest = [u8; 32];
@@ -110,11 +111,11 @@ struct Entry {
 }
 
 struct Inner {
-    entries: HashMap<RouteId, Entry>,
+    entries: HashMap<ReplayTag, Entry>,
     /// `(end of window, route id)` of every entry, soonest first.
-    expiry: BTreeSet<(u64, RouteId)>,
+    expiry: BTreeSet<(u64, ReplayTag)>,
     /// Purged from memory, still to delete from SQLite with the next write.
-    pending_deletes: Vec<RouteId>,
+    pending_deletes: Vec<ReplayTag>,
     /// Responses in the mirror, still to write to SQLite with the next write (at most one per
     /// live entry).
     answers: Vec<Answer>,
@@ -211,30 +212,30 @@ impl ReplayRegistry {
         self.capacity
     }
 
-    /// Decides what to do with a request for `route_id` whose digest is `digest`. On
+    /// Decides what to do with a request for `tag` whose digest is `digest`. On
     /// [`Outcome::New`] the reservation is committed (SQLite) before this returns; every other
     /// outcome changes nothing but purging ended windows. If the write fails the error is
     /// returned and nothing is reserved: answer the request with an error, do not handle it.
     pub fn reserve(
         &self,
-        route_id: RouteId,
+        tag: ReplayTag,
         digest: Digest,
         now: u64,
     ) -> Result<Outcome, ReplayError> {
-        self.reserve_from(route_id, digest, now, None)
+        self.reserve_from(tag, digest, now, None)
     }
 
     /// [`ReplayRegistry::reserve`] for a request from `source`: a new route counts in its share,
     /// and once it holds its share its new routes get [`Outcome::ShareExceeded`].
     pub fn reserve_from(
         &self,
-        route_id: RouteId,
+        tag: ReplayTag,
         digest: Digest,
         now: u64,
         source: Option<SourceKey>,
     ) -> Result<Outcome, ReplayError> {
         let through = now.saturating_add(self.window_secs).saturating_sub(1);
-        self.reserve_through(route_id, digest, now, through, source)
+        self.reserve_through(tag, digest, now, through, source)
     }
 
     /// [`ReplayRegistry::reserve_from`] for a request that stays acceptable through the second
@@ -243,7 +244,7 @@ impl ReplayRegistry {
     /// ahead cannot run again once the window from its receipt has ended.
     pub fn reserve_through(
         &self,
-        route_id: RouteId,
+        tag: ReplayTag,
         digest: Digest,
         now: u64,
         last_fresh: u64,
@@ -259,7 +260,7 @@ impl ReplayRegistry {
         let now_sql = sql_time(reserved_at)?;
         let mut inner = self.lock();
         inner.purge(now);
-        if let Some(entry) = inner.entries.get(&route_id) {
+        if let Some(entry) = inner.entries.get(&tag) {
             if entry.digest != digest {
                 return Ok(Outcome::Conflict);
             }
@@ -285,7 +286,7 @@ impl ReplayRegistry {
         // In the mirror at once (duplicates now get `InFlight`), reported only once committed.
         let sqlite = inner.sqlite;
         inner.insert(
-            route_id,
+            tag,
             Entry {
                 digest,
                 reserved_at,
@@ -299,7 +300,7 @@ impl ReplayRegistry {
             self.commit(
                 inner,
                 Write::Reserve {
-                    route_id,
+                    tag,
                     digest,
                     reserved_at: now_sql,
                 },
@@ -308,7 +309,7 @@ impl ReplayRegistry {
         Ok(Outcome::New)
     }
 
-    /// Stores the final response of the route reserved by `reserve(route_id, digest, ..)`, a
+    /// Stores the final response of the route reserved by `reserve(tag, digest, ..)`, a
     /// success or a failure alike: the route stays reserved until its window ends either way.
     /// Never blocks: the response is in the mirror at once (duplicates get it from now on) and,
     /// SQLite-backed, queued to be written with the next batch ([`group`]: the next reservation's
@@ -318,7 +319,7 @@ impl ReplayRegistry {
     /// route in flight on disk: after a restart it replays [`INTERRUPTED_BODY`], never runs again.
     pub fn complete(
         &self,
-        route_id: RouteId,
+        tag: ReplayTag,
         digest: Digest,
         status: u16,
         body: &[u8],
@@ -327,7 +328,7 @@ impl ReplayRegistry {
         let completed_at_sql = sql_time(now)?;
         let mut inner = self.lock();
         inner.purge(now);
-        match inner.entries.get_mut(&route_id) {
+        match inner.entries.get_mut(&tag) {
             Some(entry)
                 if entry.digest == digest
                     && !entry.pending
@@ -343,7 +344,7 @@ impl ReplayRegistry {
         }
         if inner.sqlite {
             inner.answers.push(Answer {
-                route_id,
+                tag,
                 status,
                 body: body.to_vec(),
                 completed_at_sql,
@@ -399,42 +400,42 @@ impl ReplayRegistry {
 }
 
 impl Inner {
-    fn insert(&mut self, route_id: RouteId, entry: Entry, window_secs: u64) {
+    fn insert(&mut self, tag: ReplayTag, entry: Entry, window_secs: u64) {
         if let Some(key) = entry.source {
             *self.per_source.entry(key).or_insert(0) += 1;
         }
         self.expiry
-            .insert((entry.reserved_at.saturating_add(window_secs), route_id));
-        self.entries.insert(route_id, entry);
+            .insert((entry.reserved_at.saturating_add(window_secs), tag));
+        self.entries.insert(tag, entry);
     }
 
     /// Drops the entries whose window has ended at `now`.
     fn purge(&mut self, now: u64) {
-        while let Some(&(ends_at, route_id)) = self.expiry.first() {
+        while let Some(&(ends_at, tag)) = self.expiry.first() {
             if ends_at > now {
                 break;
             }
             self.expiry.pop_first();
-            self.drop_entry(route_id);
+            self.drop_entry(tag);
             if self.sqlite {
-                self.pending_deletes.push(route_id);
+                self.pending_deletes.push(tag);
             }
         }
     }
 
     /// Forgets a reservation whose commit failed (it is not in the file).
-    fn forget(&mut self, route_id: RouteId, window_secs: u64) {
-        if let Some(entry) = self.entries.get(&route_id) {
+    fn forget(&mut self, tag: ReplayTag, window_secs: u64) {
+        if let Some(entry) = self.entries.get(&tag) {
             let ends_at = entry.reserved_at.saturating_add(window_secs);
-            self.expiry.remove(&(ends_at, route_id));
-            self.drop_entry(route_id);
+            self.expiry.remove(&(ends_at, tag));
+            self.drop_entry(tag);
         }
     }
 
-    fn drop_entry(&mut self, route_id: RouteId) {
+    fn drop_entry(&mut self, tag: ReplayTag) {
         if let Some(Entry {
             source: Some(key), ..
-        }) = self.entries.remove(&route_id)
+        }) = self.entries.remove(&tag)
             && let Some(n) = self.per_source.get_mut(&key)
         {
             *n -= 1;
@@ -526,17 +527,16 @@ fn load_rows(tx: &Transaction<'_>, window_secs: u64) -> Result<Inner, StoreError
         .ctx("prepare loading routes")?;
     let mut rows = stmt.query([]).ctx("load routes")?;
     while let Some(row) = rows.next().ctx("load routes")? {
-        let (route_id, entry) = entry_from_row(row)?;
-        inner.insert(route_id, entry, window_secs);
+        let (tag, entry) = entry_from_row(row)?;
+        inner.insert(tag, entry, window_secs);
     }
     Ok(inner)
 }
 
-fn entry_from_row(row: &rusqlite::Row<'_>) -> Result<(RouteId, Entry), StoreError> {
+fn entry_from_row(row: &rusqlite::Row<'_>) -> Result<(ReplayTag, Entry), StoreError> {
     let corrupt = |what| StoreError::Corrupt { table: TABLE, what };
-    let route_id: Vec<u8> = row.get(0).ctx("read route_id")?;
-    let route_id =
-        RouteId::try_from(route_id.as_slice()).map_err(|_| corrupt("route_id length"))?;
+    let tag: Vec<u8> = row.get(0).ctx("read route_id")?;
+    let tag = ReplayTag::try_from(tag.as_slice()).map_err(|_| corrupt("route_id length"))?;
     let digest: Vec<u8> = row.get(1).ctx("read digest")?;
     let digest = Digest::try_from(digest.as_slice()).map_err(|_| corrupt("digest length"))?;
     let reserved_at: i64 = row.get(2).ctx("read reserved_at")?;
@@ -562,7 +562,7 @@ fn entry_from_row(row: &rusqlite::Row<'_>) -> Result<(RouteId, Entry), StoreErro
         _ => return Err(corrupt("unknown state")),
     };
     Ok((
-        route_id,
+        tag,
         Entry {
             digest,
             reserved_at,

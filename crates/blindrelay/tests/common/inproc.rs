@@ -17,7 +17,7 @@ use blindrelay::daemon::{self, RelayConfig, RunConfig};
 use blindrelay::pipeline::{Pipeline, wire};
 use blindrelay::proto::frame::Frame;
 use blindrelay::proto::sphinx::{self, Delivery, HopSpec, SizeClass};
-use blindrelay::proto::{NodeId, RouteId};
+use blindrelay::proto::{NodeId, ReplayTag};
 use blindrelay::relay::Relay;
 use blindrelay::replay::ReplayStore;
 use blindrelay::send::wrap::expiry;
@@ -252,7 +252,7 @@ pub fn nobody(id: NodeId) -> To {
 #[derive(Clone)]
 pub struct F {
     pub frame: Frame,
-    pub tag: RouteId,
+    pub tag: ReplayTag,
     /// The node it is signed for.
     pub to: NodeId,
 }

@@ -185,7 +185,7 @@ async fn malformed_frames_are_scored_against_their_link_and_anonymous_ones_again
     }
     let s = n.ctx.counters.snapshot();
     assert_eq!(
-        (s.invalid_signature, s.quarantine_started, s.rejected),
+        (s.invalid_previous_hop, s.quarantine_started, s.rejected),
         (26, 1, 12 + 1 + 26)
     );
     assert_eq!(n.pipeline.hops().len(), 1, "nothing charged to anyone else");

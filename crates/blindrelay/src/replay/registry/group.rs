@@ -32,7 +32,7 @@ use std::time::Duration;
 use rusqlite::{Connection, Transaction, TransactionBehavior, params};
 
 use super::{
-    Digest, Inner, ReplayError, ReplayRegistry, RouteId, STATE_COMPLETED, STATE_IN_FLIGHT,
+    Digest, Inner, ReplayError, ReplayRegistry, ReplayTag, STATE_COMPLETED, STATE_IN_FLIGHT,
 };
 use crate::sqlite::group_commit::{Failed, Limits};
 use crate::sqlite::{SqliteContext, StoreError};
@@ -55,7 +55,7 @@ pub(super) const LIMITS: Limits = Limits {
 pub(super) enum Write {
     /// Insert a reservation, in flight.
     Reserve {
-        route_id: RouteId,
+        tag: ReplayTag,
         digest: Digest,
         reserved_at: i64,
     },
@@ -66,7 +66,7 @@ pub(super) enum Write {
 /// A stored response waiting for the next batch (module docs).
 #[derive(Debug)]
 pub(super) struct Answer {
-    pub(super) route_id: RouteId,
+    pub(super) tag: ReplayTag,
     pub(super) status: u16,
     pub(super) body: Vec<u8>,
     pub(super) completed_at_sql: i64,
@@ -151,7 +151,7 @@ impl Drop for ReplayRegistry {
 /// to the next batch unless its transaction committed (also when the write panicked).
 struct Carried<'a> {
     registry: &'a ReplayRegistry,
-    routes: Vec<RouteId>,
+    routes: Vec<ReplayTag>,
     answers: Vec<Answer>,
     done: bool,
 }
@@ -173,25 +173,22 @@ impl Drop for Carried<'_> {
 impl Inner {
     /// Applies a committed write to the mirror, or undoes a failed one.
     fn settle(&mut self, write: Write, committed: bool, window_secs: u64) {
-        let Write::Reserve {
-            route_id, digest, ..
-        } = write
-        else {
+        let Write::Reserve { tag, digest, .. } = write else {
             return;
         };
         let ours = self
             .entries
-            .get(&route_id)
+            .get(&tag)
             .is_some_and(|e| e.pending && e.digest == digest);
         if !ours {
             return;
         }
         if committed {
-            if let Some(entry) = self.entries.get_mut(&route_id) {
+            if let Some(entry) = self.entries.get_mut(&tag) {
                 entry.pending = false;
             }
         } else {
-            self.forget(route_id, window_secs);
+            self.forget(tag, window_secs);
         }
     }
 }
@@ -199,7 +196,7 @@ impl Inner {
 /// Deletes the purged rows and applies `batch` in one immediate transaction, then commits.
 fn write_batch(
     conn: &mut Connection,
-    deletes: &[RouteId],
+    deletes: &[ReplayTag],
     answers: &[Answer],
     batch: &[Write],
 ) -> Result<(), ReplayError> {
@@ -222,9 +219,8 @@ fn write_batch(
         let mut stmt = tx
             .prepare_cached("DELETE FROM replay_routes WHERE route_id = ?1")
             .ctx("prepare deleting expired routes")?;
-        for route_id in deletes {
-            stmt.execute([&route_id[..]])
-                .ctx("delete an expired route")?;
+        for tag in deletes {
+            stmt.execute([&tag[..]]).ctx("delete an expired route")?;
         }
     }
     for answer in answers {
@@ -241,7 +237,7 @@ fn write_batch(
 fn write_one(tx: &Transaction<'_>, write: &Write) -> Result<(), StoreError> {
     match write {
         Write::Reserve {
-            route_id,
+            tag,
             digest,
             reserved_at,
         } => {
@@ -250,12 +246,7 @@ fn write_one(tx: &Transaction<'_>, write: &Write) -> Result<(), StoreError> {
                  VALUES (?1, ?2, ?3, ?4)",
             )
             .and_then(|mut stmt| {
-                stmt.execute(params![
-                    &route_id[..],
-                    &digest[..],
-                    reserved_at,
-                    STATE_IN_FLIGHT
-                ])
+                stmt.execute(params![&tag[..], &digest[..], reserved_at, STATE_IN_FLIGHT])
             })
             .ctx("insert a route reservation")?;
         }
@@ -279,7 +270,7 @@ fn write_answer(tx: &Transaction<'_>, answer: &Answer) -> Result<(), StoreError>
             answer.status,
             answer.body,
             answer.completed_at_sql,
-            &answer.route_id[..],
+            &answer.tag[..],
             STATE_IN_FLIGHT
         ])
     })

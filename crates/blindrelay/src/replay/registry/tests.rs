@@ -10,7 +10,7 @@ use super::*;
 
 const T0: u64 = 1_764_450_000;
 
-fn rid(n: u32) -> RouteId {
+fn rid(n: u32) -> ReplayTag {
     let mut id = [0x5a; 16];
     id[..4].copy_from_slice(&n.to_be_bytes());
     id
@@ -64,7 +64,7 @@ fn complete(reg: &ReplayRegistry, route: u32, digest: u8, status: u16, body: &[u
         .unwrap();
 }
 
-/// `(route_id, state, status, body)` of a row.
+/// `(tag, state, status, body)` of a row.
 type Row = (Vec<u8>, i64, Option<i64>, Option<Vec<u8>>);
 
 /// Rows in the file, read through a connection of its own.
@@ -801,7 +801,7 @@ fn a_batch_holds_at_most_its_bounds() {
     let mut queue = crate::sqlite::group_commit::Queue::new(LIMITS);
     for n in 0..(MAX_BATCH_WRITES as u32 + 3) {
         let write = Queued::Reserve {
-            route_id: rid(n),
+            tag: rid(n),
             digest: dg(1),
             reserved_at: 0,
         };
@@ -852,14 +852,14 @@ fn op() -> impl Strategy<Value = Op> {
 #[derive(Default)]
 struct Model {
     /// `(route, digest, reserved_at, response)`
-    routes: Vec<(RouteId, Digest, u64, Option<StoredResponse>)>,
+    routes: Vec<(ReplayTag, Digest, u64, Option<StoredResponse>)>,
 }
 
 impl Model {
-    fn live_index(&self, route_id: &RouteId, now: u64, window: u64) -> Option<usize> {
+    fn live_index(&self, tag: &ReplayTag, now: u64, window: u64) -> Option<usize> {
         self.routes
             .iter()
-            .position(|(r, _, at, _)| r == route_id && now < at + window)
+            .position(|(r, _, at, _)| r == tag && now < at + window)
     }
 
     fn live(&self, now: u64, window: u64) -> usize {
@@ -869,7 +869,7 @@ impl Model {
             .count()
     }
 
-    fn reserve(&mut self, r: RouteId, d: Digest, now: u64, cap: usize, window: u64) -> Outcome {
+    fn reserve(&mut self, r: ReplayTag, d: Digest, now: u64, cap: usize, window: u64) -> Outcome {
         if let Some(i) = self.live_index(&r, now, window) {
             let (_, digest, _, response) = &self.routes[i];
             return if *digest != d {
@@ -893,7 +893,7 @@ impl Model {
 
     fn complete(
         &mut self,
-        r: RouteId,
+        r: ReplayTag,
         d: Digest,
         status: u16,
         body: &[u8],
