@@ -28,8 +28,8 @@
 //! - [`admin`]: `etrelay admin`, the game server admin's tool (HTTP client and rcon).
 //! - [`cli`]: the command line.
 //!
-//! A packet's path: public socket → [`net`] → [`server`]'s relay loop: size → [`bans`] check
-//! → [`et`] classify (the filter) → by kind: query limiter → query cache answer; or
+//! A packet's path: public socket → [`net`] → [`server`]'s relay loop: size → [`et`] classify
+//! (the filter) → [`bans`] check → by kind: query limiter → query cache answer; or
 //! `getchallenge` → join gate (per source, pace, fair queue); or in-game → qport check; then
 //! session admission (half-open caps) → session queue → upstream socket → game server; its
 //! answer → session task (half-open → established) → public socket → client.
