@@ -4,7 +4,7 @@
 //!
 //! The crypto gate is the design's crypto admission budget: signature checks, onion layers and
 //! receipt signing take a slot. Inbound requests may use all but one slot and never wait for
-//! one (the pipeline's step 2, [`Context::try_crypto_slot`]); outbound work (route building,
+//! one (the pipeline's crypto stage, [`Context::try_crypto_slot`]); outbound work (route building,
 //! receipt checking: the node's own sends) may use them all, so it proceeds under an inbound
 //! burst, and waits for a slot at most the crypto wait (`--crypto-wait`,
 //! [`DEFAULT_CRYPTO_WAIT`]), woken as soon as a slot is given back; then it is refused. Disk

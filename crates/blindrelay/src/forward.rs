@@ -1,4 +1,4 @@
-//! Step 8 of a forward, on the wire: the next hop's framed link (`crate::links::framed`; one
+//! A forward on the wire (the pipeline's delivery, design step 8): the next hop's framed link (`crate::links::framed`; one
 //! `POST /v2/relay` per frame to a next hop that speaks only HTTP), with bounded retries.
 //!
 //! Up to [`MAX_ATTEMPTS`] attempts in all after a timeout, a connection error or a request

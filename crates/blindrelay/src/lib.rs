@@ -5,12 +5,13 @@
 //!
 //! # Layout
 //!
-//! A relay request's path: [`api`] → [`pipeline`] (steps 1–7 in order, each refusing with a
-//! [`reason::Reason`]) → step 8: [`forward`] (with retries) or [`terminal`] → [`replay`] records
-//! the answer → [`api`] answers. The daemon owns the node's handle, [`relay::Relay`]; the
+//! A relay request's path: [`api`] (HTTP or a framed link) → [`pipeline`]'s way in (one for both
+//! transports) → its stages in the order they run, each refusing with a [`reason::Reason`] →
+//! [`forward`] (with retries) or [`terminal`] → [`replay`] records the answer → [`api`]
+//! answers. The daemon owns the node's handle, [`relay::Relay`]; the
 //! listeners, the status document and the report take it.
 //!
-//! - [`proto`]: the wire formats without I/O: envelopes and their signatures, onion layers,
+//! - [`proto`]: the wire formats without I/O: frames, onion layers,
 //!   delivery receipts, descriptors, the relay answer, the probe payload.
 //! - [`reason`]: why a request is refused: wire string, HTTP status, counter, scored or not.
 //! - [`sources`]: who a request comes from (address blocks, known peers) and the bounded

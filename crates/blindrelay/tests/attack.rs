@@ -284,7 +284,7 @@ async fn slow_bodies_and_idle_connections_are_closed_and_honest_traffic_flows() 
     }
     let opened = Instant::now();
     // The body deadline for 100 000 bytes: 2 s + 100 000 / 64 KiB/s ≈ 3.5 s.
-    let body_deadline = blindrelay::api::body_deadline(100_000);
+    let body_deadline = blindrelay::pipeline::ingress::body_deadline(100_000);
     let slow_closed = tokio::spawn(async move {
         let mut closed = Vec::new();
         for s in slow {

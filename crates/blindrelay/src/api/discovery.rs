@@ -14,10 +14,11 @@ use std::sync::Arc;
 use axum::extract::{ConnectInfo, Extension, Request, State};
 use axum::response::{IntoResponse, Response};
 
-use super::{ApiError, body_deadline};
+use super::ApiError;
 use crate::discovery::{Caller, Msg};
 use crate::gossip;
 use crate::links::LinkPeer;
+use crate::pipeline::ingress::body_deadline;
 use crate::reason::Reason;
 use crate::relay::Relay;
 

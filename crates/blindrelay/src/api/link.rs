@@ -1,14 +1,13 @@
 //! The server side of the framed link (`crate::proto::link`): a relay listener's TLS connection
 //! whose client chose `blindrelay/1` is served here instead of by HTTP.
 //!
-//! Each frame goes through what `POST /v2/relay` does, in the same order and with the same
-//! answers: the source's cheap budget once its head is read, the length checked (over the
-//! largest frame: `envelope_too_large`), the frame read within its deadline (the body's:
-//! `api::body_deadline`), then admission and the pipeline in its own task. A refusal before
-//! the frame's bytes are read (`source_limited` by the cheap budget, `envelope_too_large`,
-//! `request_timeout`) closes the link once it is written, as it closes an HTTP connection: no
-//! further frame is read. A refusal of a frame read (admission's, the pipeline's) is an
-//! answer like any other, and the link, which may carry other frames in flight, stays open.
+//! Each frame takes the pipeline's way in, as a `POST /v2/relay` body does
+//! (`crate::pipeline::ingress`: the cheap budget once its head is read, the length in the head,
+//! the frame read within its deadline, framing and admission), then the pipeline in its own
+//! task. A refusal before the frame's bytes are read closes the link once it is written, as it
+//! closes an HTTP connection: no further frame is read. A refusal of a frame read (admission's,
+//! the pipeline's) is an answer like any other, and the link, which may carry other frames in
+//! flight, stays open.
 //!
 //! Bounds: at most [`LINK_IN_FLIGHT`] frames of one link in flight (past it the next head is not
 //! read until one is answered: the client's TCP window fills); the listener's header timeout is
@@ -28,13 +27,13 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use super::{ApiError, body_deadline, process_admitted};
-use crate::pipeline::Pipeline;
+use super::{ApiError, process_admitted};
+use crate::pipeline::ingress::{BodyError, Refused};
+use crate::pipeline::{Admitted, Pipeline};
 use crate::proto::NodeId;
 use crate::proto::answer::{ANSWER_LEN, pad};
 use crate::proto::link::{ANSWER_HEAD, AnswerHead, REQUEST_HEAD, RequestHead};
 use crate::reason::Reason;
-use crate::sources::Source;
 
 /// Frames of one link in flight at most.
 pub(crate) const LINK_IN_FLIGHT: usize = 64;
@@ -131,35 +130,34 @@ impl Reader {
         }
     }
 
-    /// One frame whose `head` was read: refused before its bytes are read (the link closed
-    /// after the answer), or read within its deadline and handed to its own task.
+    /// One frame whose `head` was read, taken in (refused before its bytes are read: the link
+    /// closed after the answer), then handed to its own task.
     async fn frame<R: AsyncRead + Unpin>(
         &self,
         rd: &mut R,
         head: RequestHead,
         permit: OwnedSemaphorePermit,
     ) -> Result<(), Closed> {
+        let len = head.len;
+        // Allocated only once the head's length passed the check (the future runs then).
+        let body = async move {
+            let mut body = vec![0u8; len];
+            rd.read_exact(&mut body).await.map_err(BodyError::Broken)?;
+            Ok(body)
+        };
         let pipeline = &self.pipeline;
-        let source = pipeline.classify(self.peer.ip());
-        if let Err(r) = pipeline.cheap(&source) {
-            return self.last(head.id, r.into()).await;
-        }
-        if !head.fits() {
-            let r = pipeline.refuse_from(&source, self.link, Reason::EnvelopeTooLarge);
-            return self.last(head.id, r.into()).await;
-        }
-        let mut body = vec![0u8; head.len];
-        match tokio::time::timeout(body_deadline(head.len as u64), rd.read_exact(&mut body)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(Closed::Own(e)),
-            Err(_) => {
-                let r = pipeline.refuse(&source, self.link, Reason::RequestTimeout);
-                return self.last(head.id, r.into()).await;
-            }
-        }
-        let (pipeline, tx, link) = (Arc::clone(pipeline), self.tx.clone(), self.link);
+        let admitted = match pipeline
+            .take_in(self.peer.ip(), self.link, Some(len as u64), body)
+            .await
+        {
+            Ok(admitted) => Ok(admitted),
+            Err(Refused::Unread(r)) => return self.last(head.id, r.into()).await,
+            Err(Refused::Broken(e)) => return Err(Closed::Own(e)),
+            Err(Refused::Read(r)) => Err(r),
+        };
+        let (pipeline, tx) = (Arc::clone(pipeline), self.tx.clone());
         tokio::spawn(async move {
-            let (status, body) = answer(&pipeline, source, link, body).await;
+            let (status, body) = answer(&pipeline, admitted).await;
             let _ = tx.send(encode(head.id, status, &body)).await;
             drop(permit);
         });
@@ -174,19 +172,11 @@ impl Reader {
     }
 }
 
-/// Admission and steps 2–8 for a frame read from `source`'s link `link`: its status and body
-/// at the relay answers' one length.
-async fn answer(
-    pipeline: &Arc<Pipeline>,
-    source: Source,
-    link: Option<NodeId>,
-    frame: Vec<u8>,
-) -> (u16, Vec<u8>) {
-    let processed = match pipeline.admit(&source, link, &frame) {
-        Ok(admitted) => {
-            drop(frame);
-            process_admitted(pipeline, admitted).await
-        }
+/// The stages of a frame taken in (or its refusal on the way in): its status and body at the
+/// relay answers' one length.
+async fn answer(pipeline: &Arc<Pipeline>, admitted: Result<Admitted, Reason>) -> (u16, Vec<u8>) {
+    let processed = match admitted {
+        Ok(admitted) => process_admitted(pipeline, admitted).await,
         Err(r) => Err(r.into()),
     };
     match processed {

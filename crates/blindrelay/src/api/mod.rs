@@ -12,7 +12,8 @@
 //! once with 413). `POST /v1/relay` is mounted only to refuse v1 senders with
 //! `400 v1_not_accepted` (counted, never scored), without reading the body. A body
 //! that does not arrive in time is refused (`request_timeout`, 408) and its connection closed.
-//! The in-flight slot is taken only once the body is read and framed (`Pipeline::admit`).
+//! The in-flight slot is taken only once the body is read and framed. All of this is the
+//! pipeline's way in (`crate::pipeline::ingress`), which a framed link's frames take too.
 //! From there the request runs in its own task, holding its slot, to the end of its deadline at
 //! most: a client that disconnects does not cancel it, so its route is completed and its
 //! answer stored rather than left in flight. A request not over when its previous hop must
@@ -27,7 +28,6 @@ pub mod serve;
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::{BytesRejection, PathRejection, QueryRejection};
@@ -40,6 +40,7 @@ use serde::{Deserialize, Serialize};
 
 pub use self::error::ApiError;
 use crate::links::LinkPeer;
+use crate::pipeline::ingress::{BodyError, Refused};
 use crate::pipeline::{Admitted, Pipeline};
 use crate::proto::frame::MAX_FRAME;
 use crate::proto::from_hex;
@@ -103,16 +104,6 @@ async fn descriptor(State(relay): State<Arc<Relay>>) -> Response {
     Json(ctx.node.descriptor(ctx.clock.unix())).into_response()
 }
 
-/// A relay body may take this long…
-pub const BODY_BASE: Duration = Duration::from_secs(2);
-/// …plus its length at this rate (bytes per second).
-pub const BODY_MIN_RATE: u64 = 64 * 1024;
-
-/// How long a body of `len` bytes may take to arrive.
-pub fn body_deadline(len: u64) -> Duration {
-    BODY_BASE + Duration::from_millis(len.saturating_mul(1000) / BODY_MIN_RATE)
-}
-
 /// `POST /v1/relay`: the v1 protocol is not accepted. The source's cheap budget is charged
 /// first, so the refusal costs no more than any other cheap one; the body is never read.
 async fn v1_relay(
@@ -128,9 +119,9 @@ async fn v1_relay(
     Err(pipeline.refuse(&source, None, Reason::V1NotAccepted).into())
 }
 
-/// `POST /v2/relay`: the source's cheap budget before the body is read; the declared length
-/// checked; the body read within its deadline and capped; then the pipeline (admission once
-/// the body is framed).
+/// `POST /v2/relay`: the pipeline's way in ([`Pipeline::take_in`]: the cheap budget, the
+/// declared length, the body within its deadline, framing and admission), then the request in
+/// its own task.
 async fn relay_request(
     State(relay): State<Arc<Relay>>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
@@ -142,47 +133,30 @@ async fn relay_request(
     let ip = peer.map_or(IpAddr::from([0, 0, 0, 0]), |Extension(ConnectInfo(p))| {
         p.ip()
     });
-    let source = pipeline.classify(ip);
-    pipeline.cheap(&source)?;
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_FRAME as u64) {
-        return Err(pipeline
-            .refuse_from(&source, link, Reason::EnvelopeTooLarge)
-            .into());
-    }
-    let deadline = body_deadline(declared.unwrap_or(MAX_FRAME as u64));
-    let body = match tokio::time::timeout(
-        deadline,
-        axum::body::to_bytes(req.into_body(), MAX_FRAME),
-    )
-    .await
-    {
-        Ok(Ok(body)) => body,
-        Ok(Err(_)) => {
-            return Err(pipeline
-                .refuse_from(&source, link, Reason::EnvelopeTooLarge)
-                .into());
-        }
-        Err(_) => {
-            return Err(pipeline
-                .refuse(&source, link, Reason::RequestTimeout)
-                .into());
-        }
+    // A body cut short or over the largest frame reads as too large.
+    let body = async {
+        axum::body::to_bytes(req.into_body(), MAX_FRAME)
+            .await
+            .map_err(|_| BodyError::TooLarge)
     };
-    let admitted = pipeline.admit(&source, link, &body)?;
-    drop(body);
-    // Refused after admission (steps 2–8), the body was read and judged: the connection stays
-    // open whatever the reason (a stranger over its crypto share retries on it).
+    let admitted = match pipeline.take_in(ip, link, declared, body).await {
+        Ok(admitted) => admitted,
+        Err(Refused::Unread(r) | Refused::Read(r)) => return Err(r.into()),
+        Err(Refused::Broken(_)) => return Err(ApiError::Internal),
+    };
+    // Refused after admission, the body was read and judged: the connection stays open
+    // whatever the reason (a stranger over its crypto share retries on it).
     let (status, body) = process_admitted(pipeline, admitted).await?;
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     Ok(fixed::relay_response(status, &body, false))
 }
 
-/// Steps 2–8 for an admitted relay request (over HTTP or a framed link): the answer or the
+/// The stages of an admitted relay request (over HTTP or a framed link): the answer or the
 /// refusal after admission as the protocol has it (a replayed one exactly as first sent), its
 /// status and unpadded body.
 ///

@@ -1,11 +1,11 @@
-//! Step 3: the previous hop and the frame.
+//! The previous hop and the frame (design step 3), on the way in before admission.
 //!
 //! The previous hop is the link's client, authenticated by mutual TLS (`crate::links`): its
 //! TLS 1.3 `CertificateVerify` was checked with the key of its certificate, once for the whole
 //! link. A link whose client presented no certificate cannot post a frame
 //! (`invalid_previous_hop`, blamed on nobody: there is nobody to blame).
 //!
-//! The frame's framing is the cheap check run before step 1 admits a request ([`frame`]): the
+//! The frame's framing is the cheap check run before the gate admits a request ([`frame`]): the
 //! body must be one v2 packet ([`crate::proto::frame`]) of a known class and exactly its
 //! class's length, checked before anything is copied. A v1 envelope (`BRE1…`) is refused as
 //! `v1_not_accepted`, never scored; any other framing fault (`malformed_envelope`) is the

@@ -1,5 +1,5 @@
-//! Step 2, crypto admission: a free slot of the shared crypto gate for the signature check and
-//! the onion layer, taken at once or refused at once (`backpressure`), as the design says:
+//! Crypto admission (design step 2), the first stage of an admitted request: a free slot of the
+//! shared crypto gate for the onion layer, taken at once or refused at once (`backpressure`), as the design says:
 //! an inbound request never waits in a queue for CPU. Inbound requests may take every slot but
 //! one, so the node's own route building and receipt checking always find one
 //! ([`crate::context`]).

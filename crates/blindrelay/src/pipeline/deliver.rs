@@ -1,8 +1,8 @@
-//! Step 8: forward the peeled packet in a frame signed by this node ([`crate::forward`], with
-//! retries), or deliver at the terminal ([`crate::terminal`]).
+//! Delivery (design step 8): forward the peeled packet to the next hop over this node's link
+//! ([`crate::forward`], with retries), or deliver at the terminal ([`crate::terminal`]).
 //!
-//! [`prepare`] is CPU work (the next frame's signature, or the sealed receipt) and runs with
-//! steps 3–7 on the crypto slot; [`store`] is a SQLite commit and runs on the same blocking
+//! [`prepare`] is CPU work (the sealed receipt at a terminal) and runs with
+//! the checks on the crypto slot; [`store`] is a SQLite commit and runs on the same blocking
 //! thread once the slot is given back; [`forward`] runs on the reactor with the next hop's slot
 //! and turn held.
 
@@ -23,10 +23,10 @@ use crate::terminal::{self, Once, Stored, Terminal, Undelivered};
 use super::answer::Answer;
 use super::route::{self, HopNext};
 
-/// Step 8, prepared.
+/// The delivery, prepared.
 #[derive(Debug)]
 pub(super) enum Next {
-    /// Post `frame` (signed by this node) to `endpoint`.
+    /// Post `frame` (the peeled packet) to `endpoint`.
     Forward {
         endpoint: String,
         next_hop: NodeId,
@@ -39,7 +39,7 @@ pub(super) enum Next {
     Terminal(TerminalWork),
 }
 
-/// Step 8's CPU work: the next hop's endpoint (the end of step 7) and the frame for it (the
+/// The delivery's CPU work: the next hop's endpoint (the end of the route) and the frame for it (the
 /// peeled packet: the link to the next hop names this node), or the terminal's sealed receipt.
 ///
 /// # Errors

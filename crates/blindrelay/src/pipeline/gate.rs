@@ -1,4 +1,5 @@
-//! Step 1, the request gate: the design's process-wide totals (`--admission-per-minute`
+//! The request gate (design step 1), consulted twice on the way in (`super::ingress`): its cheap
+//! budget before the body is read, admission once the body is framed. The design's process-wide totals (`--admission-per-minute`
 //! requests per minute, [`MAX_IN_FLIGHT`] in flight) as the ceiling, shared fairly per source
 //! (`crate::sources`).
 //!
@@ -79,7 +80,7 @@ pub struct RequestGate {
     in_flight: CountTable,
 }
 
-/// A request admitted by step 1: it holds its in-flight slot until dropped.
+/// A request admitted by the gate: it holds its in-flight slot until dropped.
 #[derive(Debug)]
 pub struct Admitted {
     _slot: Held,

@@ -1,6 +1,6 @@
-//! Step 4 of the pipeline: the previous-hop rate limit, failure score and quarantine.
+//! The previous-hop guard (design step 4): the previous-hop rate limit, failure score and quarantine.
 //!
-//! Keyed by the previous hop's **authenticated** identity (its signature was checked in step 3;
+//! Keyed by the previous hop's **authenticated** identity (the link's mutual TLS checked it before admission;
 //! a frame that fails authentication is never charged to the identity it claims, so forged
 //! frames cannot quarantine an honest node). Per identity:
 //!
@@ -169,7 +169,7 @@ impl HopGuard {
         self.buckets.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Step 4 for an authenticated previous hop; a quarantine it starts is counted.
+    /// The guard for an authenticated previous hop; a quarantine it starts is counted.
     ///
     /// # Errors
     /// `rate_limited` (over the rate, or a new identity while the table is full of active
@@ -375,7 +375,7 @@ mod tests {
         assert_eq!(g.check(&id(1), t0, &c), Err(Reason::RateLimited));
         assert_eq!(g.check(&id(1), t0, &c), Err(Reason::Quarantined));
         assert_eq!(c.quarantine_started.get(), 1);
-        // Charged only after step 4 saw it (the pipeline's order).
+        // Charged only after the guard saw it (the pipeline's order).
         assert_eq!(g.check(&id(2), t0, &c), Ok(()));
         for _ in 0..FAILURE_THRESHOLD {
             g.charge(&id(2), t0, &c);

@@ -1,30 +1,36 @@
-//! The admission pipeline: one file per design step, run in order by [`Pipeline`], this file
-//! being only the sequencer.
+//! The relay request's pipeline, in the order it runs. Each stage is a module, declared below
+//! in that order; this file only sequences them. The design's step numbers (its table is in
+//! `docs/blindrelay.md`, "The pipeline") are given in brackets: the order differs from the
+//! design's where a cheaper check can refuse before a dearer one.
 //!
-//! 1. [`gate`]: the request gate. Its cheap budget is charged before the body is read
-//!    ([`Pipeline::cheap`]); once the body is read (within its deadline, at the HTTP edge) and
-//!    framed (step 3's framing: size, class), the request takes its fair share of the design's
-//!    process-wide totals: a token of the admission rate and one of the 64 in-flight slots
-//!    ([`Pipeline::admit`]);
-//! 2. [`crypto`]: a crypto slot (inbound requests get all but one, strangers a share of those),
-//!    taken at once or refused at once: `backpressure`, or `source_limited` for a stranger
-//!    over its share;
-//! 3. [`authenticate`]: the previous hop is the link's client, authenticated by mutual TLS;
-//!    the frame's framing (a v1 envelope is `v1_not_accepted`, any other fault
-//!    `malformed_envelope`, scored against the previous hop);
-//! 4. [`hop_guard`]: the previous-hop rate limit and quarantine, and the blame of what a
-//!    previous hop sent;
-//! 5. [`freshness`]: this node's layer opened (peeled in place, the same length out as in) and
-//!    its sealed expiry checked;
-//! 6. [`self_loop`]: the previous hop is not this node (checked before step 5: it needs no key);
-//! 7. [`route`]: the route loop and the next hop's v2 descriptor; then [`reserve`]: the layer's
-//!    replay tag reserved through its expiry plus the skew;
-//! 8. [`deliver`]: forward the peeled packet in a frame signed by this node
-//!    ([`crate::forward`], with retries), or deliver at the terminal ([`crate::terminal`]);
-//!    then [`reserve`] records the answer for duplicates.
+//! On the way in ([`ingress`], [`Pipeline::take_in`], for both transports):
 //!
-//! Each step is a function of its input and the time that returns its output or a [`Reason`].
-//! Steps 3–7 up to the reservation, and the signing of what step 8 sends, are CPU work
+//! 1. [`gate`], cheap budget (design 1): a token of the source's own bucket, before the body is
+//!    read; then the declared length and the body within its deadline;
+//! 2. [`authenticate`] (design 3): the previous hop is the link's client, authenticated by mutual
+//!    TLS; the body is one v2 frame (a v1 envelope is `v1_not_accepted`, any other fault
+//!    `malformed_envelope`, blamed on the previous hop). Before admission: a frame that is not
+//!    one costs the gate no token;
+//! 3. [`gate`], admission (design 1): the source's fair share of a token of the admission rate
+//!    and of an in-flight slot.
+//!
+//! Then, in the request's own task ([`Pipeline::process`]):
+//!
+//! 4. [`crypto`] (design 2): a crypto slot, taken at once or refused at once (`backpressure`, or
+//!    `source_limited` for a stranger over its share);
+//! 5. [`hop_guard`] (design 4): the previous hop's rate and quarantine;
+//! 6. [`self_loop`] (design 6): the previous hop is not this node; it needs no key, so it runs
+//!    before the layer is opened;
+//! 7. [`peel`] (design 5): this node's layer opened (peeled in place, the same length out as in)
+//!    and the expiry sealed in it checked;
+//! 8. [`route`] (design 7): the route loop and the next hop's v2 descriptor;
+//! 9. [`reserve`] (design 7): the layer's replay tag reserved through its expiry plus the skew;
+//! 10. [`deliver`] (design 8): forward the peeled packet to the next hop over this node's link
+//!     ([`crate::forward`], with retries), or deliver at the terminal ([`crate::terminal`]);
+//!     then [`reserve`] records the answer for duplicates.
+//!
+//! Each stage is a function of its input and the time that returns its output or a [`Reason`].
+//! Stages 5–8 and stage 10's preparation (the receipt sealed at a terminal) are CPU work
 //! ([`check_frame`] and [`deliver::prepare`]); they run on a blocking thread while the crypto
 //! slot is held. The slot is given back before any disk work (the reservation and the inbox,
 //! each a SQLite commit) and before any network work (the forward). The disk work that follows
@@ -34,25 +40,25 @@
 //! hop answered: one hop off the reactor per request.
 //!
 //! A refusal after authentication is blamed as [`Reason::blame`] says
-//! ([`hop_guard::HopGuard::blame`]): only what the previous hop signed itself is charged to it
-//! (the design's scored list, less what the sender sealed) or noted in its health.
+//! ([`hop_guard::HopGuard::blame`]): only what the previous hop sent on its own link is charged
+//! to it (the design's scored list, less what the sender sealed) or noted in its health.
 //! [`Pipeline::process`] ends with an [`Answer`] or a [`Reason`]; the HTTP edge (`api`) turns
 //! them into responses. Each request bumps `received` and exactly one outcome counter
-//! ([`answer`]).
+//! ([`answer`]). [`pressure`] notes whose requests backpressure fell on.
 
 pub mod answer;
 pub mod authenticate;
 pub mod crypto;
 pub mod deliver;
-pub mod freshness;
 pub mod gate;
 pub mod hop_guard;
+pub mod ingress;
+pub mod peel;
 pub mod pressure;
 pub mod reserve;
 pub mod route;
 pub mod self_loop;
 
-use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,7 +74,7 @@ use self::reserve::Reserved;
 pub use self::route::HopNext;
 use crate::clock::Instant;
 use crate::context::{self, Context};
-use crate::forward::{self, NextHopSlot};
+use crate::forward::NextHopSlot;
 use crate::outbound::Turn;
 use crate::proto::frame::Frame;
 use crate::proto::sphinx::{self, ReplayTag};
@@ -105,7 +111,7 @@ impl Admitted {
     }
 }
 
-/// A frame that passed steps 3–7 up to the reservation ([`check_frame`]).
+/// A frame that passed the checks from [`hop_guard`] to [`route`] ([`check_frame`]).
 #[derive(Debug)]
 pub struct HopChecked {
     /// The authenticated previous hop.
@@ -121,13 +127,13 @@ pub struct HopChecked {
     /// Keep the tag reserved through this second: `expires_at` + [`sphinx::EXPIRY_SKEW`], after
     /// which the layer is refused anyway.
     pub keep_through: u64,
-    /// Step 8.
+    /// What [`deliver`] does with it.
     pub next: HopNext,
 }
 
-/// Steps 4–7 up to the reservation for `frame` (its previous hop authenticated by its link) at
+/// The checks from [`hop_guard`] to [`route`] for `frame` (its previous hop authenticated by its link) at
 /// node `me` holding `secrets` (current onion key first), at `now`: CPU work only. `prev` is
-/// set to the previous hop, so a refusal can be blamed; `guard` (step 4) is asked about it
+/// set to the previous hop, so a refusal can be blamed; `guard` ([`hop_guard`]) is asked about it
 /// before any other work.
 ///
 /// # Errors
@@ -147,7 +153,7 @@ pub fn check_frame(
     self_loop::check(&from, me)?;
     let digest = frame.request_digest();
     let mut packet = frame.packet;
-    let opened = freshness::open(secrets, &mut packet, now)?;
+    let opened = peel::open(secrets, &mut packet, now)?;
     let next = route::next(opened.slot, packet, &from, me)?;
     Ok(HopChecked {
         prev: from,
@@ -160,7 +166,7 @@ pub fn check_frame(
     })
 }
 
-/// What steps 3–7 found, up to the reservation, with step 8 prepared.
+/// What the checks found, up to the reservation, with [`deliver`] prepared.
 struct Checked {
     /// The authenticated previous hop.
     prev: NodeId,
@@ -173,7 +179,7 @@ struct Checked {
     now: u64,
     /// The tag is kept reserved through this second (the layer's expiry plus the skew).
     keep_through: u64,
-    /// What step 8 does, already signed.
+    /// What [`deliver`] does, prepared (a terminal's receipt sealed).
     next: Next,
 }
 
@@ -181,7 +187,7 @@ struct Checked {
 enum Staged {
     /// Answered (a duplicate's stored answer, or the terminal's verdict, recorded).
     Done(Result<Answer, Reason>),
-    /// Reserved: step 8 forwards it, then records the answer.
+    /// Reserved: [`deliver`] forwards it, then the answer is recorded.
     Forward(Forwarding),
 }
 
@@ -245,12 +251,12 @@ impl Pipeline {
         &self.ctx
     }
 
-    /// The previous-hop guard (step 4).
+    /// The previous-hop guard ([`hop_guard`]).
     pub fn hops(&self) -> &HopGuard {
         &self.hops
     }
 
-    /// The crypto slots strangers hold (step 2).
+    /// The crypto slots strangers hold ([`crypto`]).
     pub fn strangers(&self) -> &Arc<crypto::Strangers> {
         &self.strangers
     }
@@ -260,7 +266,7 @@ impl Pipeline {
         &self.pressure
     }
 
-    /// The request gate (step 1).
+    /// The request gate ([`gate`]).
     pub fn gate(&self) -> &RequestGate {
         &self.gate
     }
@@ -270,50 +276,7 @@ impl Pipeline {
         &self.sources
     }
 
-    /// The source of a request from `ip`, now.
-    pub fn classify(&self, ip: IpAddr) -> Source {
-        self.sources.classify(ip, self.ctx.clock.instant())
-    }
-
-    /// Step 1's cheap budget, before the body is read. Never waits.
-    ///
-    /// # Errors
-    /// `source_limited` (already counted).
-    pub fn cheap(&self, source: &Source) -> Result<(), Reason> {
-        self.gate
-            .cheap(source.key(), self.ctx.clock.instant())
-            .map_err(|r| self.refuse(source, None, r))
-    }
-
-    /// Step 3's framing of the body read (size, class) from the link's client `link`, then
-    /// step 1's admission. Never waits.
-    ///
-    /// # Errors
-    /// `invalid_previous_hop`, `v1_not_accepted`, `malformed_envelope`, `source_limited` or
-    /// `backpressure` (already counted; a malformed frame scored against `link`).
-    pub fn admit(
-        &self,
-        source: &Source,
-        link: Option<NodeId>,
-        body: &[u8],
-    ) -> Result<Admitted, Reason> {
-        let frame =
-            authenticate::frame(body, link).map_err(|r| self.refuse_from(source, link, r))?;
-        let slot = self
-            .gate
-            .admit(source.key(), self.ctx.clock.instant())
-            .map_err(|r| self.refuse(source, link, r))?;
-        let now = self.ctx.clock.now();
-        Ok(Admitted {
-            _slot: slot,
-            answer_by: now + forward::HOP_DEADLINE,
-            deadline: now + forward::LATE_DEADLINE,
-            frame,
-            source: *source,
-        })
-    }
-
-    /// Step 1's cheap budget and step 2's crypto slot for other signature work than a relay
+    /// The cheap budget and a crypto slot for other signature work than a relay
     /// request's (a gossiped descriptor), refused as a relay request would be but not counted
     /// as one. Never waits.
     ///
@@ -330,20 +293,6 @@ impl Pipeline {
                     .note(Culprit::Source(source.key()), self.ctx.clock.unix());
             }
         })
-    }
-
-    /// Counts a refusal of a request from `source` on `link`'s link found outside the steps
-    /// (the body read at the edge) and returns it.
-    pub fn refuse(&self, source: &Source, link: Option<NodeId>, r: Reason) -> Reason {
-        self.settle(source, link, &Err(r));
-        r
-    }
-
-    /// [`Pipeline::refuse`] of what the link's client `link` sent (a body too large, a frame
-    /// that is not one), blamed on it ([`Reason::blame`]).
-    pub fn refuse_from(&self, source: &Source, link: Option<NodeId>, r: Reason) -> Reason {
-        self.refused(link, r, self.ctx.clock.instant());
-        self.refuse(source, link, r)
     }
 
     /// Counts how a request from `source` on `link`'s link ended: its outcome
@@ -367,7 +316,7 @@ impl Pipeline {
         }
     }
 
-    /// Steps 2–8 for an admitted request; counted. Its in-flight slot is held until the end.
+    /// The stages from [`crypto`] to [`deliver`] for an admitted request; counted. Its in-flight slot is held until the end.
     ///
     /// # Errors
     /// The refusal.
@@ -391,9 +340,9 @@ impl Pipeline {
         source: &Source,
         deadline: Instant,
     ) -> Result<Answer, Reason> {
-        // Step 2, then 3–7 on a blocking thread while the slot (and a stranger's share) is held;
+        // The crypto slot, then the checks on a blocking thread while it (and a stranger's share) is held;
         // then, the slot given back, the reservation on the same thread (and at the terminal,
-        // step 8 and the replay record): one hop off the reactor for all of it.
+        // the delivery and the replay record): one hop off the reactor for all of it.
         // A known peer whose frames keep failing the peel takes a stranger's share.
         let key = match source.key() {
             SourceKey::Known(ip)
@@ -425,7 +374,7 @@ impl Pipeline {
             Staged::Done(verdict) => return verdict,
             Staged::Forward(f) => f,
         };
-        // Step 8 (the next hop's slot held to the end), then the replay record.
+        // The forward (the next hop's slot held to the end), then the replay record.
         trace!(next = %Prefix(f.turn.hop()), "forwarding");
         let until = deadline.checked_sub(FINISH_MARGIN).unwrap_or(deadline);
         let verdict = Ok(deliver::forward(
@@ -443,7 +392,7 @@ impl Pipeline {
         verdict
     }
 
-    /// Steps 3–7 (up to the reservation) and step 8's signing: CPU work only. `prev` is set
+    /// The checks (up to the reservation) and [`deliver`]'s preparation: CPU work only. `prev` is set
     /// once the previous hop is authenticated.
     fn check(
         &self,
@@ -467,11 +416,10 @@ impl Pipeline {
         })
     }
 
-    /// What follows steps 3–7 on their blocking thread, with no crypto slot held (blocking:
-    /// SQLite commits): the refusal of what they refused; the next hop's slot and place; the
-    /// end of step 7, the reservation, on disk; then at the terminal step 8 (the payload
-    /// committed, the receipt released) and the replay record. A forward is staged for the
-    /// reactor.
+    /// What follows the checks on their blocking thread, with no crypto slot held (blocking:
+    /// SQLite commits): the refusal of what they refused; the next hop's slot and place;
+    /// [`reserve`], on disk; then at the terminal [`deliver`] (the payload committed, the
+    /// receipt released) and the replay record. A forward is staged for the reactor.
     fn reserve_and_deliver(
         &self,
         prev: Option<NodeId>,
@@ -586,7 +534,7 @@ impl Pipeline {
     }
 
     /// A refusal of what the authenticated previous hop `prev` sent (none: not authenticated,
-    /// nobody to blame), blamed by step 4.
+    /// nobody to blame), blamed by [`hop_guard`].
     fn refused(&self, prev: Option<NodeId>, r: Reason, instant: std::time::Instant) {
         let Some(prev) = prev else { return };
         let ctx = &self.ctx;

@@ -1,4 +1,5 @@
-//! The end of step 7, the route replay reservation, and after step 8 the replay record (the
+//! The route replay reservation (the end of design step 7), and after the delivery the replay
+//! record (the
 //! final answer, success or failure, kept for duplicates). The reservation is a SQLite commit
 //! (`synchronous=FULL`): it runs on the blocking thread its crypto work ran on, once the slot
 //! is given back. The record waits for no commit: it rides with the registry's next one.

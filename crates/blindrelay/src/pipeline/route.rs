@@ -1,11 +1,11 @@
-//! Step 7 up to the reservation: the route loop and the next hop's descriptor. (A v2 packet has
+//! The route (design step 7 up to the reservation): the route loop and the next hop's descriptor. (A v2 packet has
 //! a fixed number of layer slots, so a route cannot outlive its hops: the TTL is the onion's.)
 //!
 //! - [`next`]: what the opened layer's slot says: forward to a next hop that is neither this
 //!   node nor the previous hop (else `route_loop`), or deliver here.
 //! - [`endpoint`]: a next hop needs a current v2 descriptor with an allowed endpoint.
 //!
-//! The replay reservation that ends step 7 is [`super::reserve`]: it writes to disk, so it runs
+//! The replay reservation that ends the design's step 7 is [`super::reserve`]: it writes to disk, so it runs
 //! after the crypto slot is given back.
 
 use crate::context::Context;

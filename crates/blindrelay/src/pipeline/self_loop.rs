@@ -1,6 +1,6 @@
-//! Step 6: the self-loop check. A frame whose authenticated previous hop is this node itself is
+//! The self-loop check (design step 6). A frame whose authenticated previous hop is this node itself is
 //! refused (`self_loop`) before its layer is opened: nothing a node sends may come back to it
-//! as its own previous hop. It needs no key, so the sequencer runs it before step 5's layer is
+//! as its own previous hop. It needs no key, so the sequencer runs it before the layer is
 //! opened (the expiry is sealed inside the layer).
 
 use crate::proto::NodeId;

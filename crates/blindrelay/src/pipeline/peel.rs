@@ -1,5 +1,5 @@
-//! Step 5: the envelope's metadata. Its size is checked with the framing (step 3, before any
-//! admission: a v2 frame has exactly its class's length); its age and future skew are sealed by
+//! The layer peeled and its expiry checked (design step 5: the envelope's metadata). Its size
+//! is checked with the framing (on the way in, before: a v2 frame has exactly its class's length); its age and future skew are sealed by
 //! the sender inside this node's layer, so the layer is opened here with this node's onion keys
 //! (peeled in place, the same length out as in) and its expiry checked.
 //!
