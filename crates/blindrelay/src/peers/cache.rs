@@ -109,7 +109,8 @@ pub fn restore(peers: &Peers, path: &Path) -> usize {
         Err(why) => {
             warn!(
                 file = %path.display(),
-                "the peer store cannot be read ({why}); starting from the --peer list"
+                %why,
+                "the peer store cannot be read; starting from the --peer list"
             );
             return 0;
         }

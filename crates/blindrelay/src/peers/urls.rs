@@ -158,7 +158,7 @@ impl Peers {
             }
             let n = self.urls().len();
             if complete && !announced && n > 0 {
-                info!("descriptors of all {n} peers fetched");
+                info!(peers = n, "descriptors of all peers fetched");
                 announced = true;
             }
             let wait = if complete { self.refresh } else { RETRY };

@@ -18,6 +18,8 @@ use std::io;
 use std::net::IpAddr;
 use std::time::Duration;
 
+use tracing::{Instrument, debug_span};
+
 use super::{Admitted, Pipeline, authenticate};
 use crate::forward;
 use crate::proto::NodeId;
@@ -77,25 +79,39 @@ impl Pipeline {
         body: impl Future<Output = Result<B, BodyError>>,
     ) -> Result<Admitted, Refused> {
         let source = self.classify(ip);
-        self.cheap(&source).map_err(Refused::Unread)?;
+        let span = debug_span!("relay_in", known = source.key().is_known());
+        self.take_in_from(source, link, declared, body)
+            .instrument(span)
+            .await
+    }
+
+    async fn take_in_from<B: AsRef<[u8]>>(
+        &self,
+        source: Source,
+        link: Option<NodeId>,
+        declared: Option<u64>,
+        body: impl Future<Output = Result<B, BodyError>>,
+    ) -> Result<Admitted, Refused> {
+        let source = &source;
+        self.cheap(source).map_err(Refused::Unread)?;
         if declared.is_some_and(|n| n > MAX_FRAME as u64) {
-            let r = self.refuse_from(&source, link, Reason::EnvelopeTooLarge);
+            let r = self.refuse_from(source, link, Reason::EnvelopeTooLarge);
             return Err(Refused::Unread(r));
         }
         let deadline = body_deadline(declared.unwrap_or(MAX_FRAME as u64));
         let body = match tokio::time::timeout(deadline, body).await {
             Ok(Ok(body)) => body,
             Ok(Err(BodyError::TooLarge)) => {
-                let r = self.refuse_from(&source, link, Reason::EnvelopeTooLarge);
+                let r = self.refuse_from(source, link, Reason::EnvelopeTooLarge);
                 return Err(Refused::Unread(r));
             }
             Ok(Err(BodyError::Broken(e))) => return Err(Refused::Broken(e)),
             Err(_) => {
-                let r = self.refuse(&source, link, Reason::RequestTimeout);
+                let r = self.refuse(source, link, Reason::RequestTimeout);
                 return Err(Refused::Unread(r));
             }
         };
-        self.admit(&source, link, body.as_ref())
+        self.admit(source, link, body.as_ref())
             .map_err(Refused::Read)
     }
 

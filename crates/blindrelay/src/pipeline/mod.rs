@@ -62,7 +62,7 @@ pub mod self_loop;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tracing::trace;
+use tracing::{Instrument, debug_span, trace};
 use x25519_dalek::StaticSecret;
 
 pub use self::answer::{Answer, wire};
@@ -329,9 +329,15 @@ impl Pipeline {
             ..
         } = admitted;
         let link = Some(frame.previous_hop);
-        let verdict = self.run(frame, &source, deadline).await;
-        self.settle(&source, link, &verdict);
-        verdict
+        // What an operator's debug log shows of a request's life: no id, address or payload.
+        let span = debug_span!("relay", known = source.key().is_known(), class = ?frame.class);
+        async {
+            let verdict = self.run(frame, &source, deadline).await;
+            self.settle(&source, link, &verdict);
+            verdict
+        }
+        .instrument(span)
+        .await
     }
 
     async fn run(
