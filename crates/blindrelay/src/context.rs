@@ -4,7 +4,7 @@
 //!
 //! The crypto gate is the design's crypto admission budget: signature checks, onion layers and
 //! receipt signing take a slot. Inbound requests may use all but one slot and never wait for
-//! one (the pipeline's crypto stage, [`Context::try_crypto_slot`]); outbound work (route building,
+//! one (the pipeline's crypto stage, [`Crypto::try_slot`]); outbound work (route building,
 //! receipt checking: the node's own sends) may use them all, so it proceeds under an inbound
 //! burst, and waits for a slot at most the crypto wait (`--crypto-wait`,
 //! [`DEFAULT_CRYPTO_WAIT`]), woken as soon as a slot is given back; then it is refused. Disk
@@ -52,7 +52,8 @@ pub fn default_crypto_slots() -> usize {
     crypto_slots(std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
-/// What the node's inbound and outbound work share, process-wide.
+/// What the node's inbound and outbound work share, process-wide: who it is, whom it knows,
+/// time, what it counts, and two services: the crypto gate and the way out to other nodes.
 #[derive(Debug)]
 pub struct Context {
     /// Identity and keys.
@@ -66,21 +67,35 @@ pub struct Context {
     /// Per-peer health.
     pub health: Health,
     /// The crypto slots, shared by inbound and outbound work.
-    pub crypto: Gate,
-    /// Woken whenever a crypto slot is given back.
-    crypto_freed: Arc<Notify>,
+    pub crypto: Crypto,
+    /// The way out: links to other nodes, their pacing and the rules of the routes built here.
+    pub outgoing: Outgoing,
+}
+
+/// The crypto gate (module docs): slots taken at once by inbound work, waited for (a bounded
+/// time) by outbound work.
+#[derive(Debug)]
+pub struct Crypto {
+    gate: Gate,
+    /// Woken whenever a slot is given back.
+    freed: Arc<Notify>,
     /// See [`ContextConfig::crypto_on_reactor`].
-    crypto_on_reactor: bool,
-    /// How long the node's own send may wait for a crypto slot.
-    pub crypto_wait: Duration,
+    on_reactor: bool,
+    /// How long the node's own work may wait for a slot.
+    wait: Duration,
+    clock: Clock,
+}
+
+/// What this node's requests to other nodes go through.
+#[derive(Debug)]
+pub struct Outgoing {
+    /// The TLS links to other nodes (next hops, descriptor fetches, discovery).
+    pub links: Links,
+    /// Every request to a next hop waits its turn here, under the previous-hop rate this node
+    /// enforces and assumes of its peers ([`Pacer::rate`]).
+    pub pacer: Arc<Pacer>,
     /// Requests in flight per next hop.
     pub next_hops: NextHopSlots,
-    /// The previous-hop rate this node enforces and assumes of its peers.
-    pub hop_rate: HopRate,
-    /// Every request to a next hop waits its turn here.
-    pub pacer: Arc<Pacer>,
-    /// The HTTP client for next hops and descriptor fetches.
-    pub http: Links,
     /// No two hops of a route this node builds in one /16 (IPv4) or /32 (IPv6)
     /// (`crate::send::path`); off only with `--same-subnet-paths`.
     pub distinct_blocks: bool,
@@ -154,7 +169,7 @@ impl Context {
         clock: Clock,
         config: ContextConfig,
     ) -> Self {
-        let http = Links::new(
+        let links = Links::new(
             config.bind,
             peers.identity_counter(),
             LinkLimits {
@@ -169,37 +184,57 @@ impl Context {
             clock,
             counters: Counters::default(),
             health: Health::default(),
-            crypto: Gate::new(config.crypto_slots),
-            crypto_freed: Arc::new(Notify::new()),
-            crypto_on_reactor: config.crypto_on_reactor,
-            crypto_wait: config.crypto_wait,
-            next_hops: NextHopSlots::new(config.per_next_hop),
-            hop_rate: config.hop_rate,
-            pacer: Pacer::new(config.hop_rate, config.queue),
-            http,
-            distinct_blocks: config.distinct_blocks,
+            crypto: Crypto {
+                gate: Gate::new(config.crypto_slots),
+                freed: Arc::new(Notify::new()),
+                on_reactor: config.crypto_on_reactor,
+                wait: config.crypto_wait,
+                clock,
+            },
+            outgoing: Outgoing {
+                links,
+                pacer: Pacer::new(config.hop_rate, config.queue),
+                next_hops: NextHopSlots::new(config.per_next_hop),
+                distinct_blocks: config.distinct_blocks,
+            },
         }
     }
+}
 
-    /// A crypto slot if fewer than `below` are in use now; never waits.
-    pub fn try_crypto_slot(&self, below: usize) -> Option<CryptoSlot> {
-        self.crypto
-            .try_acquire_below(below)
-            .map(|permit| CryptoSlot {
-                permit: Some(permit),
-                freed: Arc::clone(&self.crypto_freed),
-                on_reactor: self.crypto_on_reactor,
-            })
+impl Crypto {
+    /// Slots in all.
+    pub fn limit(&self) -> usize {
+        self.gate.limit()
     }
 
-    /// A crypto slot while fewer than `below` are in use, waiting at most `wait` for one.
-    pub async fn crypto_slot(&self, below: usize, wait: Duration) -> Option<CryptoSlot> {
+    /// A slot's permit outside the gate's accounting of who waits: for tests that hold slots.
+    pub fn try_acquire(&self) -> Option<Permit> {
+        self.gate.try_acquire()
+    }
+
+    /// A slot if fewer than `below` are in use now; never waits.
+    pub fn try_slot(&self, below: usize) -> Option<CryptoSlot> {
+        self.gate.try_acquire_below(below).map(|permit| CryptoSlot {
+            permit: Some(permit),
+            freed: Arc::clone(&self.freed),
+            on_reactor: self.on_reactor,
+        })
+    }
+
+    /// A slot of all of them for this node's own work, waiting at most the crypto wait
+    /// (`--crypto-wait`) for one.
+    pub async fn slot(&self) -> Option<CryptoSlot> {
+        self.slot_below(self.limit(), self.wait).await
+    }
+
+    /// A slot while fewer than `below` are in use, waiting at most `wait` for one.
+    pub async fn slot_below(&self, below: usize, wait: Duration) -> Option<CryptoSlot> {
         let deadline = self.clock.now() + wait;
         loop {
-            let freed = self.crypto_freed.notified();
+            let freed = self.freed.notified();
             tokio::pin!(freed);
             freed.as_mut().enable();
-            if let Some(slot) = self.try_crypto_slot(below) {
+            if let Some(slot) = self.try_slot(below) {
                 return Some(slot);
             }
             if tokio::time::timeout_at(deadline, freed).await.is_err() {
@@ -304,16 +339,16 @@ mod tests {
     #[tokio::test]
     async fn the_slot_is_held_only_while_the_work_runs() {
         let (_dir, ctx) = context(1);
-        let slot = ctx.crypto_slot(1, Duration::ZERO).await.unwrap();
-        let g = ctx.crypto.clone();
+        let slot = ctx.crypto.slot_below(1, Duration::ZERO).await.unwrap();
+        let g = ctx.crypto.gate.clone();
         let seen = on_crypto_slot(slot, move || g.in_use()).await;
         assert_eq!(seen, Some(1));
-        assert_eq!(ctx.crypto.in_use(), 0);
-        let slot = ctx.crypto_slot(1, Duration::ZERO).await.unwrap();
+        assert_eq!(ctx.crypto.gate.in_use(), 0);
+        let slot = ctx.crypto.slot_below(1, Duration::ZERO).await.unwrap();
         assert_eq!(on_crypto_slot(slot, || panic!("boom")).await, None::<()>);
-        assert_eq!(ctx.crypto.in_use(), 0, "given back after a panic too");
-        let slot = ctx.crypto_slot(1, Duration::ZERO).await.unwrap();
-        let (g, h) = (ctx.crypto.clone(), ctx.crypto.clone());
+        assert_eq!(ctx.crypto.gate.in_use(), 0, "given back after a panic too");
+        let slot = ctx.crypto.slot_below(1, Duration::ZERO).await.unwrap();
+        let (g, h) = (ctx.crypto.gate.clone(), ctx.crypto.gate.clone());
         let seen = on_crypto_slot_then(slot, move || g.in_use(), move |a| (a, h.in_use())).await;
         assert_eq!(
             seen,
@@ -326,7 +361,7 @@ mod tests {
     async fn crypto_then_disk_work_runs_below_the_workers_priority() {
         let (_dir, ctx) = context(1);
         let mine = rustix::process::getpriority_process(None).unwrap();
-        let slot = ctx.try_crypto_slot(1).unwrap();
+        let slot = ctx.crypto.try_slot(1).unwrap();
         let seen = on_crypto_slot_then(
             slot,
             || rustix::process::getpriority_process(None).unwrap(),
@@ -340,10 +375,10 @@ mod tests {
     #[tokio::test]
     async fn on_the_reactor_the_work_runs_in_place_and_gives_its_slot_back() {
         let (_dir, mut ctx) = context(1);
-        ctx.crypto_on_reactor = true;
+        ctx.crypto.on_reactor = true;
         let here = std::thread::current().id();
-        let slot = ctx.try_crypto_slot(1).unwrap();
-        let g = ctx.crypto.clone();
+        let slot = ctx.crypto.try_slot(1).unwrap();
+        let g = ctx.crypto.gate.clone();
         let seen = on_crypto_slot_then(
             slot,
             move || (std::thread::current().id(), g.in_use()),
@@ -351,14 +386,14 @@ mod tests {
         )
         .await;
         assert_eq!(seen, Some((here, 1)));
-        assert_eq!(ctx.crypto.in_use(), 0);
+        assert_eq!(ctx.crypto.gate.in_use(), 0);
     }
 
     #[tokio::test]
     async fn crypto_runs_below_the_workers_priority() {
         let (_dir, ctx) = context(1);
         let mine = rustix::process::getpriority_process(None).unwrap();
-        let slot = ctx.try_crypto_slot(1).unwrap();
+        let slot = ctx.crypto.try_slot(1).unwrap();
         let seen = on_crypto_slot(slot, || rustix::process::getpriority_process(None).unwrap())
             .await
             .unwrap();
@@ -370,18 +405,20 @@ mod tests {
     async fn a_request_waits_a_little_for_a_slot_then_gives_up() {
         let (_dir, ctx) = context(2);
         let ctx = Arc::new(ctx);
-        let held = ctx.crypto_slot(1, Duration::ZERO).await.unwrap();
+        let held = ctx.crypto.slot_below(1, Duration::ZERO).await.unwrap();
         // No slot within the wait: refused, exactly at the end of the wait.
         let t = ctx.clock.now();
         assert!(
-            ctx.crypto_slot(1, Duration::from_millis(30))
+            ctx.crypto
+                .slot_below(1, Duration::from_millis(30))
                 .await
                 .is_none()
         );
         assert_eq!(t.elapsed(), Duration::from_millis(30));
         // A slot given back during the wait is taken at once.
         let c = Arc::clone(&ctx);
-        let waiter = tokio::spawn(async move { c.crypto_slot(1, Duration::from_secs(5)).await });
+        let waiter =
+            tokio::spawn(async move { c.crypto.slot_below(1, Duration::from_secs(5)).await });
         tokio::task::yield_now().await;
         drop(held);
         let got = tokio::time::timeout(Duration::from_secs(5), waiter)

@@ -18,10 +18,10 @@ use crate::forward;
 use crate::node::Node;
 use crate::outbound::{HopRate, QueueLimits};
 use crate::peers::Peers;
-use crate::pipeline::{Pipeline, gate};
+use crate::pipeline::gate;
 use crate::probe;
 use crate::proto::Prefix;
-use crate::relay::Relay;
+use crate::relay::{Relay, Stores};
 use crate::replay::{self, ReplayRegistry, ReplayStore};
 use crate::report;
 use crate::sources::Grouping;
@@ -270,11 +270,11 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
             crypto_on_reactor: relay.crypto_on_reactor,
         },
     ));
-    let (registry, terminal) = (
-        Arc::new(registry),
-        Terminal::new(Arc::new(inbox), relay.inbox_share_percent),
-    );
-    let pipeline = Pipeline::new(
+    let stores = Stores {
+        replay: Arc::new(registry),
+        terminal: Terminal::new(Arc::new(inbox), relay.inbox_share_percent),
+    };
+    let node = Relay::new(
         ctx,
         gate::GateConfig {
             per_minute: relay.window_limit,
@@ -284,10 +284,9 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
             in_flight_per_source: relay.in_flight_per_source,
         },
         relay.grouping,
-        Arc::clone(&registry),
-        terminal.clone(),
+        stores,
+        serve::connections(&listen),
     );
-    let node = Relay::new(pipeline, registry, terminal, serve::connections(&listen));
     let cookie =
         api::cookie::Cookie::create(&config.state_dir).map_err(|e| RunError::Cookie(e.kind()))?;
     Ok(Built {
@@ -518,7 +517,7 @@ fn background(
     vec![
         tokio::spawn(probe::run(Arc::clone(ctx), probe_interval, cancel.clone())),
         tokio::spawn(probe::recover(Arc::clone(ctx), cancel.clone())),
-        tokio::spawn(Arc::clone(&ctx.peers).run(ctx.http.clone(), cancel.clone())),
+        tokio::spawn(Arc::clone(&ctx.peers).run(ctx.outgoing.links.clone(), cancel.clone())),
         tokio::spawn(crate::peers::cache::run(
             Arc::clone(&ctx.peers),
             peer_store,

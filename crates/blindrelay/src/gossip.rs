@@ -51,7 +51,7 @@ pub async fn check(
     }
     let slot = match slot {
         Some(slot) => slot,
-        None => match ctx.crypto_slot(ctx.crypto.limit(), ctx.crypto_wait).await {
+        None => match ctx.crypto.slot().await {
             Some(slot) => slot,
             None => return Vec::new(),
         },
@@ -67,7 +67,7 @@ async fn exchange(ctx: Arc<Context>, out: Out, timeout: Duration) {
     let body = out.msg.to_bytes();
     ctx.counters.gossip_bytes_sent.add(body.len() as u64);
     let url = format!("{}/v1/discovery", out.to.d.endpoint.trim_end_matches('/'));
-    let http = ctx.http.client(Some(&out.to.d.node_id));
+    let http = ctx.outgoing.links.client(Some(&out.to.d.node_id));
     let answer = tokio::time::timeout(timeout, post(&ctx, &http, &url, body))
         .await
         .ok()

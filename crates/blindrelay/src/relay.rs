@@ -7,32 +7,44 @@ use std::sync::Arc;
 
 use crate::context::Context;
 use crate::pipeline::Pipeline;
+use crate::pipeline::gate::GateConfig;
 use crate::replay::ReplayRegistry;
-use crate::sources::CountTable;
+use crate::sources::{CountTable, Grouping};
 use crate::terminal::Terminal;
 
 /// A node: its context, pipeline, stores and relay connections.
 #[derive(Debug)]
 pub struct Relay {
     pipeline: Arc<Pipeline>,
-    replay: Arc<ReplayRegistry>,
-    terminal: Terminal,
+    stores: Arc<Stores>,
     connections: CountTable,
 }
 
+/// The node's stores: what the pipeline writes and the operator reads. One value, built once by
+/// [`Relay::new`], which hands it to the pipeline it builds.
+#[derive(Debug)]
+pub struct Stores {
+    /// The replay registry (its answers written by a task of its own).
+    pub replay: Arc<ReplayRegistry>,
+    /// The terminal: the inbox and its shares.
+    pub terminal: Terminal,
+}
+
 impl Relay {
-    /// The node whose requests `pipeline` processes over `replay` and `terminal` (the same
-    /// stores the pipeline was built with), its relay listener's open `connections` counted.
+    /// The node over `ctx`: a pipeline with the request gate's `gate` settings and sources
+    /// grouped by `grouping` over `stores`, its relay listener's open `connections` counted.
     pub fn new(
-        pipeline: Pipeline,
-        replay: Arc<ReplayRegistry>,
-        terminal: Terminal,
+        ctx: Arc<Context>,
+        gate: GateConfig,
+        grouping: Grouping,
+        stores: Stores,
         connections: CountTable,
     ) -> Self {
+        let stores = Arc::new(stores);
+        let pipeline = Pipeline::new(ctx, gate, grouping, Arc::clone(&stores));
         Relay {
             pipeline: Arc::new(pipeline),
-            replay,
-            terminal,
+            stores,
             connections,
         }
     }
@@ -49,12 +61,12 @@ impl Relay {
 
     /// The replay registry.
     pub fn replay(&self) -> &Arc<ReplayRegistry> {
-        &self.replay
+        &self.stores.replay
     }
 
     /// The terminal: the inbox and its shares.
     pub fn terminal(&self) -> &Terminal {
-        &self.terminal
+        &self.stores.terminal
     }
 
     /// The relay listener's open connections.

@@ -316,7 +316,7 @@ fn route(
         .ok()
         .map(|a| a.ip());
     let rules = path::Rules {
-        distinct_blocks: ctx.distinct_blocks,
+        distinct_blocks: ctx.outgoing.distinct_blocks,
     };
     let me = ctx.node.id();
     let mut rng = rand::rng();
@@ -400,10 +400,7 @@ pub(crate) async fn deliver_along(
         .map_err(|_| SendError::NotEnoughPeers(path.len()))?;
     // The sender waits longer than the entry hop's late deadline: its final answer comes first.
     let deadline = deadline.min(ctx.clock.now() + forward::SENDER_DEADLINE);
-    let slot = ctx
-        .crypto_slot(ctx.crypto.limit(), ctx.crypto_wait)
-        .await
-        .ok_or(SendError::Backpressure)?;
+    let slot = ctx.crypto.slot().await.ok_or(SendError::Backpressure)?;
     let (hops, owned) = (path.clone(), payload.to_vec());
     let (wrapped, commitment) = context::on_crypto_slot(slot, move || {
         let expires_at = wrap::expiry(now);
@@ -412,12 +409,16 @@ pub(crate) async fn deliver_along(
     })
     .await
     .ok_or(SendError::Internal)??;
-    let turn = ctx.pacer.join(&entry, wrapped.frame.len()).map_err(|_| {
-        ctx.counters.next_hop_queue_full.inc();
-        SendError::QueueFull
-    })?;
+    let turn = ctx
+        .outgoing
+        .pacer
+        .join(&entry, wrapped.frame.len())
+        .map_err(|_| {
+            ctx.counters.next_hop_queue_full.inc();
+            SendError::QueueFull
+        })?;
     let answer = forward::post(
-        &ctx.http,
+        &ctx.outgoing.links,
         &url,
         &wrapped.frame,
         &wrapped.terminal_tag,

@@ -108,7 +108,8 @@ pub(super) fn admit(
         Some(strangers.take(source).ok_or(Reason::SourceLimited)?)
     };
     let slot = ctx
-        .try_crypto_slot(ctx.crypto.limit().saturating_sub(1))
+        .crypto
+        .try_slot(ctx.crypto.limit().saturating_sub(1))
         .ok_or(Reason::Backpressure)?;
     Ok((slot, share))
 }

@@ -111,7 +111,7 @@ pub(super) async fn forward(
 ) -> Answer {
     let next_hop = &{ *turn.hop() };
     let outcome = forward::post(
-        &ctx.http,
+        &ctx.outgoing.links,
         endpoint,
         &frame,
         tag,

@@ -80,9 +80,9 @@ use crate::proto::frame::Frame;
 use crate::proto::sphinx::{self, ReplayTag};
 use crate::proto::{NodeId, Prefix};
 use crate::reason::Reason;
-use crate::replay::{Digest, ReplayRegistry};
+use crate::relay::Stores;
+use crate::replay::Digest;
 use crate::sources::{Classifier, Grouping, Source, SourceKey};
-use crate::terminal::Terminal;
 
 /// Of a request's deadline, what is kept back to record its answer and reply.
 const FINISH_MARGIN: Duration = Duration::from_millis(250);
@@ -220,29 +220,27 @@ pub struct Pipeline {
     hops: HopGuard,
     strangers: Arc<crypto::Strangers>,
     pressure: Pressure,
-    replay: Arc<ReplayRegistry>,
-    terminal: Terminal,
+    /// The node's stores, owned by [`crate::relay::Relay`].
+    stores: Arc<Stores>,
 }
 
 impl Pipeline {
     /// A pipeline over `ctx`: the request gate's `gate` settings, sources grouped by
-    /// `grouping`, reservations in `replay`, deliveries through `terminal`.
-    pub fn new(
+    /// `grouping`, reservations and deliveries in `stores` (built by [`crate::relay::Relay`]).
+    pub(crate) fn new(
         ctx: Arc<Context>,
         gate: GateConfig,
         grouping: Grouping,
-        replay: Arc<ReplayRegistry>,
-        terminal: Terminal,
+        stores: Arc<Stores>,
     ) -> Self {
         Pipeline {
             gate: RequestGate::new(gate, ctx.clock.instant()),
             sources: Classifier::new(grouping, Arc::clone(&ctx.peers)),
-            hops: HopGuard::with_rate(hop_guard::MAX_BUCKETS, ctx.hop_rate),
+            hops: HopGuard::with_rate(hop_guard::MAX_BUCKETS, ctx.outgoing.pacer.rate()),
             strangers: crypto::Strangers::new(ctx.crypto.limit()),
             pressure: Pressure::default(),
             ctx,
-            replay,
-            terminal,
+            stores,
         }
     }
 
@@ -394,7 +392,13 @@ impl Pipeline {
         )
         .await);
         let completed_at = self.ctx.clock.unix();
-        reserve::complete(&self.replay, f.tag, f.digest, wire(&verdict), completed_at);
+        reserve::complete(
+            &self.stores.replay,
+            f.tag,
+            f.digest,
+            wire(&verdict),
+            completed_at,
+        );
         verdict
     }
 
@@ -451,7 +455,7 @@ impl Pipeline {
             }
         };
         let reserved = reserve::reserve(
-            &self.replay,
+            &self.stores.replay,
             c.tag,
             c.digest,
             c.now,
@@ -492,14 +496,14 @@ impl Pipeline {
             }
             (Next::Forward { .. } | Next::Unroutable(_), _, _) => Err(Reason::ForwardFailed),
             (Next::Terminal(work), _, _) => deliver::store(
-                &self.terminal,
+                &self.stores.terminal,
                 self.ctx.node.signing_key(),
                 work,
                 c.now,
                 source,
             ),
         };
-        reserve::complete(&self.replay, c.tag, c.digest, wire(&verdict), c.now);
+        reserve::complete(&self.stores.replay, c.tag, c.digest, wire(&verdict), c.now);
         Ok(Staged::Done(verdict))
     }
 
@@ -528,11 +532,13 @@ impl Pipeline {
         };
         let slot = self
             .ctx
+            .outgoing
             .next_hops
             .acquire(next_hop)
             .ok_or(Reason::NextHopBusy)?;
         let turn = self
             .ctx
+            .outgoing
             .pacer
             .join(next_hop, frame.len())
             .map_err(|_| Reason::NextHopQueueFull)?;

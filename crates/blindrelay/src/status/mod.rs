@@ -404,9 +404,9 @@ pub fn document(relay: &Relay) -> Document {
             sources: relay.pipeline().gate().sources(),
         },
         outbound: OutboundInfo {
-            assumed_limit: ctx.pacer.rate().limit,
-            window_secs: ctx.pacer.rate().window.as_secs(),
-            queue: ctx.pacer.snapshot(),
+            assumed_limit: ctx.outgoing.pacer.rate().limit,
+            window_secs: ctx.outgoing.pacer.rate().window.as_secs(),
+            queue: ctx.outgoing.pacer.snapshot(),
         },
     };
     Document {
