@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use crate::context::Context;
-use crate::pipeline::Pipeline;
 use crate::pipeline::gate::GateConfig;
+use crate::pipeline::{Pipeline, Stores};
 use crate::replay::ReplayRegistry;
 use crate::sources::{CountTable, Grouping};
 use crate::terminal::Terminal;
@@ -18,16 +18,6 @@ pub struct Relay {
     pipeline: Arc<Pipeline>,
     stores: Arc<Stores>,
     connections: CountTable,
-}
-
-/// The node's stores: what the pipeline writes and the operator reads. One value, built once by
-/// [`Relay::new`], which hands it to the pipeline it builds.
-#[derive(Debug)]
-pub struct Stores {
-    /// The replay registry (its answers written by a task of its own).
-    pub replay: Arc<ReplayRegistry>,
-    /// The terminal: the inbox and its shares.
-    pub terminal: Terminal,
 }
 
 impl Relay {

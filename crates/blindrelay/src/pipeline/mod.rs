@@ -80,9 +80,9 @@ use crate::proto::frame::Frame;
 use crate::proto::sphinx::{self, ReplayTag};
 use crate::proto::{NodeId, Prefix};
 use crate::reason::Reason;
-use crate::relay::Stores;
-use crate::replay::Digest;
+use crate::replay::{Digest, ReplayRegistry};
 use crate::sources::{Classifier, Grouping, Source, SourceKey};
+use crate::terminal::Terminal;
 
 /// Of a request's deadline, what is kept back to record its answer and reply.
 const FINISH_MARGIN: Duration = Duration::from_millis(250);
@@ -207,6 +207,16 @@ struct Forwarding {
     report_key: [u8; 32],
     /// Held until the next hop answered.
     _next_hop_slot: NextHopSlot,
+}
+
+/// The node's stores: what the pipeline writes and the operator reads. One value, built once by
+/// [`Relay::new`], which hands it to the pipeline it builds.
+#[derive(Debug)]
+pub struct Stores {
+    /// The replay registry (its answers written by a task of its own).
+    pub replay: Arc<ReplayRegistry>,
+    /// The terminal: the inbox and its shares.
+    pub terminal: Terminal,
 }
 
 /// The inbound pipeline: admits and processes relay requests. Its own state (gate, sources,
