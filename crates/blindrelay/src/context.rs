@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use guard::admission::{Gate, Permit};
 use tokio::sync::Notify;
+use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
 use crate::counters::Counters;
@@ -84,6 +85,8 @@ pub struct Context {
     /// No two hops of a route this node builds in one /16 (IPv4) or /32 (IPv6)
     /// (`crate::send::path`); off only with `--same-subnet-paths`.
     pub distinct_blocks: bool,
+    /// The node's tasks, waited for at shutdown ([`Context::tasks`]).
+    tasks: TaskTracker,
 }
 
 /// The settings of a [`Context`].
@@ -178,7 +181,14 @@ impl Context {
             pacer: Pacer::new(config.hop_rate, config.queue),
             http,
             distinct_blocks: config.distinct_blocks,
+            tasks: TaskTracker::new(),
         }
+    }
+
+    /// The node's tasks: its background tasks and the requests it runs to their end; shutdown
+    /// waits for them all (each bounded by its deadline or the node's cancellation).
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
     }
 
     /// A crypto slot if fewer than `below` are in use now; never waits.

@@ -158,7 +158,8 @@ impl Reader {
             }
         }
         let (pipeline, tx, link) = (Arc::clone(pipeline), self.tx.clone(), self.link);
-        tokio::spawn(async move {
+        let tasks = pipeline.ctx().tasks().clone();
+        tasks.spawn(async move {
             let (status, body) = answer(&pipeline, source, link, body).await;
             let _ = tx.send(encode(head.id, status, &body)).await;
             drop(permit);

@@ -228,15 +228,32 @@ pub fn snapshot(peers: &Peers) -> PeerFile {
     }
 }
 
+/// Why `blindrelay seeds` cannot print a seed list.
+#[derive(Debug, thiserror::Error)]
+pub enum SeedListError {
+    /// The node's identity (the state dir's).
+    #[error(transparent)]
+    Node(#[from] crate::node::NodeError),
+    /// The peer store cannot be read.
+    #[error("the peer store {} cannot be read ({why})", file.display())]
+    Store {
+        /// The peer store's file.
+        file: std::path::PathBuf,
+        /// Why.
+        why: String,
+    },
+}
+
 /// A seed list (`super::seeds`) of the peers in the store of `state_dir` (reached ones, one per
 /// /16, known longest first, at most `max`), signed with the node's identity key.
 ///
 /// # Errors
-/// The node's identity cannot be loaded, or its store read.
-pub fn seed_list(state_dir: &Path, max: usize) -> Result<String, String> {
-    let node = crate::node::Node::load(state_dir).map_err(|e| e.to_string())?;
-    let file = read(&path(state_dir))
-        .map_err(|why| format!("the peer store cannot be read ({why})"))?
+/// [`SeedListError`]: the node's identity cannot be loaded, or its store read.
+pub fn seed_list(state_dir: &Path, max: usize) -> Result<String, SeedListError> {
+    let node = crate::node::Node::load(state_dir)?;
+    let store = path(state_dir);
+    let file = read(&store)
+        .map_err(|why| SeedListError::Store { file: store, why })?
         .unwrap_or(PeerFile {
             peers: Vec::new(),
             pins: Vec::new(),
