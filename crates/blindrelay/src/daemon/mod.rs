@@ -148,17 +148,8 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
     let mut listen = relay.listen;
     limits::fit_descriptors(&mut listen);
     let discovery = relay.discovery;
-    let peers = Peers::new(peers, discovery.allow_private_endpoints, clock, *node.id())
-        .with_refresh(discovery.peer_refresh)
-        .with_discovery(crate::discovery::Config::for_interval(
-            discovery.gossip_interval,
-        ));
-    let peers = Arc::new(peers);
     let peer_store = crate::peers::cache::path(&state_dir);
-    let restored = crate::peers::cache::restore(&peers, &peer_store);
-    if restored > 0 {
-        info!(restored, "peers read back from the peer store");
-    }
+    let peers = known_peers(peers, &discovery, clock, &node, &peer_store);
     let ctx = Arc::new(Context::with_config(node, peers, clock, relay.context));
     let registry = Arc::new(registry);
     let terminal = Terminal::new(Arc::new(inbox), relay.stores.inbox_share_percent);
@@ -189,4 +180,24 @@ pub fn build(config: RunConfig) -> Result<Built, RunError> {
         inbox_retention: relay.stores.inbox_retention,
         report,
     })
+}
+
+/// The peers: the `--peer`s and seeds in `specs`, and those read back from the peer store.
+fn known_peers(
+    specs: Vec<crate::peers::PeerSpec>,
+    discovery: &DiscoveryConfig,
+    clock: crate::clock::Clock,
+    node: &Node,
+    peer_store: &std::path::Path,
+) -> Arc<Peers> {
+    let interval = discovery.gossip_interval;
+    let peers = Peers::new(specs, discovery.allow_private_endpoints, clock, *node.id())
+        .with_refresh(discovery.peer_refresh)
+        .with_discovery(crate::discovery::Config::for_interval(interval));
+    let peers = Arc::new(peers);
+    let restored = crate::peers::cache::restore(&peers, peer_store);
+    if restored > 0 {
+        info!(restored, "peers read back from the peer store");
+    }
+    peers
 }

@@ -169,3 +169,51 @@ pub async fn expire(relay: &Relay, retention: Duration) {
         _ => warn!("inbox retention failed"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+    use crate::clock::Clock;
+    use crate::daemon::{RelayConfig, RunConfig, build};
+    use crate::replay::ReplayStore;
+
+    /// A node on a fresh state dir, nothing periodic running.
+    fn node(dir: &std::path::Path) -> Built {
+        let state = dir.join("node");
+        crate::node::init(&state, "https://127.0.0.1:7001", Clock::System.unix()).unwrap();
+        let mut relay = RelayConfig::new(true);
+        relay.discovery.probe_interval = Duration::ZERO;
+        relay.discovery.gossip_interval = Duration::ZERO;
+        build(RunConfig {
+            state_dir: state,
+            peers: Vec::new(),
+            replay_store: ReplayStore::Memory,
+            relay,
+            clock: Clock::System,
+            accept_lost_state: false,
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn shutdown_waits_for_every_tracked_task() {
+        let dir = tempfile::tempdir().unwrap();
+        let built = node(dir.path());
+        let ctx = Arc::clone(built.relay.ctx());
+        let done = Arc::new(AtomicBool::new(false));
+        let d = Arc::clone(&done);
+        // As a request run to its end is: tracked, ending by its own deadline.
+        ctx.tasks().spawn(async move {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            d.store(true, Ordering::SeqCst);
+        });
+        let public = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let operator = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let stopped = serve(built, public, operator, async {}).await;
+        assert!(stopped.is_ok(), "{stopped:?}");
+        assert!(done.load(Ordering::SeqCst), "stopped before the task ended");
+        assert!(ctx.tasks().is_closed() && ctx.tasks().is_empty());
+    }
+}
