@@ -434,3 +434,31 @@ fn reasons(r: &std::collections::BTreeMap<Bucket, u64>) -> String {
         .collect::<Vec<_>>()
         .join(" ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_is_built_once_with_the_cookie_or_refused_naming_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("operator.cookie");
+        let err = Client::new("http://127.0.0.1:7070", &missing).unwrap_err();
+        assert!(matches!(err, ClientError::Cookie(_)), "{err:?}");
+        assert!(err.to_string().contains(&missing.display().to_string()));
+        Cookie::create(dir.path()).unwrap();
+        let client = Client::new("http://127.0.0.1:7070/", &missing).unwrap();
+        assert_eq!(client.base, "http://127.0.0.1:7070");
+    }
+
+    #[test]
+    fn operator_errors_name_the_flag_not_the_url() {
+        let e = ClientError::Operator("cannot connect").to_string();
+        assert_eq!(e, "operator API (--operator): cannot connect");
+        let e = ClientError::Message {
+            file: "msg.txt".into(),
+            kind: std::io::ErrorKind::NotFound,
+        };
+        assert!(e.to_string().contains("msg.txt"), "{e}");
+    }
+}
