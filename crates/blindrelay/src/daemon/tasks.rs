@@ -55,7 +55,7 @@ pub async fn serve(
     if let Some((r, http)) = report {
         tasks.spawn(report::run(Arc::clone(&relay), r, http, cancel.clone()));
     }
-    let public = tasks.spawn(serve::serve(
+    let public_served = tasks.spawn(serve::serve(
         public,
         api::public(Arc::clone(&relay)),
         Arc::clone(relay.pipeline()),
@@ -64,7 +64,7 @@ pub async fn serve(
         Some(tokio_rustls::TlsAcceptor::from(tls)),
         cancel.clone(),
     ));
-    let operator = tasks.spawn(serve::serve(
+    let operator_served = tasks.spawn(serve::serve(
         operator,
         api::operator(Arc::clone(&relay), cookie),
         Arc::clone(relay.pipeline()),
@@ -82,8 +82,8 @@ pub async fn serve(
     });
     let stopped = tokio::select! {
         () = shutdown => Ok(()),
-        _ = public => Err(RunError::Listener("--listen")),
-        _ = operator => Err(RunError::Listener("--operator")),
+        _ = public_served => Err(RunError::Listener("--listen")),
+        _ = operator_served => Err(RunError::Listener("--operator")),
     };
     cancel.cancel();
     tasks.close();
