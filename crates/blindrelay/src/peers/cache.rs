@@ -181,17 +181,31 @@ pub fn save(path: &Path, file: &PeerFile) -> Result<(), guard::statefile::StateF
     guard::statefile::write_atomic(path, &bytes)
 }
 
+/// Why the peer store's file cannot be read (said without its path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    /// Larger than a peer store may be.
+    #[error("over {MAX_FILE} bytes")]
+    TooLarge,
+    /// The file system refused it.
+    #[error("{0}")]
+    Io(std::io::ErrorKind),
+    /// Something else than a peer store.
+    #[error("not a peer store")]
+    NotAPeerStore,
+}
+
 /// The file at `path`, if any.
-fn read(path: &Path) -> Result<Option<PeerFile>, String> {
+fn read(path: &Path) -> Result<Option<PeerFile>, ReadError> {
     match std::fs::metadata(path) {
-        Ok(m) if m.len() > MAX_FILE => return Err(format!("over {MAX_FILE} bytes")),
+        Ok(m) if m.len() > MAX_FILE => return Err(ReadError::TooLarge),
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.kind().to_string()),
+        Err(e) => return Err(ReadError::Io(e.kind())),
     }
     guard::statefile::load_json(path).map_err(|e| match e {
-        guard::statefile::StateFileError::Parse { .. } => "not a peer store".to_string(),
-        guard::statefile::StateFileError::Io { source, .. } => source.kind().to_string(),
+        guard::statefile::StateFileError::Parse { .. } => ReadError::NotAPeerStore,
+        guard::statefile::StateFileError::Io { source, .. } => ReadError::Io(source.kind()),
     })
 }
 
@@ -240,7 +254,7 @@ pub enum SeedListError {
         /// The peer store's file.
         file: std::path::PathBuf,
         /// Why.
-        why: String,
+        why: ReadError,
     },
 }
 
