@@ -85,9 +85,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut servers = Vec::new();
     for (node, (public, operator)) in nodes.into_iter().zip(listeners) {
         let shutdown = stop.clone().cancelled_owned();
-        servers.push(tokio::spawn(daemon::serve(
-            node, public, operator, shutdown,
-        )));
+        servers.push(tokio::spawn(async move {
+            if let Err(e) = daemon::serve(node, public, operator, shutdown).await {
+                eprintln!("a node stopped serving: {e}");
+            }
+        }));
     }
 
     // Ready when every node holds a valid descriptor of both others.

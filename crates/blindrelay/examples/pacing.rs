@@ -95,9 +95,9 @@ async fn two_nodes(
             .map(|e| blindrelay::peers::PeerSpec::parse(e))
             .collect::<Result<Vec<_>, _>>()?;
         let mut relay = RelayConfig::new(true);
-        relay.hop_rate = HopRate { limit, window };
-        relay.probe_interval = Duration::ZERO;
-        relay.queue.per_hop_entries = 16;
+        relay.context.hop_rate = HopRate { limit, window };
+        relay.discovery.probe_interval = Duration::ZERO;
+        relay.context.queue.per_hop_entries = 16;
         built.push(daemon::build(RunConfig {
             state_dir: dir,
             peers,
@@ -113,12 +113,12 @@ async fn two_nodes(
     );
     let mut servers = Vec::new();
     for (node, (public, operator)) in built.into_iter().zip(listeners) {
-        servers.push(tokio::spawn(daemon::serve(
-            node,
-            public,
-            operator,
-            stop.clone().cancelled_owned(),
-        )));
+        let shutdown = stop.clone().cancelled_owned();
+        servers.push(tokio::spawn(async move {
+            if let Err(e) = daemon::serve(node, public, operator, shutdown).await {
+                eprintln!("a node stopped serving: {e}");
+            }
+        }));
     }
     let ready = Instant::now() + Duration::from_secs(10);
     while a.peers.routable(a.clock.unix()).is_empty() && Instant::now() < ready {

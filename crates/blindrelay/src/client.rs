@@ -2,15 +2,19 @@
 //! node's operator API. Answers are read into the server's own types ([`Sent`], [`InboxList`],
 //! [`Document`], [`ErrorBody`]), never indexed by string.
 //!
-//! Errors never carry reqwest's text: it holds the URL (the operator endpoint, and for `send`
-//! the terminal's full id), which must not be printed.
+//! One [`Client`] per command: its HTTP client is built once, with the cookie and the timeout,
+//! and used for every request. Errors never carry reqwest's text: it holds the URL (the
+//! operator endpoint, and for `send` the terminal's full id), which must not be printed; they
+//! name the flag instead.
 
-use crate::api::cookie::Cookie;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
+use std::path::Path;
+use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
+use crate::api::cookie::{Cookie, CookieError};
 use crate::api::{Deleted, InboxList, Sent};
 use crate::health::Bucket;
 use crate::proto::answer::ErrorBody;
@@ -18,6 +22,8 @@ use crate::status::{Document, Evidence};
 
 /// The `send` file that means standard input.
 pub const STDIN: &str = "-";
+/// How long one request to the operator API may take.
+pub const TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The status document as the client reads it: counters by name.
 type Status = Document<BTreeMap<String, Option<u64>>>;
@@ -29,150 +35,232 @@ macro_rules! say {
     }};
 }
 
-/// `blindrelay send`: sends `file` ([`STDIN`]: standard input) to `to` over `hops` hops; `Ok`
-/// only on a verified delivery.
-///
-/// # Errors
-/// What went wrong, in words for the operator.
-pub async fn send(operator: &str, to: &str, hops: usize, file: &str) -> Result<(), String> {
-    let mut payload = Vec::new();
-    if file == STDIN {
-        std::io::stdin()
-            .read_to_end(&mut payload)
-            .map_err(|e| format!("stdin: {e}"))?;
-    } else {
-        payload = std::fs::read(file).map_err(|e| format!("{file}: {e}"))?;
-    }
-    let url = format!("{}/v1/send?to={to}&hops={hops}", base(operator));
-    let resp = http()
-        .post(url)
-        .body(payload)
-        .send()
-        .await
-        .map_err(operator_error)?;
-    if resp.status().is_success() {
-        let sent: Sent = resp.json().await.map_err(operator_error)?;
-        if sent.delivered {
-            let d = sent.delivery;
-            let again = match d.routes {
-                0 | 1 => String::new(),
-                n => format!(" (route {n}: the ones before it failed; stored once)"),
-            };
-            say!(
-                "delivered to {} over {} hop{}, receipt verified{again}",
-                d.terminal,
-                d.hops,
-                if d.hops == 1 { "" } else { "s" }
-            );
-            return Ok(());
-        }
-        return Err("not delivered: unknown error".into());
-    }
-    let err: ErrorBody<'static> = resp.json().await.map_err(operator_error)?;
-    Err(format!(
-        "not delivered: {}",
-        err.message.as_deref().unwrap_or(&err.error)
-    ))
+/// Why an operator's command failed, naming the flag or file it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The operator cookie (`--state-dir`, `--cookie-file`).
+    #[error(transparent)]
+    Cookie(#[from] CookieError),
+    /// The HTTP client could not be built.
+    #[error("cannot make the HTTP client for --operator: {0}")]
+    Build(&'static str),
+    /// The message file (or standard input) cannot be read.
+    #[error("the message file {file}: {kind}")]
+    Message {
+        /// The file as given (`-`: standard input).
+        file: String,
+        /// What the file system said.
+        kind: std::io::ErrorKind,
+    },
+    /// The operator API did not answer as it should.
+    #[error("operator API (--operator): {0}")]
+    Operator(&'static str),
+    /// The node answered, but did not deliver.
+    #[error("not delivered: {0}")]
+    NotDelivered(String),
+    /// `inbox --read`, `--delete`: no message with this id.
+    #[error("no message {0}")]
+    NoMessage(u64),
+    /// `inbox --take` on an empty inbox.
+    #[error("inbox empty")]
+    InboxEmpty,
+    /// `inbox --take`: printed, but the delete failed.
+    #[error("message {0} printed but not deleted")]
+    NotDeleted(u64),
+    /// Standard output cannot be written.
+    #[error("standard output: {0}")]
+    Output(std::io::ErrorKind),
 }
 
-/// `blindrelay inbox`: the listing (a table, or JSON), or with `read` one item's raw bytes.
-///
-/// # Errors
-/// What went wrong, in words for the operator.
-pub async fn inbox(operator: &str, read: Option<u64>, json: bool) -> Result<(), String> {
-    let base = base(operator);
-    if let Some(id) = read {
-        let resp = http()
-            .get(format!("{base}/v1/inbox/{id}"))
-            .send()
-            .await
-            .map_err(operator_error)?;
+/// An operator API failure, classified, without reqwest's text.
+impl From<reqwest::Error> for ClientError {
+    fn from(e: reqwest::Error) -> Self {
+        ClientError::Operator(if e.is_timeout() {
+            "timed out"
+        } else if e.is_connect() {
+            "cannot connect"
+        } else if e.is_decode() {
+            "answered something that is not JSON"
+        } else {
+            "request failed"
+        })
+    }
+}
+
+/// The local node's operator API, as one command uses it.
+#[derive(Debug, Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+}
+
+impl Client {
+    /// A client of the operator API at `operator` (`--operator`), authenticated by the cookie
+    /// read from `cookie`.
+    ///
+    /// # Errors
+    /// The cookie cannot be read, or the HTTP client cannot be built.
+    pub fn new(operator: &str, cookie: &Path) -> Result<Client, ClientError> {
+        let cookie = Cookie::read(cookie)?;
+        let auth = reqwest::header::HeaderValue::from_str(&cookie.header())
+            .map_err(|_| ClientError::Build("the cookie is not a header value"))?;
+        let mut headers = reqwest::header::HeaderMap::new();
+        headers.insert(reqwest::header::AUTHORIZATION, auth);
+        crate::links::install_provider();
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .default_headers(headers)
+            .timeout(TIMEOUT)
+            .build()
+            .map_err(|_| ClientError::Build("no TLS backend or resolver"))?;
+        Ok(Client {
+            http,
+            base: operator.trim_end_matches('/').to_string(),
+        })
+    }
+
+    /// `blindrelay send`: sends `file` ([`STDIN`]: standard input) to `to` over `hops` hops;
+    /// `Ok` only on a verified delivery.
+    ///
+    /// # Errors
+    /// What went wrong, in words for the operator.
+    pub async fn send(&self, to: &str, hops: usize, file: &str) -> Result<(), ClientError> {
+        let unreadable = |e: std::io::Error| ClientError::Message {
+            file: file.to_string(),
+            kind: e.kind(),
+        };
+        let mut payload = Vec::new();
+        if file == STDIN {
+            std::io::stdin()
+                .read_to_end(&mut payload)
+                .map_err(unreadable)?;
+        } else {
+            payload = std::fs::read(file).map_err(unreadable)?;
+        }
+        let url = format!("{}/v1/send?to={to}&hops={hops}", self.base);
+        let resp = self.http.post(url).body(payload).send().await?;
         if !resp.status().is_success() {
-            return Err(format!("no message {id}"));
+            let err: ErrorBody<'static> = resp.json().await?;
+            let why = err.message.as_deref().unwrap_or(&err.error);
+            return Err(ClientError::NotDelivered(why.to_string()));
         }
-        let bytes = resp.bytes().await.map_err(operator_error)?;
-        return std::io::stdout()
+        let sent: Sent = resp.json().await?;
+        if !sent.delivered {
+            return Err(ClientError::NotDelivered("unknown error".into()));
+        }
+        let d = sent.delivery;
+        let again = match d.routes {
+            0 | 1 => String::new(),
+            n => format!(" (route {n}: the ones before it failed; stored once)"),
+        };
+        say!(
+            "delivered to {} over {} hop{}, receipt verified{again}",
+            d.terminal,
+            d.hops,
+            if d.hops == 1 { "" } else { "s" }
+        );
+        Ok(())
+    }
+
+    /// `blindrelay inbox`: the listing (a table, or JSON), or with `read` one item's raw bytes.
+    ///
+    /// # Errors
+    /// What went wrong, in words for the operator.
+    pub async fn inbox(&self, read: Option<u64>, json: bool) -> Result<(), ClientError> {
+        if let Some(id) = read {
+            let bytes = self.message(id).await?;
+            return std::io::stdout()
+                .write_all(&bytes)
+                .map_err(|e| ClientError::Output(e.kind()));
+        }
+        if json {
+            return self.print_json("/v1/inbox").await;
+        }
+        let list: InboxList = self.get_json("/v1/inbox").await?;
+        if list.items.is_empty() {
+            say!("inbox empty");
+        }
+        say!("{:>6}  {:>12}  {:>8}", "ID", "RECEIVED", "BYTES");
+        for it in list.items {
+            say!("{:>6}  {:>12}  {:>8}", it.id, it.received_at, it.size);
+        }
+        Ok(())
+    }
+
+    /// `blindrelay inbox --delete ID`.
+    ///
+    /// # Errors
+    /// What went wrong, in words for the operator.
+    pub async fn inbox_delete(&self, id: u64) -> Result<(), ClientError> {
+        let resp = self.delete(id).await?;
+        if !resp.status().is_success() {
+            return Err(ClientError::NoMessage(id));
+        }
+        let d: Deleted = resp.json().await?;
+        say!("deleted message {} ({} bytes)", d.deleted, d.size);
+        Ok(())
+    }
+
+    /// `blindrelay inbox --take`: the oldest message's bytes to standard output, then deleted.
+    ///
+    /// # Errors
+    /// The inbox is empty, or what went wrong.
+    pub async fn inbox_take(&self) -> Result<(), ClientError> {
+        let list: InboxList = self.get_json("/v1/inbox").await?;
+        let Some(first) = list.items.first() else {
+            return Err(ClientError::InboxEmpty);
+        };
+        let bytes = self.message(first.id).await?;
+        std::io::stdout()
             .write_all(&bytes)
-            .map_err(|e| e.to_string());
+            .and_then(|()| std::io::stdout().flush())
+            .map_err(|e| ClientError::Output(e.kind()))?;
+        if !self.delete(first.id).await?.status().is_success() {
+            return Err(ClientError::NotDeleted(first.id));
+        }
+        Ok(())
     }
-    let url = format!("{base}/v1/inbox");
-    if json {
-        return print_json(&url).await;
-    }
-    let list: InboxList = get_json(&url).await?;
-    if list.items.is_empty() {
-        say!("inbox empty");
-    }
-    say!("{:>6}  {:>12}  {:>8}", "ID", "RECEIVED", "BYTES");
-    for it in list.items {
-        say!("{:>6}  {:>12}  {:>8}", it.id, it.received_at, it.size);
-    }
-    Ok(())
-}
 
-/// `blindrelay inbox --delete ID`.
-///
-/// # Errors
-/// What went wrong, in words for the operator.
-pub async fn inbox_delete(operator: &str, id: u64) -> Result<(), String> {
-    let resp = http()
-        .delete(format!("{}/v1/inbox/{id}", base(operator)))
-        .send()
-        .await
-        .map_err(operator_error)?;
-    if !resp.status().is_success() {
-        return Err(format!("no message {id}"));
+    /// `blindrelay status`: the status document as tables, or as JSON.
+    ///
+    /// # Errors
+    /// What went wrong, in words for the operator.
+    pub async fn status(&self, json: bool) -> Result<(), ClientError> {
+        if json {
+            return self.print_json("/v1/status").await;
+        }
+        render_status(&self.get_json::<Status>("/v1/status").await?);
+        Ok(())
     }
-    let d: Deleted = resp.json().await.map_err(operator_error)?;
-    say!("deleted message {} ({} bytes)", d.deleted, d.size);
-    Ok(())
-}
 
-/// `blindrelay inbox --take`: the oldest message's bytes to standard output, then deleted.
-///
-/// # Errors
-/// The inbox is empty, or what went wrong.
-pub async fn inbox_take(operator: &str) -> Result<(), String> {
-    let base = base(operator);
-    let list: InboxList = get_json(&format!("{base}/v1/inbox")).await?;
-    let Some(first) = list.items.first() else {
-        return Err("inbox empty".into());
-    };
-    let resp = http()
-        .get(format!("{base}/v1/inbox/{}", first.id))
-        .send()
-        .await
-        .map_err(operator_error)?;
-    if !resp.status().is_success() {
-        return Err(format!("no message {}", first.id));
+    /// Inbox message `id`'s bytes.
+    async fn message(&self, id: u64) -> Result<axum::body::Bytes, ClientError> {
+        let url = format!("{}/v1/inbox/{id}", self.base);
+        let resp = self.http.get(url).send().await?;
+        if !resp.status().is_success() {
+            return Err(ClientError::NoMessage(id));
+        }
+        Ok(resp.bytes().await?)
     }
-    let bytes = resp.bytes().await.map_err(operator_error)?;
-    std::io::stdout()
-        .write_all(&bytes)
-        .and_then(|()| std::io::stdout().flush())
-        .map_err(|e| e.to_string())?;
-    let resp = http()
-        .delete(format!("{base}/v1/inbox/{}", first.id))
-        .send()
-        .await
-        .map_err(operator_error)?;
-    if !resp.status().is_success() {
-        return Err(format!("message {} printed but not deleted", first.id));
-    }
-    Ok(())
-}
 
-/// `blindrelay status`: the status document as tables, or as JSON.
-///
-/// # Errors
-/// What went wrong, in words for the operator.
-pub async fn status(operator: &str, json: bool) -> Result<(), String> {
-    let url = format!("{}/v1/status", base(operator));
-    if json {
-        return print_json(&url).await;
+    /// Deletes inbox message `id`.
+    async fn delete(&self, id: u64) -> Result<reqwest::Response, ClientError> {
+        let url = format!("{}/v1/inbox/{id}", self.base);
+        Ok(self.http.delete(url).send().await?)
     }
-    render_status(&get_json::<Status>(&url).await?);
-    Ok(())
+
+    /// The JSON answer to `GET` of `path`.
+    async fn get_json<T: DeserializeOwned>(&self, path: &str) -> Result<T, ClientError> {
+        let resp = self.http.get(format!("{}{path}", self.base)).send().await?;
+        Ok(resp.json().await?)
+    }
+
+    /// Prints the JSON the node answered to `GET` of `path`, pretty.
+    async fn print_json(&self, path: &str) -> Result<(), ClientError> {
+        let v: serde_json::Value = self.get_json(path).await?;
+        say!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
+        Ok(())
+    }
 }
 
 /// The status document as readable tables.
@@ -347,62 +435,30 @@ fn reasons(r: &std::collections::BTreeMap<Bucket, u64>) -> String {
         .join(" ")
 }
 
-fn base(operator: &str) -> &str {
-    operator.trim_end_matches('/')
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// An operator API failure, classified, without reqwest's text.
-fn operator_error(e: reqwest::Error) -> String {
-    let what = if e.is_timeout() {
-        "timed out"
-    } else if e.is_connect() {
-        "cannot connect"
-    } else if e.is_decode() {
-        "answered something that is not JSON"
-    } else {
-        "request failed"
-    };
-    format!("operator API: {what}")
-}
-
-/// The operator cookie every request of this process carries.
-static COOKIE: std::sync::OnceLock<Cookie> = std::sync::OnceLock::new();
-
-/// Reads the operator cookie at `path` for every request that follows.
-///
-/// # Errors
-/// The file cannot be read or holds no cookie.
-pub fn use_cookie(path: &std::path::Path) -> Result<(), String> {
-    let cookie = Cookie::read(path)?;
-    let _ = COOKIE.set(cookie);
-    Ok(())
-}
-
-fn http() -> reqwest::Client {
-    let mut headers = reqwest::header::HeaderMap::new();
-    if let Some(v) = COOKIE
-        .get()
-        .and_then(|c| reqwest::header::HeaderValue::from_str(&c.header()).ok())
-    {
-        headers.insert(reqwest::header::AUTHORIZATION, v);
+    #[test]
+    fn a_client_is_built_once_with_the_cookie_or_refused_naming_its_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("operator.cookie");
+        let err = Client::new("http://127.0.0.1:7070", &missing).unwrap_err();
+        assert!(matches!(err, ClientError::Cookie(_)), "{err:?}");
+        assert!(err.to_string().contains(&missing.display().to_string()));
+        Cookie::create(dir.path()).unwrap();
+        let client = Client::new("http://127.0.0.1:7070/", &missing).unwrap();
+        assert_eq!(client.base, "http://127.0.0.1:7070");
     }
-    crate::links::install_provider();
-    reqwest::Client::builder()
-        .no_proxy()
-        .default_headers(headers)
-        .timeout(std::time::Duration::from_secs(60))
-        .build()
-        .unwrap_or_default()
-}
 
-async fn get_json<T: DeserializeOwned>(url: &str) -> Result<T, String> {
-    let resp = http().get(url).send().await.map_err(operator_error)?;
-    resp.json().await.map_err(operator_error)
-}
-
-/// Prints the JSON the node answered, pretty.
-async fn print_json(url: &str) -> Result<(), String> {
-    let v: serde_json::Value = get_json(url).await?;
-    say!("{}", serde_json::to_string_pretty(&v).unwrap_or_default());
-    Ok(())
+    #[test]
+    fn operator_errors_name_the_flag_not_the_url() {
+        let e = ClientError::Operator("cannot connect").to_string();
+        assert_eq!(e, "operator API (--operator): cannot connect");
+        let e = ClientError::Message {
+            file: "msg.txt".into(),
+            kind: std::io::ErrorKind::NotFound,
+        };
+        assert!(e.to_string().contains("msg.txt"), "{e}");
+    }
 }

@@ -16,6 +16,7 @@ use std::time::Duration;
 
 use guard::admission::{Gate, Permit};
 use tokio::sync::Notify;
+use tokio_util::task::TaskTracker;
 
 use crate::clock::Clock;
 use crate::counters::Counters;
@@ -70,6 +71,8 @@ pub struct Context {
     pub crypto: Crypto,
     /// The way out: links to other nodes, their pacing and the rules of the routes built here.
     pub outgoing: Outgoing,
+    /// The node's tasks, waited for at shutdown ([`Context::tasks`]).
+    tasks: TaskTracker,
 }
 
 /// The crypto gate (module docs): slots taken at once by inbound work, waited for (a bounded
@@ -197,7 +200,14 @@ impl Context {
                 next_hops: NextHopSlots::new(config.per_next_hop),
                 distinct_blocks: config.distinct_blocks,
             },
+            tasks: TaskTracker::new(),
         }
+    }
+
+    /// The node's tasks: its background tasks and the requests it runs to their end; shutdown
+    /// waits for them all (each bounded by its deadline or the node's cancellation).
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.tasks
     }
 }
 

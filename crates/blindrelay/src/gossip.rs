@@ -143,7 +143,8 @@ pub async fn run(ctx: Arc<Context>, interval: Duration, cancel: CancellationToke
                 continue;
             };
             let ctx = Arc::clone(&ctx);
-            tokio::spawn(async move {
+            let tasks = ctx.tasks().clone();
+            tasks.spawn(async move {
                 exchange(ctx, out, timeout).await;
                 drop(permit);
             });

@@ -44,7 +44,8 @@
 //! - [`status`]: evidence quality, proof scope, the status document, the Prometheus text.
 //! - [`clock`]: time: one clock, tokio's (paused in tests); Unix dates read in one place.
 //! - [`api`]: the two listeners and their one error type.
-//! - [`daemon`]: `blindrelay run`: build the node, serve, background upkeep.
+//! - [`daemon`]: `blindrelay run`: its config, its stores opened, the descriptor limit fitted,
+//!   the node built and served, its tasks tracked and upkept.
 //! - [`cli`]: the command line's flags; [`client`]: the operator's commands (`send`, `inbox`,
 //!   `status`) against the operator API.
 

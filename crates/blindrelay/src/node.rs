@@ -136,9 +136,12 @@ impl fmt::Debug for Node {
     }
 }
 
+/// The identity key's file in the state dir (its Ed25519 seed; the links' TLS identity too).
+pub const IDENTITY_FILE: &str = "identity.key";
+
 fn paths(dir: &Path) -> (PathBuf, PathBuf, PathBuf) {
     (
-        dir.join("identity.key"),
+        dir.join(IDENTITY_FILE),
         dir.join("onion-keys.json"),
         dir.join("node.json"),
     )

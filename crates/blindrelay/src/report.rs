@@ -60,43 +60,68 @@ pub fn parse_url(s: &str) -> Result<String, BadUrl> {
     Ok(s.to_string())
 }
 
-/// One push of the document now: `Ok` on a 2xx answer, else why, as a word.
-async fn push(relay: &Arc<Relay>, http: &reqwest::Client, url: &str) -> Result<(), String> {
+/// Why one push failed, as the log's `why` says it (never the URL).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PushError {
+    /// The document could not be made.
+    #[error("document")]
+    Document,
+    /// The request failed: its kind (`timeout`, `connect`…).
+    #[error("{0}")]
+    Request(&'static str),
+    /// The collector answered with a status other than 2xx.
+    #[error("HTTP {0}")]
+    Status(u16),
+}
+
+/// One push of the document now: `Ok` on a 2xx answer.
+async fn push(relay: &Arc<Relay>, http: &reqwest::Client, url: &str) -> Result<(), PushError> {
     let p = Arc::clone(relay);
     let body = tokio::task::spawn_blocking(move || serde_json::to_vec(&status::document(&p)))
         .await
-        .map_err(|_| "document".to_string())?
-        .map_err(|_| "document".to_string())?;
+        .map_err(|_| PushError::Document)?
+        .map_err(|_| PushError::Document)?;
     let resp = http
         .post(url)
         .header(reqwest::header::CONTENT_TYPE, "application/json")
         .body(body)
         .send()
         .await
-        .map_err(|e| kind(&e).to_string())?;
+        .map_err(|e| PushError::Request(kind(&e)))?;
     if resp.status().is_success() {
         Ok(())
     } else {
-        Err(format!("HTTP {}", resp.status().as_u16()))
+        Err(PushError::Status(resp.status().as_u16()))
     }
 }
 
-/// Pushes the document per `config` until `cancel`.
-pub async fn run(relay: Arc<Relay>, config: ReportConfig, cancel: CancellationToken) {
+/// The report's HTTP client: `config`'s timeouts, no redirects, no proxy.
+///
+/// # Errors
+/// [`NoClient`]: it cannot be built.
+pub fn http_client(config: &ReportConfig) -> Result<reqwest::Client, NoClient> {
     crate::links::install_provider();
-    let http = match reqwest::Client::builder()
+    reqwest::Client::builder()
         .timeout(config.timeout)
         .connect_timeout(config.timeout)
         .redirect(reqwest::redirect::Policy::none())
         .no_proxy()
         .build()
-    {
-        Ok(c) => c,
-        Err(_) => {
-            warn!("status report: no HTTP client, no reports will be pushed");
-            return;
-        }
-    };
+        .map_err(|_| NoClient)
+}
+
+/// The report's HTTP client cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--report-url: cannot make the HTTP client that pushes the report")]
+pub struct NoClient;
+
+/// Pushes the document per `config` with `http` ([`http_client`]) until `cancel`.
+pub async fn run(
+    relay: Arc<Relay>,
+    config: ReportConfig,
+    http: reqwest::Client,
+    cancel: CancellationToken,
+) {
     let mut ticks = tokio::time::interval(config.interval.max(MIN_INTERVAL));
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     let mut throttle = guard::throttle::Throttle::new(LOG_EVERY);
@@ -119,7 +144,7 @@ pub async fn run(relay: Arc<Relay>, config: ReportConfig, cancel: CancellationTo
                 counters.report_failed.inc();
                 if let Some(left_out) = throttle.event(relay.ctx().clock.instant()) {
                     warn!(
-                        why,
+                        why = why.to_string(),
                         left_out,
                         failed = counters.report_failed.get(),
                         "status report push failed; next at the next interval"

@@ -256,3 +256,65 @@ async fn the_status_report_is_pushed_in_the_design_layout_only_when_asked() {
     assert_eq!(net.node(0).count("status report push failed"), 1);
     assert!(!net.node(0).lines().iter().any(|l| l.contains(":9/report")));
 }
+
+/// `blindrelay` with `args` and `env`, run to its exit: (exit status 0, stderr).
+fn run_bin(args: &[&str], env: &[(&str, &str)]) -> (bool, String) {
+    let out = std::process::Command::new(common::BIN)
+        .args(args)
+        .envs(env.iter().copied())
+        .env_remove("RUST_LOG")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run blindrelay");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A node that cannot serve exits non-zero and says which file: here its identity key (the
+/// links' TLS identity), damaged.
+#[test]
+fn a_node_whose_identity_cannot_serve_exits_non_zero_naming_the_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("node");
+    let state_arg = state.display().to_string();
+    let endpoint = format!("https://{}:{}", common::fresh_ip(), common::RELAY_PORT);
+    let (ok, err) = run_bin(
+        &["init", "--state-dir", &state_arg, "--endpoint", &endpoint],
+        &[],
+    );
+    assert!(ok, "{err}");
+    let key = state.join("identity.key");
+    std::fs::write(&key, b"not a key").unwrap();
+    let listen = format!("{}:0", common::fresh_ip());
+    let (ok, err) = run_bin(
+        &["run", "--state-dir", &state_arg, "--listen", &listen],
+        &[],
+    );
+    assert!(!ok, "served on a damaged identity: {err}");
+    assert!(
+        err.contains(&key.display().to_string()) && err.starts_with("blindrelay: "),
+        "{err}"
+    );
+}
+
+/// `BLINDRELAY_STATE_DIR` is taken when `--state-dir` is not given, and `--state-dir` wins
+/// over it.
+#[test]
+fn an_environment_variable_is_taken_and_the_flag_overrides_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (from_env, from_flag) = (dir.path().join("env"), dir.path().join("flag"));
+    let env = [("BLINDRELAY_STATE_DIR", from_env.to_str().unwrap())];
+    let listen = format!("{}:0", common::fresh_ip());
+    let (ok, err) = run_bin(&["run", "--listen", &listen], &env);
+    assert!(
+        !ok && err.contains(&from_env.display().to_string()),
+        "{err}"
+    );
+    assert!(err.contains("blindrelay init"), "{err}");
+    let flag = from_flag.display().to_string();
+    let (ok, err) = run_bin(&["run", "--listen", &listen, "--state-dir", &flag], &env);
+    assert!(!ok && err.contains(&flag), "{err}");
+    assert!(!err.contains(&from_env.display().to_string()), "{err}");
+}

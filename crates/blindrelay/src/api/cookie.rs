@@ -7,7 +7,7 @@
 use std::fmt;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use axum::extract::{Request, State};
@@ -21,6 +21,26 @@ use super::ApiError;
 pub const COOKIE_FILE: &str = "operator.cookie";
 /// Random bytes in a cookie (hex in the file and the header).
 pub const COOKIE_BYTES: usize = 32;
+
+/// Why the operator cookie cannot be read (the file from `--state-dir` or `--cookie-file`).
+#[derive(Debug, thiserror::Error)]
+pub enum CookieError {
+    /// The file cannot be read.
+    #[error(
+        "cannot read the operator cookie {}: {kind} (is the node running, and is \
+         --state-dir or --cookie-file right?)",
+        file.display()
+    )]
+    Read {
+        /// The cookie file.
+        file: PathBuf,
+        /// What the file system said.
+        kind: std::io::ErrorKind,
+    },
+    /// The file holds something else.
+    #[error("{} does not hold an operator cookie", .0.display())]
+    NotACookie(PathBuf),
+}
 
 /// The operator API's secret.
 #[derive(Clone, PartialEq, Eq)]
@@ -58,13 +78,15 @@ impl Cookie {
     /// Reads a cookie file.
     ///
     /// # Errors
-    /// The file cannot be read or does not hold a cookie.
-    pub fn read(path: &Path) -> Result<Cookie, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read the operator cookie: {}", e.kind()))?;
+    /// [`CookieError`]: the file cannot be read or does not hold a cookie.
+    pub fn read(path: &Path) -> Result<Cookie, CookieError> {
+        let text = std::fs::read_to_string(path).map_err(|e| CookieError::Read {
+            file: path.to_owned(),
+            kind: e.kind(),
+        })?;
         let text = text.trim();
         if text.len() != 2 * COOKIE_BYTES || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err("the operator cookie file does not hold a cookie".into());
+            return Err(CookieError::NotACookie(path.to_owned()));
         }
         Ok(Cookie(text.into()))
     }
@@ -120,5 +142,11 @@ mod tests {
         let again = Cookie::create(dir.path()).unwrap();
         assert_ne!(again, c, "fresh at every start");
         assert!(!format!("{c:?}").contains(c.secret()));
+        std::fs::write(&path, "not a cookie").unwrap();
+        let err = Cookie::read(&path).unwrap_err().to_string();
+        assert!(err.contains(&path.display().to_string()), "{err}");
+        let gone = dir.path().join("gone");
+        let err = Cookie::read(&gone).unwrap_err().to_string();
+        assert!(err.contains(&gone.display().to_string()), "{err}");
     }
 }

@@ -156,7 +156,8 @@ impl Reader {
             Err(Refused::Read(r)) => Err(r),
         };
         let (pipeline, tx) = (Arc::clone(pipeline), self.tx.clone());
-        tokio::spawn(async move {
+        let tasks = pipeline.ctx().tasks().clone();
+        tasks.spawn(async move {
             let (status, body) = answer(&pipeline, admitted).await;
             let _ = tx.send(encode(head.id, status, &body)).await;
             drop(permit);

@@ -171,7 +171,8 @@ async fn process_admitted(
 ) -> Result<(u16, Vec<u8>), ApiError> {
     let answer_by = admitted.answer_by();
     let p = Arc::clone(pipeline);
-    let mut task = tokio::spawn(async move { p.process(admitted).await });
+    let tasks = pipeline.ctx().tasks();
+    let mut task = tasks.spawn(async move { p.process(admitted).await });
     match tokio::time::timeout_at(answer_by, &mut task).await {
         Ok(joined) => Ok(crate::pipeline::wire(
             &joined.map_err(|_| ApiError::Internal)?,

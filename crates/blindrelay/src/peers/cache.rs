@@ -182,17 +182,31 @@ pub fn save(path: &Path, file: &PeerFile) -> Result<(), guard::statefile::StateF
     guard::statefile::write_atomic(path, &bytes)
 }
 
+/// Why the peer store's file cannot be read (said without its path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ReadError {
+    /// Larger than a peer store may be.
+    #[error("over {MAX_FILE} bytes")]
+    TooLarge,
+    /// The file system refused it.
+    #[error("{0}")]
+    Io(std::io::ErrorKind),
+    /// Something else than a peer store.
+    #[error("not a peer store")]
+    NotAPeerStore,
+}
+
 /// The file at `path`, if any.
-fn read(path: &Path) -> Result<Option<PeerFile>, String> {
+fn read(path: &Path) -> Result<Option<PeerFile>, ReadError> {
     match std::fs::metadata(path) {
-        Ok(m) if m.len() > MAX_FILE => return Err(format!("over {MAX_FILE} bytes")),
+        Ok(m) if m.len() > MAX_FILE => return Err(ReadError::TooLarge),
         Ok(_) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e.kind().to_string()),
+        Err(e) => return Err(ReadError::Io(e.kind())),
     }
     guard::statefile::load_json(path).map_err(|e| match e {
-        guard::statefile::StateFileError::Parse { .. } => "not a peer store".to_string(),
-        guard::statefile::StateFileError::Io { source, .. } => source.kind().to_string(),
+        guard::statefile::StateFileError::Parse { .. } => ReadError::NotAPeerStore,
+        guard::statefile::StateFileError::Io { source, .. } => ReadError::Io(source.kind()),
     })
 }
 
@@ -229,15 +243,32 @@ pub fn snapshot(peers: &Peers) -> PeerFile {
     }
 }
 
+/// Why `blindrelay seeds` cannot print a seed list.
+#[derive(Debug, thiserror::Error)]
+pub enum SeedListError {
+    /// The node's identity (the state dir's).
+    #[error(transparent)]
+    Node(#[from] crate::node::NodeError),
+    /// The peer store cannot be read.
+    #[error("the peer store {} cannot be read ({why})", file.display())]
+    Store {
+        /// The peer store's file.
+        file: std::path::PathBuf,
+        /// Why.
+        why: ReadError,
+    },
+}
+
 /// A seed list (`super::seeds`) of the peers in the store of `state_dir` (reached ones, one per
 /// /16, known longest first, at most `max`), signed with the node's identity key.
 ///
 /// # Errors
-/// The node's identity cannot be loaded, or its store read.
-pub fn seed_list(state_dir: &Path, max: usize) -> Result<String, String> {
-    let node = crate::node::Node::load(state_dir).map_err(|e| e.to_string())?;
-    let file = read(&path(state_dir))
-        .map_err(|why| format!("the peer store cannot be read ({why})"))?
+/// [`SeedListError`]: the node's identity cannot be loaded, or its store read.
+pub fn seed_list(state_dir: &Path, max: usize) -> Result<String, SeedListError> {
+    let node = crate::node::Node::load(state_dir)?;
+    let store = path(state_dir);
+    let file = read(&store)
+        .map_err(|why| SeedListError::Store { file: store, why })?
         .unwrap_or(PeerFile {
             peers: Vec::new(),
             pins: Vec::new(),

@@ -20,7 +20,7 @@ pub mod cache;
 pub mod seeds;
 mod urls;
 
-pub use urls::PeerSpec;
+pub use urls::{BadPeer, PeerSpec};
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;

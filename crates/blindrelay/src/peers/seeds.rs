@@ -68,7 +68,7 @@ pub fn parse(text: &str, signer: Option<&NodeId>) -> Result<Seeds, SeedError> {
     }
     let mut peers = Vec::new();
     for line in lines.filter(|l| !l.trim().is_empty()) {
-        let spec = PeerSpec::parse(line.trim()).map_err(|e| bad(&e))?;
+        let spec = PeerSpec::parse(line.trim()).map_err(|e| bad(&e.to_string()))?;
         if spec.pinned.is_none() {
             return Err(bad("a seed must be ID@URL"));
         }

@@ -21,25 +21,38 @@ pub struct PeerSpec {
     pub url: String,
 }
 
+/// Why a `--peer` (or a seed line) is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadPeer {
+    /// What comes before `@` is not 64 hex.
+    #[error("the id before @ must be a node id (64 hex)")]
+    Id,
+    /// No URL.
+    #[error("empty peer URL")]
+    Empty,
+    /// Not `https://`.
+    #[error("a peer URL must be https:// (links are TLS pinned to the node id)")]
+    NotHttps,
+}
+
 impl PeerSpec {
     /// Parses `ID@URL` (64 hex, then the URL) or a bare `URL` (trust on first use).
     ///
     /// # Errors
-    /// A message for clap when the id is not 64 hex or the URL is empty.
-    pub fn parse(s: &str) -> Result<PeerSpec, String> {
+    /// [`BadPeer`], for clap, when the id is not 64 hex or the URL is empty or not https.
+    pub fn parse(s: &str) -> Result<PeerSpec, BadPeer> {
         let (pinned, url) = match s.split_once('@') {
             Some((id, url)) if !id.contains('/') => {
-                let id = crate::proto::from_hex::<32>(id)
-                    .ok_or_else(|| "the id before @ must be a node id (64 hex)".to_string())?;
+                let id = crate::proto::from_hex::<32>(id).ok_or(BadPeer::Id)?;
                 (Some(id), url)
             }
             _ => (None, s),
         };
         if url.is_empty() {
-            return Err("empty peer URL".into());
+            return Err(BadPeer::Empty);
         }
         if !url.starts_with("https://") {
-            return Err("a peer URL must be https:// (links are TLS pinned to the node id)".into());
+            return Err(BadPeer::NotHttps);
         }
         Ok(PeerSpec {
             pinned,

@@ -123,8 +123,8 @@ pub async fn start_in(
     let mut cfg = RelayConfig::new(true);
     // The clock is paused: a rate would refill only as a test advances it. The gate's own test
     // sets its rate.
-    cfg.window_limit = 1_000_000;
-    cfg.bind = Some(IpAddr::V4(ip));
+    cfg.gate.per_minute = 1_000_000;
+    cfg.context.bind = Some(IpAddr::V4(ip));
     tweak(&mut cfg);
     let built = daemon::build(RunConfig {
         state_dir: dir.to_owned(),

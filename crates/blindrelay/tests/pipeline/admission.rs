@@ -16,7 +16,7 @@ use crate::inproc::*;
 #[tokio::test(start_paused = true)]
 async fn the_request_gate_shares_its_totals_per_source() {
     let clock = clock();
-    let n = node(&clock, |c| c.window_limit = 60_000).await;
+    let n = node(&clock, |c| c.gate.per_minute = 60_000).await;
     let peer = node(&clock, |_| {}).await;
     introduce(&n, &peer);
     let sender = key();
@@ -60,7 +60,7 @@ async fn the_request_gate_shares_its_totals_per_source() {
 
     // The rate: 60 per minute, half of it for known peers. A flooding source gets its share of
     // the other half, a second source too, and the known peer keeps its own.
-    let n = node(&clock, |c| c.window_limit = 60).await;
+    let n = node(&clock, |c| c.gate.per_minute = 60).await;
     let peer = node(&clock, |_| {}).await;
     introduce(&n, &peer);
     let flood = n.pipeline.classify(IpAddr::from([10, 1, 0, 1]));
@@ -124,7 +124,7 @@ async fn crypto_admission_refuses_at_once_and_strangers_cannot_take_the_known_pe
 #[tokio::test(start_paused = true)]
 async fn crypto_admission_refuses_at_once_and_keeps_a_slot_for_outbound() {
     let clock = clock();
-    let n = node(&clock, |c| c.crypto_slots = 4).await;
+    let n = node(&clock, |c| c.context.crypto_slots = 4).await;
     let t = node(&clock, |_| {}).await;
     introduce(&n, &t);
     let now = clock.unix();
@@ -298,8 +298,8 @@ async fn five_thousand_fresh_identities_cannot_flush_an_active_quarantine() {
 #[tokio::test(start_paused = true)]
 async fn refusals_the_previous_hop_could_not_prevent_leave_its_health_alone() {
     let clock = clock();
-    let n = node(&clock, |c| c.replay_capacity = 64).await;
-    let strict = node(&clock, |c| c.allow_private_endpoints = false).await;
+    let n = node(&clock, |c| c.stores.replay_capacity = 64).await;
+    let strict = node(&clock, |c| c.discovery.allow_private_endpoints = false).await;
     let other = node(&clock, |_| {}).await;
     introduce(&strict, &other);
     let row = |at: &Node, k: &SigningKey| {

@@ -17,7 +17,7 @@ async fn every_replay_outcome() {
     // capacity itself is filled in the registry's own test).
     const CAPACITY: usize = 512;
     let clock = clock();
-    let n = node(&clock, |c| c.replay_capacity = CAPACITY).await;
+    let n = node(&clock, |c| c.stores.replay_capacity = CAPACITY).await;
     let p = key();
     let now = clock.unix();
     let first = frame(&p, &[to(&n)], b"once", expiry(now));
@@ -95,8 +95,8 @@ async fn a_forwarded_duplicate_is_not_forwarded_twice() {
 async fn a_full_replay_registry_says_so_and_drains_as_routes_end() {
     let clock = clock();
     let n = node(&clock, |c| {
-        c.replay_capacity = 8;
-        c.replay_share_percent = 25;
+        c.stores.replay_capacity = 8;
+        c.stores.replay_share_percent = 25;
     })
     .await;
     let p = key();

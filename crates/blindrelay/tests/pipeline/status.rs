@@ -136,7 +136,7 @@ async fn probes_are_kept_apart_from_user_traffic() {
 #[tokio::test(start_paused = true)]
 async fn status_moves_with_recent_events_and_recovers() {
     let clock = clock();
-    let n = node(&clock, |c| c.crypto_slots = 4).await;
+    let n = node(&clock, |c| c.context.crypto_slots = 4).await;
     let st = |n: &Node| {
         status_of(n).quality()["status"]
             .as_str()

@@ -17,7 +17,7 @@ use crate::inproc::*;
 async fn each_step_refuses_with_its_reason_status_and_one_counter() {
     let clock = clock();
     let n = node(&clock, |_| {}).await;
-    let strict = node(&clock, |c| c.allow_private_endpoints = false).await;
+    let strict = node(&clock, |c| c.discovery.allow_private_endpoints = false).await;
     let other = node(&clock, |_| {}).await;
     introduce(&strict, &other);
     let dead = node(&clock, |_| {}).await;
