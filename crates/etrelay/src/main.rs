@@ -6,13 +6,12 @@
 use std::fmt::Display;
 use std::process::ExitCode;
 
-use clap::Parser;
 use etrelay::cli::{Cli, Command, Mode};
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args(std::env::args_os()).unwrap_or_else(|e| e.exit());
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

@@ -346,6 +346,24 @@ fn bad_arguments_are_refused_with_a_message() {
     }
 }
 
+/// `ETRELAY_CONTROL` left in the environment of a one-server command (a shared environment
+/// file): the refusal names the variable and its value, which the operator can find.
+#[test]
+fn a_conflict_from_the_environment_names_the_variable() {
+    let out = std::process::Command::new(BIN)
+        .arg("127.0.0.1:27960")
+        .env("ETRELAY_CONTROL", "10.0.0.1:8080")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("'[UPSTREAM]' cannot be used with '--control")
+            && err.contains("it comes from ETRELAY_CONTROL=10.0.0.1:8080 in the environment"),
+        "{err}"
+    );
+}
+
 /// Runs the binary with `args` until it exits (within 10 s): its status and what it wrote to
 /// stderr.
 async fn run_to_exit(args: &[&str]) -> (std::process::ExitStatus, String) {
