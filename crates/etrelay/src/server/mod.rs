@@ -4,7 +4,7 @@
 //! limiter and cache, its heartbeat task, its bans and its counters. The packet path:
 //!
 //! ```text
-//! public socket → relay loop: size → ban → classify (filter) → query limiter
+//! public socket → relay loop: size → classify → ban → filter → query limiter
 //!   → query cache answer (from the public socket)        for getinfo/getstatus
 //!   → session queue → upstream socket → game server       for everything else allowed
 //! game server → session task → public socket → client

@@ -2,7 +2,9 @@
 //! cache's socket.
 //!
 //! Each wake-up drains the public socket in batches ([`BatchRecv`], one system call per batch)
-//! and runs every datagram through the same straight line: size, ban, [`classify`](crate::et::classify::classify), then by
+//! and runs every datagram through the same straight line: size, [`classify`](crate::et::classify::classify)
+//! (a read of the bytes that counts nothing), ban (with the proven lookup the class asks
+//! for, in one turn of the state lock), then by
 //! kind: a query goes through the limiter to the cache; a `getchallenge` through the fair join
 //! gate ([`Joins`]); an in-game packet through the qport check; `connect` and `PB_` only to a
 //! session that exists. A new session is admitted by the table's caps ([`super::table`]) before

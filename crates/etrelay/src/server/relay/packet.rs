@@ -1,5 +1,5 @@
-//! The client-packet path of the relay loop: one datagram from a client through size, ban,
-//! [`classify`] and, by kind, the query limiter and cache, the join gate, the qport check, to
+//! The client-packet path of the relay loop: one datagram from a client through size,
+//! [`classify`] (nothing counted yet), ban and, by kind, the query limiter and cache, the join gate, the qport check, to
 //! its session (opened here when the table's caps admit it).
 
 use std::net::{IpAddr, SocketAddr};
