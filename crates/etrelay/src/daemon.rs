@@ -191,10 +191,10 @@ pub async fn run(
     .await
     .map_err(DaemonError::State)?;
     info!(
-        "ports {} on {}, state in {}",
-        ports_text(registry.ports()),
-        config.registry.bind,
-        config.registry.state_dir.display()
+        ports = %ports_text(registry.ports()),
+        bind = %config.registry.bind,
+        state_dir = %config.registry.state_dir.display(),
+        "several servers: started"
     );
     let state = ControlState::new(
         registry.clone(),
@@ -231,12 +231,12 @@ pub async fn run(
     let (_, stopped) = tokio::join!(tokio::time::timeout(API_STOP, api), servers);
     if !stopped {
         warn!(
-            "servers still stopping after {}s: left behind",
-            SERVERS_STOP.as_secs()
+            after_secs = SERVERS_STOP.as_secs(),
+            "servers still stopping: left behind"
         );
     }
     root.cancel();
-    info!("stopped in {} ms", started.elapsed().as_millis());
+    info!(ms = started.elapsed().as_millis(), "stopped");
     Ok(())
 }
 
@@ -249,10 +249,10 @@ fn reload_token(path: Option<&std::path::Path>, state: &ControlState) {
     };
     match read_token_file(path) {
         Ok(token) if state.set_token(token.expose()) => {
-            info!("reload: new relay token from {}", path.display());
+            info!(path = %path.display(), "reload: new relay token");
         }
-        Ok(_) => info!("reload: relay token in {} unchanged", path.display()),
-        Err(e) => warn!("reload: {e}; the relay token in use is kept"),
+        Ok(_) => info!(path = %path.display(), "reload: relay token unchanged"),
+        Err(e) => warn!(error = %e, "reload: the relay token in use is kept"),
     }
 }
 

@@ -68,7 +68,7 @@ fn reloads() -> tokio::sync::watch::Receiver<u64> {
                 }
             });
         }
-        Err(e) => error!("cannot watch SIGHUP: {e}"),
+        Err(e) => error!(error = %e, "cannot watch SIGHUP"),
     }
     rx
 }
@@ -90,7 +90,7 @@ fn exit(result: Result<(), impl Display>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            error!("{e}");
+            error!(error = %e, "stopped on an error");
             ExitCode::FAILURE
         }
     }
@@ -99,7 +99,7 @@ fn exit(result: Result<(), impl Display>) -> ExitCode {
 /// Completes on SIGTERM or SIGINT, once it is logged.
 async fn stopping() {
     let signal = shutdown_signal().await;
-    info!("{signal}: stopping");
+    info!(signal = %signal, "stopping");
 }
 
 /// Waits for SIGTERM or SIGINT and names it.
@@ -108,7 +108,7 @@ async fn shutdown_signal() -> &'static str {
     let mut term = match signal(SignalKind::terminate()) {
         Ok(s) => s,
         Err(e) => {
-            error!("cannot watch SIGTERM: {e}");
+            error!(error = %e, "cannot watch SIGTERM");
             let _ = tokio::signal::ctrl_c().await;
             return "SIGINT";
         }

@@ -174,7 +174,7 @@ impl From<RegistryError> for ControlError {
             RegistryError::Bind { .. } => E::BindFailed(msg),
             RegistryError::BadUpstream(_) => E::BadUpstream(msg),
             RegistryError::State(_) | RegistryError::Store(_) => {
-                warn!("control: {msg}");
+                warn!(error = %msg, "control: state not written");
                 state_error::control_error(&e)
             }
             RegistryError::NoServer => E::Unauthorized,

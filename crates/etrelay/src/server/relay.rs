@@ -193,7 +193,7 @@ impl RelayLoop {
                 () = &mut cancelled => break,
                 r = shared.public.readable() => {
                     if let Err(e) = r {
-                        warn!("public socket: {e}");
+                        warn!(error = %e, "public socket failed: relay loop ended");
                         break;
                     }
                     // Ready sockets do not make tokio tasks yield by themselves: under a flood
@@ -306,11 +306,12 @@ impl Handler {
             };
             m.cache_refresh_answers.inc();
             debug!(
-                "cache: {} refreshed ({n} B)",
-                match waiters.query() {
+                answer = %match waiters.query() {
                     Query::Info => "infoResponse",
                     Query::Status => "statusResponse",
-                }
+                },
+                bytes = n,
+                "cache refreshed"
             );
             while let Some(to) = waiters.next(&mut self.scratch) {
                 m.cache_hits.inc();
@@ -340,13 +341,16 @@ impl Handler {
             && let Some(dropped) = cache.machine.expire(now)
         {
             if dropped > 0 {
-                debug!("cache: the game server did not answer; {dropped} queries dropped");
+                debug!(
+                    dropped,
+                    "cache: the game server did not answer; queries dropped"
+                );
             }
             // A socket connected before the route to the game server existed (a tunnel that
             // came up later) keeps a source address the server cannot answer: open it again.
             match upstream_socket(self.shared.config.upstream) {
                 Ok(s) => cache.socket = s,
-                Err(e) => debug!("cache: cannot reopen its socket: {e}"),
+                Err(e) => debug!(error = %e, "cache: cannot reopen its socket"),
             }
         }
     }
@@ -383,7 +387,7 @@ fn send_ring(wanted: bool) -> Option<SendRing> {
     match SendRing::new(RING_SLOTS, RING_SLOT_LEN) {
         Ok(ring) => Some(ring),
         Err(e) => {
-            info!("io_uring not available ({e}): sending one socket at a time");
+            info!(error = %e, "io_uring not available: sending one socket at a time");
             None
         }
     }
@@ -405,7 +409,13 @@ fn send_now(shared: &Shared, pkt: &[u8], to: SocketAddr, from: &str) {
             shared.metrics.reply_packets.inc();
             shared.metrics.reply_bytes.add(n as u64);
             if et::is_oob(pkt) {
-                debug!("{to} <- ET {} ({} B, {from})", command_word(pkt), pkt.len());
+                debug!(
+                    client = %to,
+                    command = %command_word(pkt),
+                    bytes = pkt.len(),
+                    from = %from,
+                    "to client"
+                );
             }
         }
         Err(e) => {

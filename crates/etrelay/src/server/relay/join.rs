@@ -52,7 +52,7 @@ impl Handler {
                 send_now(&self.shared, &self.scratch, src, "the relay's challenge");
             }
             Err(reason) => {
-                debug!("{src} dropped ({})", reason.name());
+                debug!(client = %src, reason = %reason.name(), "dropped");
                 self.shared.metrics.drop(reason);
             }
         }
@@ -72,12 +72,12 @@ impl Handler {
         let c = match self.challenges.check(src, data, now) {
             Ok(Checked::Ours(c)) => c,
             Ok(Checked::Other) => {
-                debug!("{src} connect without the relay's challenge");
+                debug!(client = %src, "connect without the relay's challenge");
                 m.drop(DropReason::BadCookie);
                 return;
             }
             Err(e) => {
-                debug!("{src} connect dropped: {e}");
+                debug!(client = %src, error = %e, "connect dropped");
                 m.drop(DropReason::Malformed);
                 return;
             }
@@ -108,7 +108,7 @@ impl Handler {
                 }
             }
             Next::Ask(number) => {
-                debug!("{src} holds the relay's challenge: the server's asked for");
+                debug!(client = %src, "client holds the relay's challenge: the server's asked for");
                 self.ask_server(src, &s, number, now, proven);
             }
         }
@@ -134,7 +134,7 @@ impl Handler {
                 Some(s)
             }
             Err(reason) => {
-                debug!("{src} connect for a qport a player holds");
+                debug!(client = %src, "connect for a qport a player holds");
                 shared.metrics.drop(reason);
                 None
             }
@@ -174,7 +174,7 @@ impl Handler {
                 }
             }
             Offer::Refused(reason) => {
-                debug!("{src} dropped ({})", reason.name());
+                debug!(client = %src, reason = %reason.name(), "dropped");
                 m.drop(reason);
                 s.handshake().forget_ask();
             }

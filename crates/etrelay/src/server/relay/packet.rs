@@ -41,7 +41,12 @@ impl Handler {
             return;
         };
         if !matches!(packet, Packet::Game) {
-            debug!("{src} -> ET {} ({} B)", command_word(data), data.len());
+            debug!(
+                client = %src,
+                command = %command_word(data),
+                bytes = data.len(),
+                "from client"
+            );
         }
         match packet {
             Packet::Game => self.game(src, data),
@@ -58,7 +63,7 @@ impl Handler {
                     Reject::NotAllowed => DropReason::Filter,
                     Reject::BadChallenge => DropReason::BadChallenge,
                 };
-                debug!("{src} dropped ({})", reason.name());
+                debug!(client = %src, reason = %reason.name(), "dropped");
                 m.drop(reason);
             }
         }
@@ -94,7 +99,7 @@ impl Handler {
                 Some(Verdict::Bucket) => m.master_queries.inc(),
                 Some(Verdict::Refused) => {
                     m.drop(DropReason::MasterLimit);
-                    debug!("{src} master query over its lane");
+                    debug!(client = %src, "master query over its lane");
                     return;
                 }
                 None => {
@@ -123,7 +128,7 @@ impl Handler {
         m.query_sources.set(self.limiter.len() as u64);
         if !matches!((limited, proven), (Ok(true), _) | (Err(_), true)) {
             m.drop(DropReason::Limiter);
-            debug!("{ip} query limited");
+            debug!(client = %ip, "query limited");
             return false;
         }
         let budget = if proven {
@@ -133,7 +138,7 @@ impl Handler {
         };
         if !budget.allow(ip, now) {
             m.drop(DropReason::Reflection);
-            debug!("{ip} query over the answer budget");
+            debug!(client = %ip, "query over the answer budget");
             return false;
         }
         if proven {
@@ -218,7 +223,7 @@ impl Handler {
                 }
             }
             Offer::Refused(reason) => {
-                debug!("{src} dropped ({})", reason.name());
+                debug!(client = %src, reason = %reason.name(), "dropped");
                 self.shared.metrics.drop(reason);
             }
         }
@@ -259,7 +264,7 @@ impl Handler {
         match st.sessions.get(&src) {
             Some(s) => push(shared, &mut self.touched, s, data, shared.now_ms()),
             None => {
-                debug!("{src} dropped (no_session)");
+                debug!(client = %src, reason = %DropReason::NoSession.name(), "dropped");
                 shared.metrics.drop(DropReason::NoSession);
             }
         }
@@ -312,7 +317,7 @@ impl Handler {
             let from = holder.client();
             st.sessions.rebind(&holder, src);
             shared.metrics.sessions_rebound.inc();
-            debug!("session {from} moved to {src} (qport {qport})");
+            debug!(client = %from, to = %src, qport, "session moved");
             push_game(shared, &mut self.touched, &holder, data, now_ms);
         } else {
             shared.metrics.drop(DropReason::QportConflict);
@@ -373,13 +378,13 @@ pub(super) fn open(
             st.sessions.insert(Arc::clone(&s));
             shared.metrics.sessions_opened.inc();
             shared.gauges(&st.sessions);
-            debug!("session + {src} ({} active)", st.sessions.len());
+            debug!(client = %src, active = st.sessions.len(), "session opened");
             Some(s)
         }
         Err(e) => {
             shared.metrics.drop(DropReason::Upstream);
             shared.throttled(|n| {
-                warn!("cannot open a session for {src}: {e} ({n} more warnings not logged)");
+                warn!(client = %src, error = %e, not_logged = n, "cannot open a session");
             });
             None
         }
