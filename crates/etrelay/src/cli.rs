@@ -111,8 +111,9 @@ impl Cli {
         Err(command.error(
             ErrorKind::ArgumentConflict,
             format!(
-                "'{}' cannot be used with '{}': {}. Unset it for one server (with --ports, for \
-                 several, it belongs in that unit's environment file alone)",
+                "'{}' cannot be used with '{}': {}. Unset it to relay one server: it belongs \
+                 with --ports alone, in the several-servers unit's own environment file \
+                 (/etc/default/etrelay-multi with the Debian package)",
                 invalid.join("', '"),
                 prior.join("', '"),
                 from_env.join("; ")
