@@ -266,7 +266,7 @@ class Soak:
             "--masters", f"{MASTER[0]}:{MASTER[1]}", "--game", "q3",
             "--heartbeat-interval", "10s", "--allow-loopback-upstream"])
         self.procs.append(self.et)
-        self.et.wait_line("control API on")
+        self.et.wait_line("control API: listening")
         pw = os.path.join(self.dir, "rcon.pw")
         with open(pw, "w") as f:
             f.write("soakpw\n")

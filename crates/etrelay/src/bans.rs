@@ -49,6 +49,14 @@ pub enum BanError {
     /// A duration over [`MAX_BAN_SECS`].
     #[error("duration_secs is over {MAX_BAN_SECS}")]
     TooLong,
+    /// An address no datagram comes from ([`crate::net::not_a_source`]).
+    #[error("{ip} is {what}: no datagram comes from it, there is nothing to ban")]
+    NotASource {
+        /// The address, as banned.
+        ip: IpAddr,
+        /// What it is.
+        what: &'static str,
+    },
 }
 
 impl Ban {
@@ -56,13 +64,18 @@ impl Ban {
     /// address is the IPv4 address, as it arrives on the socket.
     ///
     /// # Errors
-    /// [`BanError`]: the reason or the duration is out of bounds.
+    /// [`BanError`]: the address is one no datagram comes from, or the reason or the duration
+    /// is out of bounds.
     pub fn new(
         ip: IpAddr,
         reason: String,
         duration_secs: Option<u64>,
         now: SystemTime,
     ) -> Result<Ban, BanError> {
+        let ip = normalize(ip);
+        if let Some(what) = crate::net::not_a_source(ip) {
+            return Err(BanError::NotASource { ip, what });
+        }
         if reason.len() > MAX_REASON {
             return Err(BanError::ReasonTooLong);
         }
@@ -73,7 +86,7 @@ impl Ban {
             Some(s) => Some(now + Duration::from_secs(s)),
         };
         Ok(Ban {
-            ip: normalize(ip),
+            ip,
             reason,
             since: now,
             expires,

@@ -2,12 +2,14 @@
 //! `etrelay --ports … --control … --token-file …` relays the servers registered through the
 //! control API; `etrelay admin …` is the admin tool's side.
 
+use std::ffi::OsString;
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::builder::TypedValueParser as _;
-use clap::{Args, Parser, Subcommand};
+use clap::error::{ContextKind, ContextValue, ErrorKind};
+use clap::{Args, CommandFactory as _, FromArgMatches as _, Parser, Subcommand};
 
 use crate::config::{
     self, BadMaster, ChallengeConfig, DEFAULT_MASTERS, Game, JoinLimits, QueryLimits,
@@ -15,7 +17,6 @@ use crate::config::{
 };
 use crate::control::listen::{self, ListenLimits};
 use crate::daemon::{DaemonConfig, PortsError};
-use crate::proof::MIN_KEY;
 use crate::registry::RegistryConfig;
 use crate::secret::Secret;
 use crate::single::SingleConfig;
@@ -52,6 +53,75 @@ pub struct Cli {
     pub run: RunArgs,
 }
 
+impl Cli {
+    /// [`Cli`] from `args` (the program's name first) and the environment. A conflict caused by an `ETRELAY_*` variable rather than by a flag typed names the
+    /// variable: an operator who never typed `--control` cannot make sense of "'[UPSTREAM]'
+    /// cannot be used with '--control'" when `ETRELAY_CONTROL` is set in an environment file.
+    ///
+    /// # Errors
+    /// clap's error, for the caller to print and exit with (`clap::Error::exit`).
+    pub fn parse_args(
+        args: impl IntoIterator<Item = impl Into<OsString>>,
+    ) -> Result<Cli, clap::Error> {
+        let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        let mut command = Cli::command();
+        let err = match command.try_get_matches_from_mut(&args) {
+            Ok(mut matches) => return Cli::from_arg_matches_mut(&mut matches),
+            Err(e) if e.kind() == ErrorKind::ArgumentConflict => e,
+            Err(e) => return Err(e),
+        };
+        let context = |kind| match err.get(kind) {
+            Some(ContextValue::String(s)) => vec![s.clone()],
+            Some(ContextValue::Strings(s)) => s.clone(),
+            _ => Vec::new(),
+        };
+        let (invalid, prior) = (
+            context(ContextKind::InvalidArg),
+            context(ContextKind::PriorArg),
+        );
+        let typed = |long: &str| {
+            args.iter().skip(1).any(|a| {
+                a.to_str().is_some_and(|a| {
+                    a.strip_prefix("--")
+                        .is_some_and(|a| a == long || a.starts_with(&format!("{long}=")))
+                })
+            })
+        };
+        let from_env: Vec<String> = command
+            .get_arguments()
+            .filter_map(|arg| {
+                let (var, long) = (arg.get_env()?.to_str()?, arg.get_long()?);
+                let value = std::env::var_os(var).filter(|v| !v.is_empty())?;
+                let named = invalid.iter().chain(&prior).any(|a| {
+                    a.strip_prefix("--")
+                        .is_some_and(|a| a.split(' ').next() == Some(long))
+                });
+                (named && !typed(long)).then(|| {
+                    format!(
+                        "--{long} was not typed: it comes from {var}={} in the environment \
+                         (an environment file?)",
+                        value.to_string_lossy()
+                    )
+                })
+            })
+            .collect();
+        if from_env.is_empty() {
+            return Err(err);
+        }
+        Err(command.error(
+            ErrorKind::ArgumentConflict,
+            format!(
+                "'{}' cannot be used with '{}': {}. Unset it to relay one server: it belongs \
+                 with --ports alone, in the several-servers unit's own environment file \
+                 (/etc/default/etrelay-multi with the Debian package)",
+                invalid.join("', '"),
+                prior.join("', '"),
+                from_env.join("; ")
+            ),
+        ))
+    }
+}
+
 /// Subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
@@ -78,20 +148,12 @@ pub enum CliError {
     /// `--ports` without `--control`.
     #[error("--ports needs --control")]
     NoControl,
-    /// The token file cannot be read.
-    #[error("cannot read the token file {}: {source}", path.display())]
-    TokenFile {
-        /// `--token-file`.
-        path: PathBuf,
-        /// Why.
-        source: std::io::Error,
-    },
+    /// The token file cannot be read, or the token is short.
+    #[error(transparent)]
+    Token(#[from] crate::daemon::TokenError),
     /// No token file and no `ETRELAY_TOKEN`.
     #[error("--ports needs the relay token: --token-file or ETRELAY_TOKEN")]
     NoToken,
-    /// A token shorter than [`MIN_KEY`].
-    #[error("the relay token must have at least {MIN_KEY} characters")]
-    ShortToken,
     /// A malformed master.
     #[error(transparent)]
     Master(#[from] BadMaster),
@@ -405,12 +467,7 @@ impl RunArgs {
                     .to_string(),
             ),
         };
-        read.map_err(|e| match e {
-            crate::daemon::TokenError::File { path, source } => {
-                CliError::TokenFile { path, source }
-            }
-            crate::daemon::TokenError::Short => CliError::ShortToken,
-        })
+        Ok(read?)
     }
 
     /// The settings of a server relaying `upstream`.
@@ -496,6 +553,17 @@ mod tests {
     #[test]
     fn cli_is_consistent() {
         Cli::command().debug_assert();
+    }
+
+    /// A conflict typed on the command line is clap's own error (the environment case, which
+    /// names the variable: `tests/binary.rs`).
+    #[test]
+    fn a_typed_conflict_is_clap_s_error() {
+        let typed = ["etrelay", "--control", "10.0.0.1:8080", "127.0.0.1:27960"];
+        let err = Cli::parse_args(typed).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::ArgumentConflict);
+        assert!(!err.to_string().contains("ETRELAY_CONTROL"), "{err}");
+        assert!(Cli::parse_args(["etrelay", "127.0.0.1:27960"]).is_ok());
     }
 
     #[test]

@@ -66,12 +66,15 @@ pub enum DaemonError {
 #[derive(Debug, thiserror::Error)]
 pub enum TokenError {
     /// The token file cannot be read.
-    #[error("cannot read the token file {}: {source}", path.display())]
+    #[error("cannot read the token file {}: {source}{access}", path.display())]
     File {
         /// `--token-file`.
         path: PathBuf,
         /// Why.
         source: std::io::Error,
+        /// When permission was denied: the file's owner and mode, the relay's user, and what
+        /// to change (else empty).
+        access: String,
     },
     /// A token shorter than [`crate::proof::MIN_KEY`].
     #[error(
@@ -89,11 +92,48 @@ pub fn read_token_file(path: &std::path::Path) -> Result<Secret, TokenError> {
     let token = std::fs::read_to_string(path)
         .map_err(|source| TokenError::File {
             path: path.to_path_buf(),
+            access: if source.kind() == std::io::ErrorKind::PermissionDenied {
+                use std::os::unix::fs::MetadataExt as _;
+                let owner = std::fs::metadata(path)
+                    .ok()
+                    .map(|m| (m.uid(), m.gid(), m.mode()));
+                let user = (
+                    rustix::process::getuid().as_raw(),
+                    rustix::process::getgid().as_raw(),
+                );
+                permission_hint(path, owner, user)
+            } else {
+                String::new()
+            },
             source,
         })?
         .trim()
         .to_string();
     checked_token(token)
+}
+
+/// What an operator needs to know when the relay, running as `user` (uid, gid), may not read
+/// the token file at `path` whose owner, group and mode are `owner` (`None`: not even its
+/// metadata could be had, so a directory on the way is closed to the relay).
+fn permission_hint(
+    path: &std::path::Path,
+    owner: Option<(u32, u32, u32)>,
+    user: (u32, u32),
+) -> String {
+    let p = path.display();
+    let (uid, gid) = user;
+    match owner {
+        Some((fuid, fgid, mode)) => format!(
+            " (the file is uid {fuid}, gid {fgid}, mode {:04o}; etrelay runs as uid {uid}, \
+             gid {gid}: let its group read the file, e.g. `chown root:etrelay {p}` and \
+             `chmod 0640 {p}`)",
+            mode & 0o7777
+        ),
+        None => format!(
+            " (etrelay runs as uid {uid}, gid {gid} and cannot reach the file: every directory \
+             above {p} must let it through, e.g. /etc/etrelay root:etrelay 0750)"
+        ),
+    }
 }
 
 /// `token` when it is long enough.
@@ -151,10 +191,10 @@ pub async fn run(
     .await
     .map_err(DaemonError::State)?;
     info!(
-        "ports {} on {}, state in {}",
-        ports_text(registry.ports()),
-        config.registry.bind,
-        config.registry.state_dir.display()
+        ports = %ports_text(registry.ports()),
+        bind = %config.registry.bind,
+        state_dir = %config.registry.state_dir.display(),
+        "several servers: started"
     );
     let state = ControlState::new(
         registry.clone(),
@@ -191,12 +231,12 @@ pub async fn run(
     let (_, stopped) = tokio::join!(tokio::time::timeout(API_STOP, api), servers);
     if !stopped {
         warn!(
-            "servers still stopping after {}s: left behind",
-            SERVERS_STOP.as_secs()
+            after_secs = SERVERS_STOP.as_secs(),
+            "servers still stopping: left behind"
         );
     }
     root.cancel();
-    info!("stopped in {} ms", started.elapsed().as_millis());
+    info!(ms = started.elapsed().as_millis(), "stopped");
     Ok(())
 }
 
@@ -209,10 +249,10 @@ fn reload_token(path: Option<&std::path::Path>, state: &ControlState) {
     };
     match read_token_file(path) {
         Ok(token) if state.set_token(token.expose()) => {
-            info!("reload: new relay token from {}", path.display());
+            info!(path = %path.display(), "reload: new relay token");
         }
-        Ok(_) => info!("reload: relay token in {} unchanged", path.display()),
-        Err(e) => warn!("reload: {e}; the relay token in use is kept"),
+        Ok(_) => info!(path = %path.display(), "reload: relay token unchanged"),
+        Err(e) => warn!(error = %e, "reload: the relay token in use is kept"),
     }
 }
 
@@ -275,6 +315,34 @@ pub fn parse_ports(s: &str) -> Result<Vec<u16>, PortsError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A token file the relay's user may not read: the error names the path, the file's owner
+    /// and mode, the user the relay runs as, and the change that lets it read.
+    #[test]
+    fn an_unreadable_token_file_says_why_and_what_to_change() {
+        let path = std::path::Path::new("/etc/etrelay/token");
+        let hint = permission_hint(path, Some((0, 0, 0o100600)), (998, 997));
+        assert_eq!(
+            hint,
+            " (the file is uid 0, gid 0, mode 0600; etrelay runs as uid 998, gid 997: let its \
+             group read the file, e.g. `chown root:etrelay /etc/etrelay/token` and `chmod 0640 \
+             /etc/etrelay/token`)"
+        );
+        let closed = permission_hint(path, None, (998, 997));
+        assert!(
+            closed.contains("every directory above /etc/etrelay/token"),
+            "{closed}"
+        );
+        let e = TokenError::File {
+            path: path.into(),
+            source: std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+            access: hint,
+        };
+        assert!(
+            e.to_string().starts_with("cannot read the token file /etc/etrelay/token: permission denied (the file is uid 0"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn port_lists() {

@@ -80,7 +80,10 @@ pub fn fit_sessions(
         Ok(Some(l)) => l,
         Ok(None) => return Ok(max_sessions),
         Err(e) => {
-            tracing::warn!("cannot read the descriptor limit: {e}; --max-sessions kept as given");
+            tracing::warn!(
+                error = %e,
+                "cannot read the descriptor limit: --max-sessions kept as given"
+            );
             return Ok(max_sessions);
         }
     };
@@ -94,9 +97,12 @@ pub fn fit_sessions(
     }
     if room < max_sessions {
         tracing::warn!(
-            "the descriptor limit (RLIMIT_NOFILE {limit}) leaves room for {room} sessions, not \
-             --max-sessions {max_sessions}: sessions capped at {room} (raise LimitNOFILE to {})",
-            limit + (max_sessions - room) as u64
+            rlimit_nofile = limit,
+            room,
+            max_sessions,
+            raise_limitnofile_to = limit + (max_sessions - room) as u64,
+            "the descriptor limit leaves room for fewer sessions than --max-sessions: sessions \
+             capped at room (raise LimitNOFILE)"
         );
         return Ok(room);
     }

@@ -6,13 +6,12 @@
 use std::fmt::Display;
 use std::process::ExitCode;
 
-use clap::Parser;
 use etrelay::cli::{Cli, Command, Mode};
 use tracing::{error, info};
 use tracing_subscriber::EnvFilter;
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = Cli::parse_args(std::env::args_os()).unwrap_or_else(|e| e.exit());
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -69,7 +68,7 @@ fn reloads() -> tokio::sync::watch::Receiver<u64> {
                 }
             });
         }
-        Err(e) => error!("cannot watch SIGHUP: {e}"),
+        Err(e) => error!(error = %e, "cannot watch SIGHUP"),
     }
     rx
 }
@@ -91,7 +90,7 @@ fn exit(result: Result<(), impl Display>) -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            error!("{e}");
+            error!(error = %e, "stopped on an error");
             ExitCode::FAILURE
         }
     }
@@ -100,7 +99,7 @@ fn exit(result: Result<(), impl Display>) -> ExitCode {
 /// Completes on SIGTERM or SIGINT, once it is logged.
 async fn stopping() {
     let signal = shutdown_signal().await;
-    info!("{signal}: stopping");
+    info!(signal = %signal, "stopping");
 }
 
 /// Waits for SIGTERM or SIGINT and names it.
@@ -109,7 +108,7 @@ async fn shutdown_signal() -> &'static str {
     let mut term = match signal(SignalKind::terminate()) {
         Ok(s) => s,
         Err(e) => {
-            error!("cannot watch SIGTERM: {e}");
+            error!(error = %e, "cannot watch SIGTERM");
             let _ = tokio::signal::ctrl_c().await;
             return "SIGINT";
         }

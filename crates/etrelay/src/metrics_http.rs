@@ -52,8 +52,8 @@ pub async fn serve(
 /// Serves `app` within this module's bounds.
 async fn serve_router(listener: TcpListener, app: Router, cancel: CancellationToken) {
     match listener.local_addr() {
-        Ok(a) => info!("metrics on {a}"),
-        Err(e) => warn!("metrics: {e}"),
+        Ok(a) => info!(addr = %a, "metrics: listening"),
+        Err(e) => warn!(error = %e, "metrics: no address"),
     }
     let config = Config {
         header_timeout: READ_TIMEOUT,
@@ -88,7 +88,7 @@ impl Hooks for Trace {
     }
     fn closed(&self, _peer: SocketAddr, how: &Closed) {
         if !matches!(how, Closed::Done) {
-            trace!("metrics: {how}");
+            trace!(how = %how, "metrics: connection closed");
         }
     }
 }

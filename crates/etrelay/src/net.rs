@@ -360,6 +360,23 @@ pub fn canonical_ip(ip: IpAddr) -> IpAddr {
     }
 }
 
+/// What `ip` is when no datagram can come from it, `None` when one can: the unspecified
+/// address (`0.0.0.0`, `::`), a multicast address or the IPv4 broadcast address
+/// (`255.255.255.255`), in [`canonical_ip`] form. A host never sends from them (RFC 1122,
+/// 3.2.1.3; RFC 4291, 2.5.2 and 2.7), so a ban of one, or an upstream there, means nothing.
+pub fn not_a_source(ip: IpAddr) -> Option<&'static str> {
+    let ip = canonical_ip(ip);
+    if ip.is_unspecified() {
+        Some("the unspecified address")
+    } else if ip.is_multicast() {
+        Some("a multicast address")
+    } else if ip == IpAddr::V4(std::net::Ipv4Addr::BROADCAST) {
+        Some("the broadcast address")
+    } else {
+        None
+    }
+}
+
 /// [`canonical_ip`] of a socket address, port kept.
 #[inline]
 pub fn canonical(addr: SocketAddr) -> SocketAddr {

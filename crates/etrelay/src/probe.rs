@@ -48,7 +48,7 @@ pub async fn ask(
         packet.extend_from_slice(hex::encode(rand::random::<[u8; NONCE_BYTES]>()).as_bytes());
         let challenge = &packet[query.request().len()..];
         if let Err(e) = socket.send(&packet).await {
-            debug!("{upstream}: {} send failed: {e}", command(query));
+            debug!(%upstream, query = %command(query), error = %e, "probe: send failed");
         }
         let deadline = Instant::now() + timeout;
         loop {
@@ -66,8 +66,11 @@ pub async fn ask(
             }
         }
         debug!(
-            "{upstream}: {} {attempt}/{PROBE_ATTEMPTS}: no answer",
-            command(query)
+            %upstream,
+            query = %command(query),
+            attempt,
+            of = PROBE_ATTEMPTS,
+            "probe: no answer"
         );
     }
     Ok(None)

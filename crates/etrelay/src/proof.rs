@@ -68,7 +68,7 @@ pub async fn check(upstream: SocketAddr, key: &str, timeout: Duration) -> Result
         Ok(Some(answer)) => answer,
         Ok(None) => return Err(ProofError::NoAnswer),
         Err(e) => {
-            debug!("proof: cannot open a socket: {e}");
+            debug!(error = %e, "proof: cannot open a socket");
             return Err(ProofError::NoAnswer);
         }
     };

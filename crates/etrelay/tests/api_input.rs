@@ -156,6 +156,13 @@ async fn every_route_refuses_bad_input_and_changes_nothing() {
         case(Method::PUT, "/bans/300.1.2.3", Some(key), b"", 400, "bad_ip"),
         case(Method::PUT, "/bans/192.0.2.9:1234", Some(key), b"", 400, "bad_ip"),
         case(Method::PUT, "/bans/192.0.2.9", Some(key), b"{oops", 400, "bad_json"),
+        // Addresses no datagram comes from: nothing to ban.
+        case(Method::PUT, "/bans/0.0.0.0", Some(key), b"", 422, "not_a_source"),
+        case(Method::PUT, "/bans/::", Some(key), b"", 422, "not_a_source"),
+        case(Method::PUT, "/bans/::ffff:0.0.0.0", Some(key), b"", 422, "not_a_source"),
+        case(Method::PUT, "/bans/255.255.255.255", Some(key), br#"{"reason": "x"}"#, 422, "not_a_source"),
+        case(Method::PUT, "/bans/224.0.0.1", Some(key), b"", 422, "not_a_source"),
+        case(Method::PUT, "/bans/ff02::1", Some(key), b"", 422, "not_a_source"),
         case(Method::PUT, "/bans/192.0.2.9", Some(key), br#"{"reason": 5}"#, 422, "invalid_body"),
         case(Method::PUT, "/bans/192.0.2.9", Some(key), br#"{"duration_secs": -1}"#, 422, "invalid_body"),
         case(Method::PUT, "/bans/192.0.2.9", Some(key), br#"{"duration_secs": "1h"}"#, 422, "invalid_body"),

@@ -222,17 +222,17 @@ fn ban_lines(log: &str) -> (usize, usize, u64) {
     for line in log.lines() {
         if line.contains(" banned") || line.contains(" unbanned") {
             single += 1;
-        } else if let Some((_, said)) = line.split_once("port ")
-            && said.contains("not logged one by one")
-        {
+        } else if line.contains("not logged one by one") {
             summaries += 1;
-            // "port P: B bans and U unbans not logged …": the two numbers after the port.
-            counted += said
-                .split(|c: char| !c.is_ascii_digit())
-                .filter_map(|w| w.parse::<u64>().ok())
-                .skip(1)
-                .take(2)
-                .sum::<u64>();
+            // "… not logged one by one port=P bans=B unbans=U secs=S": B and U.
+            let field = |name: &str| {
+                line.split(name)
+                    .nth(1)
+                    .and_then(|v| v.split(' ').next())
+                    .and_then(|v| v.parse::<u64>().ok())
+                    .unwrap_or(0)
+            };
+            counted += field(" bans=") + field(" unbans=");
         }
     }
     (single, summaries, counted)
@@ -379,12 +379,12 @@ async fn a_burst_through_the_api_is_bounded_on_disk_and_in_the_log() {
     d.stop().await;
 }
 
-/// The log of a daemon stopped with SIGTERM, once its last line (`stopped in …`) is read.
+/// The log of a daemon stopped with SIGTERM, once its last line (`stopped ms=…`) is read.
 async fn stopped_log(log: &common::Log) -> String {
     let end = Instant::now() + Duration::from_secs(5);
     loop {
         let text = log.lock().unwrap().join("\n");
-        if text.contains("stopped in") || Instant::now() > end {
+        if text.contains("stopped ms=") || Instant::now() > end {
             return text;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

@@ -20,14 +20,6 @@ struct Proc {
     log: Log,
 }
 
-/// The public address in `relaying <upstream> on <addr> (masters: …)`.
-fn relaying_address(line: &str) -> Option<SocketAddr> {
-    if !line.contains("relaying ") {
-        return None;
-    }
-    line.split(" on ").nth(1)?.split(' ').next()?.parse().ok()
-}
-
 impl Proc {
     /// Starts the binary with `args` and waits for the line that names the public address.
     /// Every test's game server is on loopback: `--allow-loopback-upstream` is added.
@@ -97,7 +89,7 @@ async fn sigterm_sends_the_flatline_and_exits_zero() {
         vec![p.addr]
     );
     assert!(p.wait_exit().await.success());
-    assert!(p.logged("SIGTERM: stopping"), "{}", p.log_text());
+    assert!(p.logged("stopping signal=SIGTERM"), "{}", p.log_text());
 }
 
 #[tokio::test]
@@ -245,14 +237,16 @@ async fn debug_logs_read_as_in_the_design() {
     let ma = master.addr();
     // The etmaster-style master's getChallenge gets the relay's own challenge: no session.
     let want = [
-        format!("heartbeat EnemyTerritory-1 -> {ma} ({ma})"),
-        format!("{ma} -> ET getChallenge ("),
-        format!("{ma} <- ET challengeResponse (31 B, the relay's challenge)"),
-        format!("{ma} -> ET getInfo ("),
-        format!("{ma} <- ET infoResponse ("),
-        format!("{me} -> ET getstatus (13 B)"),
-        format!("{me} <- ET statusResponse ("),
-        format!("{me} dropped (rcon)"),
+        format!("sent to a master packet=heartbeat EnemyTerritory-1 master={ma} addr={ma}"),
+        format!("from client client={ma} command=getChallenge bytes="),
+        format!(
+            "to client client={ma} command=challengeResponse bytes=31 from=the relay's challenge"
+        ),
+        format!("from client client={ma} command=getInfo bytes="),
+        format!("to client client={ma} command=infoResponse bytes="),
+        format!("from client client={me} command=getstatus bytes=13"),
+        format!("to client client={me} command=statusResponse bytes="),
+        format!("dropped client={me} reason=rcon"),
     ];
     for w in &want {
         assert!(
@@ -263,7 +257,7 @@ async fn debug_logs_read_as_in_the_design() {
     }
     p.signal("-TERM");
     assert!(p.wait_exit().await.success());
-    assert!(!p.logged("session +"), "{}", p.log_text());
+    assert!(!p.logged("session opened"), "{}", p.log_text());
 }
 
 #[tokio::test]
@@ -279,8 +273,8 @@ async fn quiet_without_debug() {
     );
     p.signal("-TERM");
     assert!(p.wait_exit().await.success());
-    assert!(!p.logged("session +"), "{}", p.log_text());
-    assert!(!p.logged("-> ET"));
+    assert!(!p.logged("session opened"), "{}", p.log_text());
+    assert!(!p.logged("from client"));
 }
 
 #[test]
@@ -346,6 +340,24 @@ fn bad_arguments_are_refused_with_a_message() {
     }
 }
 
+/// `ETRELAY_CONTROL` left in the environment of a one-server command (a shared environment
+/// file): the refusal names the variable and its value, which the operator can find.
+#[test]
+fn a_conflict_from_the_environment_names_the_variable() {
+    let out = std::process::Command::new(BIN)
+        .arg("127.0.0.1:27960")
+        .env("ETRELAY_CONTROL", "10.0.0.1:8080")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("'[UPSTREAM]' cannot be used with '--control")
+            && err.contains("it comes from ETRELAY_CONTROL=10.0.0.1:8080 in the environment"),
+        "{err}"
+    );
+}
+
 /// Runs the binary with `args` until it exits (within 10 s): its status and what it wrote to
 /// stderr.
 async fn run_to_exit(args: &[&str]) -> (std::process::ExitStatus, String) {
@@ -376,7 +388,7 @@ async fn a_loopback_upstream_needs_the_flag() {
     assert!(!err.contains("relaying"), "{err}");
     // With the flag (Proc::start gives it) the same command line relays.
     let mut p = Proc::start(&["--listen", &l, "--masters", "", &u]).await;
-    assert!(p.logged(&format!("relaying {u} on {}", p.addr)));
+    assert!(p.logged(&format!("relaying upstream={u} public={}", p.addr)));
     p.signal("-TERM");
     assert!(p.wait_exit().await.success());
 }

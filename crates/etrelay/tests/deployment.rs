@@ -436,7 +436,7 @@ async fn start_relay(lab: &Lab, dir: &std::path::Path, master: SocketAddr) -> Re
     .to_vec();
     let (child, log) = spawn_logged_under(&prefix, &args);
     let relay = Relay { child, log };
-    let want = format!("control API on {FRONT_TUNNEL}:8080");
+    let want = format!("control API: listening addr={FRONT_TUNNEL}:8080");
     assert!(
         relay.wait_count(&want, 0, 15 * S).await,
         "the relay did not start: {}",

@@ -26,7 +26,7 @@ use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::time::{Duration, Instant};
 
 use common::single::{SingleRelay, scrape};
-use common::{eventually, spawn_etrelay, wait_for_line};
+use common::{eventually, metrics_address, relaying_address, spawn_etrelay, wait_for_line};
 use etrelay_testkit::dpmaster::Dpmaster;
 use etrelay_testkit::flood::Flood;
 use etrelay_testkit::spoof::{self, SpoofFlood};
@@ -312,16 +312,6 @@ async fn a_relay_started_during_a_getchallenge_flood_is_listed_by_a_real_dpmaste
     relay.stop().await;
 }
 
-/// The address after `marker` in a log line.
-fn address_in(line: &str, marker: &str) -> Option<SocketAddr> {
-    line.split(marker).nth(1)?.split(' ').next()?.parse().ok()
-}
-
-/// The relay's public address in its `relaying <upstream> on <public>` line.
-fn relaying_on(line: &str) -> Option<SocketAddr> {
-    address_in(line, "relaying ").and(address_in(line, " on "))
-}
-
 /// A relay listening on `[::]` (both families), dpmaster on an IPv4 address: the relay's
 /// heartbeat leaves from its IPv4 side (127.0.0.1, the kernel's source for 127.0.0.0/8), and
 /// dpmaster lists it there at its first heartbeat.
@@ -350,8 +340,8 @@ async fn a_dual_stack_relay_is_listed_by_a_real_dpmaster_on_ipv4_at_its_first_he
     ]
     .into();
     let t0 = Instant::now();
-    let (child, log, public) = spawn_etrelay(&args, relaying_on, 10 * S).await;
-    let metrics = wait_for_line(&log, |l| address_in(l, "metrics on "), 10 * S, "metrics").await;
+    let (child, log, public) = spawn_etrelay(&args, relaying_address, 10 * S).await;
+    let metrics = wait_for_line(&log, metrics_address, 10 * S, "metrics").await;
     let relay = SingleRelay {
         child,
         log,

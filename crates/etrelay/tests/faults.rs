@@ -14,14 +14,6 @@ use etrelay_testkit::{FakeEtConfig, FakeEtServer, FakeMaster, MasterStyle, udp, 
 
 const S: Duration = Duration::from_secs(1);
 
-/// The public address in `relaying <upstream> on <addr> (masters: …)`.
-fn relaying_address(line: &str) -> Option<SocketAddr> {
-    if !line.contains("relaying ") {
-        return None;
-    }
-    line.split(" on ").nth(1)?.split(' ').next()?.parse().ok()
-}
-
 /// Starts the binary relaying `upstream` with `masters`, heartbeats every 300 ms.
 async fn relay(upstream: SocketAddr, masters: &str) -> (tokio::process::Child, Log, SocketAddr) {
     let args: Vec<String> = [

@@ -258,6 +258,9 @@ fn describe(
         ("bad_ip", Route::Ban { ip } | Route::Unban { ip }) => {
             format!("the relay refused {ip} as an IP address{relay_said}")
         }
+        ("not_a_source", Route::Ban { ip }) => format!(
+            "{ip} cannot be banned: no datagram comes from an unspecified, multicast or broadcast address; give the player's address{relay_said}"
+        ),
         ("bad_duration", _) => format!("the relay refused the ban duration (0, or too long){relay_said}"),
         ("not_found", Route::Unban { ip }) => format!("{ip} is not banned"),
         ("not_found" | "method_not_allowed", _) => format!(
@@ -576,7 +579,7 @@ pub(crate) mod tests {
         .await;
         assert_eq!(
             err.to_string(),
-            "the control API answered HTTP 418 I'm a teapot, teapot (relay: short?and stout)"
+            r"the control API answered HTTP 418 I'm a teapot, teapot (relay: short\nand stout)"
         );
 
         // Not etrelay at all.

@@ -135,7 +135,7 @@ pub struct BanArgs {
     pub reason: Option<String>,
 
     /// How long (humantime: `30m`, `1h`, `7days`); default: for good.
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = parse_ban_duration, allow_hyphen_values = true)]
     pub duration: Option<Duration>,
 
     #[command(flatten)]
@@ -425,6 +425,15 @@ async fn ban(args: &BanArgs) -> Result<String, AdminError> {
         "banned {} {until}{reason}\n",
         table::clean(&ban.ip)
     ))
+}
+
+/// `--duration`: a humantime duration. A leading `-` reaches the parser (the flag takes hyphen
+/// values) so that `-5m` gets its own error instead of clap's "unexpected argument '-5'".
+fn parse_ban_duration(s: &str) -> Result<Duration, String> {
+    if s.trim_start().starts_with('-') {
+        return Err(format!("a duration cannot be negative: {s}"));
+    }
+    humantime::parse_duration(s).map_err(|e| e.to_string())
 }
 
 /// Whole seconds, a started second counting as one; at least 1.

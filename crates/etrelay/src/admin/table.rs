@@ -91,11 +91,31 @@ pub(crate) fn bytes(n: u64) -> String {
     format!("{value:.1} {}", UNITS[unit])
 }
 
-/// Text from the relay made safe for a terminal: control characters become `?`.
+/// Text from the relay made safe for a terminal, escaped as Rust escapes a string for debug
+/// output: control characters (`\0`, `\n`, ESC as `\u{1b}`), bidirectional overrides and
+/// other invisible format characters (`\u{202e}`) and a leading combining mark are written as
+/// escapes, a backslash as `\\` (so an escape shown is never the text itself); quotes and
+/// every printable character stay as they are.
 pub(crate) fn clean(s: &str) -> String {
-    s.chars()
-        .map(|c| if c.is_control() { '?' } else { c })
-        .collect()
+    let escaped = s.escape_debug().to_string();
+    let mut out = String::with_capacity(escaped.len());
+    let mut chars = escaped.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        // Every backslash here starts an escape: keep it, except before a quote.
+        match chars.next() {
+            Some(q @ ('"' | '\'')) => out.push(q),
+            Some(next) => {
+                out.push('\\');
+                out.push(next);
+            }
+            None => out.push('\\'),
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -196,7 +216,17 @@ mod tests {
     }
 
     #[test]
-    fn cleans_control_characters() {
-        assert_eq!(clean("ok\n\x1b[31mred"), "ok??[31mred");
+    fn escapes_control_and_bidi_characters() {
+        assert_eq!(clean("ok\n\x1b[31mred"), "ok\\n\\u{1b}[31mred");
+        assert_eq!(clean("a\0b"), "a\\0b");
+        // A right-to-left override, a zero-width space and a byte-order mark: escaped.
+        assert_eq!(
+            clean("cheat\u{202e}txt.exe\u{200b}\u{feff}"),
+            "cheat\\u{202e}txt.exe\\u{200b}\\u{feff}"
+        );
+        // Quotes, other scripts and accents stay; a backslash is doubled.
+        assert_eq!(clean("it's \"wallhack\""), "it's \"wallhack\"");
+        assert_eq!(clean("tri\u{0301}che Ж 中"), "tri\u{0301}che Ж 中");
+        assert_eq!(clean("a\\u{202e}"), "a\\\\u{202e}");
     }
 }

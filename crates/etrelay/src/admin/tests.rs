@@ -318,6 +318,19 @@ async fn bans_table_and_json() {
     );
 }
 
+/// A reason set through the API can hold anything: `bans` shows NUL, escape sequences and a
+/// right-to-left override escaped, never raw to the terminal.
+#[tokio::test]
+async fn bans_shows_a_hostile_reason_escaped() {
+    let body = r#"{"bans":[{"ip":"203.0.113.7","reason":"a\u0000b\u001b[2J\u202eexe.txt","since":0,"expires_at":null}]}"#;
+    let (url, http) = one_shot(response("200 OK", body)).await;
+    let f = files(Some(KEY));
+    let out = bans(&server_args(url, &f, false)).await.unwrap();
+    http.await.unwrap();
+    assert!(out.contains(r"a\0b\u{1b}[2J\u{202e}exe.txt"), "{out}");
+    assert!(!out.contains(['\0', '\u{1b}', '\u{202e}']), "{out:?}");
+}
+
 #[tokio::test]
 async fn ban_sends_reason_and_duration() {
     let answer =
@@ -400,6 +413,31 @@ async fn unban_and_its_not_found() {
     let err = unban(&args).await.unwrap_err();
     http.await.unwrap();
     assert_eq!(err.to_string(), "203.0.113.7 is not banned");
+}
+
+/// The relay refuses a ban of `0.0.0.0`: the tool says why and what to give instead.
+#[tokio::test]
+async fn ban_of_the_unspecified_address_is_explained() {
+    let f = files(Some(KEY));
+    let (url, http) = one_shot(response(
+        "422 Unprocessable Entity",
+        r#"{"error":"not_a_source","message":"0.0.0.0 is the unspecified address: no datagram comes from it, there is nothing to ban"}"#,
+    ))
+    .await;
+    let args = BanArgs {
+        ip: "0.0.0.0".parse().unwrap(),
+        reason: None,
+        duration: None,
+        server: server_args(url, &f, false),
+    };
+    let err = ban(&args).await.unwrap_err();
+    http.await.unwrap();
+    let text = err.to_string();
+    assert!(text.starts_with("0.0.0.0 cannot be banned: "), "{text}");
+    assert!(
+        text.contains("(relay: 0.0.0.0 is the unspecified address"),
+        "{text}"
+    );
 }
 
 #[tokio::test]
@@ -504,6 +542,28 @@ fn command_line() {
     };
     assert_eq!(args.duration, Some(Duration::from_secs(3600)));
     assert!(args.server.json);
+
+    // A negative duration is named as such, not taken for a flag.
+    for negative in ["-5m", "-1"] {
+        let Err(e) = Cli::try_parse_from([
+            "admin",
+            "ban",
+            "203.0.113.7",
+            "--duration",
+            negative,
+            "--control",
+            "h:1",
+            "--key-file",
+            "k",
+        ]) else {
+            panic!("--duration {negative} accepted");
+        };
+        let text = e.to_string();
+        assert!(
+            text.contains(&format!("a duration cannot be negative: {negative}")),
+            "{text}"
+        );
+    }
 
     for bad in [
         vec![

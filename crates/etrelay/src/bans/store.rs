@@ -196,10 +196,11 @@ impl Store {
                 source,
             })?;
             tracing::info!(
-                "port {port}: {} bans imported from {} into {}",
-                bans.len(),
-                legacy.display(),
-                store.path.display()
+                port,
+                bans = bans.len(),
+                from = %legacy.display(),
+                into = %store.path.display(),
+                "bans imported"
             );
         }
         let bans = store.load(now)?;
@@ -247,9 +248,10 @@ impl Store {
             Err(e) if read_only(&path) => {
                 let store = Store::connect_read_only(path)?;
                 tracing::warn!(
-                    "{}: the state dir is read-only ({e}): bans kept, no ban can change until \
-                     it is writable and etrelay restarted",
-                    store.path.display()
+                    path = %store.path.display(),
+                    error = %e,
+                    "the state dir is read-only: bans kept, no ban can change until it is \
+                     writable and etrelay restarted"
                 );
                 Ok(store)
             }
@@ -399,7 +401,7 @@ impl Store {
         }
         // The bans are in; a checkpoint that fails leaves them in the journal.
         if let Err(e) = self.checkpoint_now() {
-            tracing::warn!("ban store checkpoint: {e}");
+            tracing::warn!(error = %e, "ban store checkpoint failed");
         }
         Ok(())
     }

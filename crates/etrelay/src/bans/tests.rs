@@ -111,3 +111,34 @@ fn the_file_keeps_dates_in_unix_seconds() {
     std::fs::write(&p, "{\"bans\": [{\"ip\": \"192.0.2.1\"}]}").unwrap();
     assert!(load(&p).is_err());
 }
+
+/// No datagram comes from the unspecified, a multicast or the broadcast address: a ban of one is
+/// refused, in either spelling of an IPv4 address.
+#[test]
+fn addresses_no_datagram_comes_from_cannot_be_banned() {
+    let now = wall_now();
+    for ip in [
+        "0.0.0.0",
+        "::",
+        "::ffff:0.0.0.0",
+        "255.255.255.255",
+        "224.0.0.1",
+        "239.255.255.250",
+        "ff02::1",
+        "::ffff:224.0.0.1",
+    ] {
+        let ip: IpAddr = ip.parse().unwrap();
+        let err = Ban::new(ip, String::new(), None, now).unwrap_err();
+        assert!(matches!(err, BanError::NotASource { .. }), "{ip}: {err}");
+        assert!(err.to_string().contains("nothing to ban"), "{ip}: {err}");
+    }
+    for ip in [
+        "192.0.2.1",
+        "::ffff:192.0.2.1",
+        "2001:db8::1",
+        "10.255.255.255",
+    ] {
+        let ip: IpAddr = ip.parse().unwrap();
+        assert!(Ban::new(ip, String::new(), None, now).is_ok(), "{ip}");
+    }
+}

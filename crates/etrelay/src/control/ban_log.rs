@@ -148,7 +148,7 @@ impl BanLog {
     /// Outside a tokio runtime (a window's summary is written by a task of its own).
     pub fn banned(self: &Arc<Self>, port: u16, ip: IpAddr) {
         if self.note(port, Change::Ban) {
-            info!("port {port}: {ip} banned");
+            info!(port, %ip, "banned");
         }
     }
 
@@ -158,7 +158,7 @@ impl BanLog {
     /// As [`BanLog::banned`].
     pub fn unbanned(self: &Arc<Self>, port: u16, ip: IpAddr) {
         if self.note(port, Change::Unban) {
-            info!("port {port}: {ip} unbanned");
+            info!(port, %ip, "unbanned");
         }
     }
 
@@ -221,8 +221,11 @@ impl BanLog {
 
 fn log_summary(port: u16, s: Summary) {
     info!(
-        "port {port}: {} bans and {} unbans not logged one by one in the last {} s",
-        s.bans, s.unbans, s.secs
+        port,
+        bans = s.bans,
+        unbans = s.unbans,
+        secs = s.secs,
+        "bans and unbans not logged one by one"
     );
 }
 

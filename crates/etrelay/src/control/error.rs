@@ -49,6 +49,9 @@ pub enum ControlError {
     /// An address in the path that is not an IP address.
     #[error("{0:?} is not an IPv4 or IPv6 address")]
     BadIp(String),
+    /// A ban of an address no datagram comes from (unspecified, multicast, broadcast).
+    #[error("{0}")]
+    NotASource(String),
     /// A ban duration of 0 or over the longest.
     #[error("{0}")]
     BadDuration(String),
@@ -102,7 +105,8 @@ impl ControlError {
             | E::KeyTooShort
             | E::BadUpstream(_)
             | E::BadDuration(_)
-            | E::PortNotAllowed(_) => StatusCode::UNPROCESSABLE_ENTITY,
+            | E::PortNotAllowed(_)
+            | E::NotASource(_) => StatusCode::UNPROCESSABLE_ENTITY,
             E::ProofFailed(_) => StatusCode::FORBIDDEN,
             E::PortTaken(_) | E::KeyInUse(_) => StatusCode::CONFLICT,
             E::NoFreePort(_)
@@ -130,6 +134,7 @@ impl ControlError {
             E::KeyTooShort => "key_too_short",
             E::BadUpstream(_) => "bad_upstream",
             E::BadIp(_) => "bad_ip",
+            E::NotASource(_) => "not_a_source",
             E::BadDuration(_) => "bad_duration",
             E::ProofFailed(_) => "proof_failed",
             E::PortTaken(_) => "port_taken",
@@ -169,7 +174,7 @@ impl From<RegistryError> for ControlError {
             RegistryError::Bind { .. } => E::BindFailed(msg),
             RegistryError::BadUpstream(_) => E::BadUpstream(msg),
             RegistryError::State(_) | RegistryError::Store(_) => {
-                warn!("control: {msg}");
+                warn!(error = %msg, "control: state not written");
                 state_error::control_error(&e)
             }
             RegistryError::NoServer => E::Unauthorized,
@@ -186,6 +191,7 @@ impl From<BanError> for ControlError {
         match e {
             BanError::ReasonTooLong => ControlError::InvalidBody(e.to_string()),
             BanError::NoDuration | BanError::TooLong => ControlError::BadDuration(e.to_string()),
+            BanError::NotASource { .. } => ControlError::NotASource(e.to_string()),
         }
     }
 }

@@ -82,9 +82,12 @@ impl Hooks for Log {
         let mut t = self.refused.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = t.event(Instant::now().into_std()) {
             warn!(
-                "control API: connection from {} refused: {} open, at most {} in all and {} per \
-                 address ({n} more refused and not logged)",
-                r.peer, r.open, r.limits.total, r.limits.per_source
+                peer = %r.peer,
+                open = r.open,
+                max_conns = r.limits.total,
+                per_ip = r.limits.per_source,
+                not_logged = n,
+                "control API: connection refused"
             );
         }
     }
@@ -92,15 +95,15 @@ impl Hooks for Log {
     fn accept_failed(&self, e: &io::Error) {
         let mut t = self.failed.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(n) = t.event(Instant::now().into_std()) {
-            warn!("control API: cannot accept: {e} ({n} more such errors not logged)");
+            warn!(error = %e, not_logged = n, "control API: cannot accept");
         }
     }
 
     fn closed(&self, peer: SocketAddr, how: &Closed) {
         match how {
             Closed::Done => {}
-            Closed::Stopped => debug!("control API: {peer}: dropped at stop"),
-            how => debug!("control API: {peer}: {how}"),
+            Closed::Stopped => debug!(%peer, "control API: connection dropped at stop"),
+            how => debug!(%peer, %how, "control API: connection closed"),
         }
     }
 }

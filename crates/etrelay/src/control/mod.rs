@@ -22,7 +22,7 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{Instrument as _, info, warn};
 
 pub mod ban_log;
 mod error;
@@ -180,7 +180,15 @@ pub fn router(state: ControlState) -> Router {
         .fallback(|| async { ControlError::NotFound("no such route") })
         .method_not_allowed_fallback(|| async { ControlError::MethodNotAllowed })
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+        .layer(axum::middleware::from_fn(request_span))
         .with_state(state)
+}
+
+/// Each request handled within a span naming its method and path, so every line logged on
+/// its way (a state write that failed, a registration) says which request it belongs to.
+async fn request_span(req: Request, next: axum::middleware::Next) -> Response {
+    let span = tracing::info_span!("request", method = %req.method(), path = %req.uri().path());
+    next.run(req).instrument(span).await
 }
 
 /// Serves the API on `addr` within `limits`, binding again every [`BIND_RETRY`] until it works
@@ -197,14 +205,12 @@ pub async fn serve(
             Ok(listener) => return serve_on(listener, state, limits, cancel).await,
             Err(e) => {
                 if let Some(n) = failed.event(crate::clock::Instant::now().into_std()) {
-                    let more = if n > 0 {
-                        format!(" ({n} failures not logged)")
-                    } else {
-                        String::new()
-                    };
                     warn!(
-                        "control API: cannot bind {addr}: {e}; trying again in {}s{more}",
-                        BIND_RETRY.as_secs()
+                        %addr,
+                        error = %e,
+                        retry_secs = BIND_RETRY.as_secs(),
+                        not_logged = n,
+                        "control API: cannot bind, trying again"
                     );
                 }
             }
@@ -226,10 +232,12 @@ pub async fn serve_on(
 ) {
     match listener.local_addr() {
         Ok(a) => info!(
-            "control API on {a} (at most {} connections, {} per address)",
-            limits.max_conns, limits.per_ip
+            addr = %a,
+            max_conns = limits.max_conns,
+            per_ip = limits.per_ip,
+            "control API: listening"
         ),
-        Err(e) => warn!("control API: {e}"),
+        Err(e) => warn!(error = %e, "control API: no address"),
     }
     let ban_log = Arc::clone(&state.ban_log);
     listen::serve(listener, router(state), limits, cancel).await;

@@ -385,7 +385,7 @@ fn checkpoint_later(store: Arc<Store>) {
     if store.needs_checkpoint() {
         tokio::task::spawn_blocking(move || {
             if let Err(e) = store.checkpoint() {
-                tracing::warn!("ban store checkpoint: {e}");
+                tracing::warn!(error = %e, "ban store checkpoint failed");
             }
         });
     }
@@ -489,7 +489,7 @@ impl Restore {
             return;
         }
         if handle.ban(ban).is_err() {
-            tracing::warn!("port {}: too many bans, the rest not restored", self.port);
+            tracing::warn!(port = self.port, "too many bans, the rest not restored");
             self.full = true;
         }
     }

@@ -91,11 +91,12 @@ pub(super) fn record_failure(entry: &mut Registered, e: &RegistryError) {
     let every = (BIND_WARN_PERIOD.as_secs() / BIND_RETRY.as_secs().max(1)).max(1);
     if retry.attempts > 1 && u64::from(retry.attempts) % every == 0 {
         warn!(
-            "server {} on port {}: {e} ({} attempts); trying again every {}s",
-            entry.upstream,
-            entry.port,
-            retry.attempts,
-            BIND_RETRY.as_secs()
+            upstream = %entry.upstream,
+            port = entry.port,
+            error = %e,
+            attempts = retry.attempts,
+            retry_secs = BIND_RETRY.as_secs(),
+            "server's port not bound, trying again"
         );
     }
     entry.error = Some(e.to_string());
@@ -130,8 +131,10 @@ pub(super) async fn retry_due(inner: &Arc<Inner>) {
         let failed = entry.bind.as_ref().map_or(0, |b| b.attempts);
         match bind_and_start(inner, &mut entry).await {
             Ok(()) => info!(
-                "server {} on port {}: port bound after {failed} failed attempt(s), relayed",
-                entry.upstream, entry.port
+                upstream = %entry.upstream,
+                port = entry.port,
+                failed,
+                "server's port bound after failed attempts, relayed"
             ),
             Err(e) => record_failure(&mut entry, &e),
         }

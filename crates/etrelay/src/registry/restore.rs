@@ -45,14 +45,14 @@ pub(super) async fn restore(inner: &Arc<Inner>) -> Result<(), RegistryError> {
     if refused > 0 {
         let keep = dir.join("servers.json.refused");
         match std::fs::copy(&path, &keep) {
-            Ok(_) => warn!("servers.json as it was is kept as {}", keep.display()),
-            Err(e) => warn!("cannot keep a copy of servers.json: {e}"),
+            Ok(_) => warn!(path = %keep.display(), "servers.json as it was is kept"),
+            Err(e) => warn!(error = %e, "cannot keep a copy of servers.json"),
         }
     }
     remove_stray_stores(inner, &dir);
     let n = inner.lock().len();
     if n > 0 {
-        info!("{n} registered server(s) restored");
+        info!(servers = n, "registered servers restored");
     }
     Ok(())
 }
@@ -70,30 +70,33 @@ fn entry_of(inner: &Inner, rec: &ServerRecord, seen: &mut Seen) -> Option<Regist
     let upstream = canonical(rec.upstream);
     if !seen.ports.insert(rec.port) || !seen.upstreams.insert(upstream) {
         error!(
-            "servers.json: port {} or upstream {upstream} is given twice: the record {{port \
-             {}, upstream {}, key_sha256 {}}} is refused (register it again)",
-            rec.port, rec.port, rec.upstream, rec.key_sha256
+            port = rec.port,
+            upstream = %rec.upstream,
+            key_sha256 = %rec.key_sha256,
+            "servers.json: port or upstream given twice: the record is refused (register it \
+             again)"
         );
         return None;
     }
     if !inner.config.ports.contains(&rec.port) {
         warn!(
-            "servers.json: port {} is not in --ports any more; still relayed until it leaves",
-            rec.port
+            port = rec.port,
+            "servers.json: port not in --ports any more; still relayed until it leaves"
         );
     }
     let Some(key_hash) = parse_key_hash(&rec.key_sha256) else {
         error!(
-            "servers.json: port {}: bad key_sha256, entry skipped",
-            rec.port
+            port = rec.port,
+            "servers.json: bad key_sha256, entry skipped"
         );
         return None;
     };
     if let Some(other) = inner.lock().values().find(|r| r.key_hash == key_hash) {
         error!(
-            "servers.json: port {} has the key of port {}: its key routes reach port {} \
-             only; register it again with a key of its own",
-            rec.port, other.port, other.port
+            port = rec.port,
+            key_of = other.port,
+            "servers.json: a port has the key of another: its key routes reach the other only; \
+             register it again with a key of its own"
         );
     }
     Some(Registered {
@@ -116,9 +119,11 @@ async fn restore_one(inner: &Arc<Inner>, mut entry: Registered) {
         Ok(()) => {}
         Err(e @ RegistryError::Bind { .. }) => {
             error!(
-                "server {upstream} on port {port}: {e}; registration kept, the port is tried \
-                 again every {}s",
-                crate::config::BIND_RETRY.as_secs()
+                %upstream,
+                port,
+                error = %e,
+                retry_secs = crate::config::BIND_RETRY.as_secs(),
+                "registration kept, the port is tried again"
             );
             rebind::record_failure(&mut entry, &e);
         }
@@ -127,7 +132,7 @@ async fn restore_one(inner: &Arc<Inner>, mut entry: Registered) {
                 RegistryError::NotRelaying(why) => why,
                 e => e.to_string(),
             };
-            error!("server {upstream} on port {port}: {why}; registration kept, not relayed");
+            error!(%upstream, port, error = %why, "registration kept, not relayed");
             entry.error = Some(why);
         }
     }
@@ -156,8 +161,8 @@ fn remove_temp_files(dir: &Path) {
         let name = e.file_name().to_string_lossy().into_owned();
         if name.starts_with('.') && name.contains(".tmp.") {
             match std::fs::remove_file(e.path()) {
-                Ok(()) => info!("stray temp file {} removed", e.path().display()),
-                Err(err) => warn!("cannot remove {}: {err}", e.path().display()),
+                Ok(()) => info!(path = %e.path().display(), "stray temp file removed"),
+                Err(err) => warn!(path = %e.path().display(), error = %err, "cannot remove"),
             }
         }
     }
@@ -187,8 +192,8 @@ fn remove_stray_stores(inner: &Inner, dir: &Path) {
             _ => Ok(()),
         });
         match r {
-            Ok(()) => info!("bans of port {p}, which no server holds, removed"),
-            Err(e) => warn!("cannot remove the bans of port {p}: {e}"),
+            Ok(()) => info!(port = p, "bans of a port no server holds removed"),
+            Err(e) => warn!(port = p, error = %e, "cannot remove the bans of a port"),
         }
     }
 }

@@ -11,10 +11,10 @@
 //!
 //! Addresses are compared in their canonical form ([`crate::net::canonical`]).
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
 use super::RegistryConfig;
-use crate::net::canonical_ip;
+use crate::net::{canonical_ip, not_a_source};
 
 /// The relay's own sockets an upstream is checked against, and whether it may be on loopback.
 #[derive(Debug, Clone, Copy)]
@@ -49,12 +49,8 @@ pub fn upstream_refusal(upstream: SocketAddr, own: &OwnSockets<'_>) -> Option<St
     let port = upstream.port();
     let what = if port == 0 {
         "port 0"
-    } else if ip.is_unspecified() {
-        "the unspecified address"
-    } else if ip.is_multicast() {
-        "a multicast address"
-    } else if ip == IpAddr::V4(Ipv4Addr::BROADCAST) {
-        "the broadcast address"
+    } else if let Some(what) = not_a_source(ip) {
+        what
     } else if ip.is_loopback() && !own.allow_loopback {
         "a loopback address (the relay's own host; --allow-loopback-upstream allows it for tests)"
     } else if own.ports.contains(&port) && is_own(ip, own.bind) {

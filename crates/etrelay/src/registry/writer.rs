@@ -73,7 +73,7 @@ async fn save_servers(inner: &Inner, map: &BTreeMap<u16, Registered>) -> Result<
 /// Removes the ban store, the proven sources and the carried sessions of `port`.
 fn remove_store(inner: &Inner, port: u16) {
     if let Err(e) = store::remove(&inner.config.state_dir, port) {
-        warn!("cannot remove the bans of port {port}: {e}");
+        warn!(port, error = %e, "cannot remove the bans of a port");
     }
     let dir = &inner.config.state_dir;
     for file in [
@@ -83,7 +83,7 @@ fn remove_store(inner: &Inner, port: u16) {
         match std::fs::remove_file(&file) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => warn!("cannot remove {}: {e}", file.display()),
+            Err(e) => warn!(path = %file.display(), error = %e, "cannot remove"),
         }
     }
 }
@@ -119,12 +119,12 @@ async fn register(
         Some(e) => {
             let former = e.port;
             let entry = start(inner, map, Some(e), entry).await?;
-            info!("server {upstream} moved from port {former} to {target} (new key)");
+            info!(%upstream, from = former, port = target, "server moved to another port (new key)");
             Ok((entry, false))
         }
         None => {
             let entry = start(inner, map, None, entry).await?;
-            info!("server {upstream} registered on port {target}");
+            info!(%upstream, port = target, "server registered");
             Ok((entry, true))
         }
     }
@@ -174,14 +174,16 @@ async fn take_over(
     map.insert(entry.port, entry.clone());
     save_servers(inner, &map).await?;
     info!(
-        "server {} on port {} taken over by a new key",
-        entry.upstream, entry.port
+        upstream = %entry.upstream,
+        port = entry.port,
+        "server taken over by a new key"
     );
     if entry.bind.is_some() {
         match rebind::bind_and_start(inner, &mut entry).await {
             Ok(()) => info!(
-                "server {} on port {}: port bound at its registration, relayed",
-                entry.upstream, entry.port
+                upstream = %entry.upstream,
+                port = entry.port,
+                "server's port bound at its registration, relayed"
             ),
             Err(e) => rebind::record_failure(&mut entry, &e),
         }
@@ -220,14 +222,14 @@ async fn start(
             blocking(move || Ok(store.load(wall_now())?))
                 .await
                 .map_err(|e| {
-                    error!("port {port}: cannot read its bans to move them: {e}");
+                    error!(port, error = %e, "cannot read a port's bans to move them");
                     e
                 })?
         }
         Some(e) => {
             warn!(
-                "port {}: its ban store could not be opened; the server moves without bans",
-                e.port
+                port = e.port,
+                "the port's ban store could not be opened; the server moves without bans"
             );
             Vec::new()
         }
@@ -250,7 +252,7 @@ async fn start(
     match inner.start_on(public, upstream, bans) {
         Ok(h) => entry.handle = Some(h),
         Err(e) => {
-            error!("server {upstream} on port {target}: {e}");
+            error!(%upstream, port = target, error = %e, "server not started");
             entry.error = Some(e.to_string());
         }
     }
@@ -283,6 +285,6 @@ async fn leave(inner: &Inner, port: u16) -> Result<(), RegistryError> {
     }
     drop(gone.store);
     remove_store(inner, port);
-    info!("server {} left port {port}", gone.upstream);
+    info!(upstream = %gone.upstream, port, "server left");
     Ok(())
 }

@@ -77,7 +77,7 @@ pub(super) fn load(path: &Path, now: u64) -> HashMap<SocketAddr, Carried> {
     let entries: Vec<Carried> = match statefile::load_json(path) {
         Ok(e) => e.unwrap_or_default(),
         Err(e) => {
-            warn!("sessions to carry over not read: {e}");
+            warn!(error = %e, "sessions to carry over not read");
             Vec::new()
         }
     };

@@ -45,13 +45,13 @@ async fn write(shared: &Shared, path: &Path, entries: Vec<Carried>) -> bool {
         .and_then(|r| r.map_err(|e| e.to_string()));
     match r {
         Ok(()) => {
-            debug!("sessions to carry over: {n} written to {}", path.display());
+            debug!(sessions = n, path = %path.display(), "sessions to carry over written");
             true
         }
         Err(e) => {
             shared.metrics.state_write_failures.inc();
             shared.throttled(|more| {
-                warn!("sessions to carry over not written: {e} ({more} more not logged)");
+                warn!(error = %e, not_logged = more, "sessions to carry over not written");
             });
             false
         }

@@ -135,12 +135,15 @@ impl Challenges {
             .flatten();
         match (before, self.dialect) {
             (Some(_), None) if !self.off => warn!(
-                "{server}: the game server speaks protocol {protocol}, whose challenges the \
-                 relay cannot translate: getchallenge goes to the game server, as with \
-                 --server-challenges"
+                public = %server,
+                protocol,
+                "the game server speaks a protocol whose challenges the relay cannot \
+                 translate: getchallenge goes to the game server, as with --server-challenges"
             ),
             (None, Some(_)) => info!(
-                "{server}: the game server speaks protocol {protocol}: the relay answers \
+                public = %server,
+                protocol,
+                "the game server speaks a protocol the relay translates: it answers \
                  getchallenge itself"
             ),
             _ => {}

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use guard::admission::Permit;
 use tokio::time::Sleep;
-use tracing::{debug, trace, warn};
+use tracing::{Instrument as _, debug, trace, warn};
 
 use super::handshake::Answer;
 use super::metrics::DropReason;
@@ -73,7 +73,10 @@ pub(super) fn open(
         )
         .with_upstream(socket),
     );
-    let task = run(Arc::clone(shared), Arc::clone(&session), permit);
+    // A child of the server's span (the relay loop opens sessions within it); disabled, as
+    // it is unless the debug level is on, it costs nothing.
+    let span = tracing::debug_span!("session", %client);
+    let task = run(Arc::clone(shared), Arc::clone(&session), permit).instrument(span);
     shared.tracker.spawn(task);
     Ok(session)
 }
@@ -130,7 +133,7 @@ async fn run(shared: Arc<Shared>, session: Arc<Session>, permit: Permit) {
     session.cut();
     let open = shared.remove_session(&session);
     drop(permit);
-    debug!("session - {} ({open} active)", session.client());
+    debug!(active = open, "session closed");
 }
 
 /// One try of [`flush`] after a wait of `wait` (none: the first): the wait before the next
@@ -307,9 +310,9 @@ fn reply(shared: &Shared, session: &Session, data: &mut [u8]) {
     let client = session.client();
     if oob {
         debug!(
-            "{client} <- ET {} ({} B)",
-            et::command_word(data),
-            data.len()
+            command = %et::command_word(data),
+            bytes = data.len(),
+            "to client"
         );
     }
     shared.try_send_to_client(data, client);
@@ -347,11 +350,7 @@ fn server_oob<'a>(
         Answer::Connected(echo) => {
             shared.metrics.connects_translated.inc();
             if let Some(t) = session.translator.get() {
-                debug!(
-                    "{} in: its packets translated ({:?})",
-                    session.client(),
-                    t.scheme
-                );
+                debug!(scheme = ?t.scheme, "client in: its packets translated");
             }
             let Some(client) = echo else {
                 return Some(data);
@@ -377,10 +376,7 @@ fn send_connect(shared: &Shared, session: &Session, challenge: i32) {
     });
     match pushed {
         Some(Ok(())) => {
-            debug!(
-                "{} connect sent with the server's challenge",
-                session.client()
-            );
+            debug!("connect sent with the server's challenge");
             if let Some(upstream) = session.upstream()
                 && flush(shared, session, upstream).blocked
             {

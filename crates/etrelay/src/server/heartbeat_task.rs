@@ -44,13 +44,10 @@ pub(super) async fn run(shared: Arc<Shared>) {
                 shared.metrics.probe_state.set(round.state as u64);
                 shared.probe_status().record(round.state, wall_now());
                 match round.change {
-                    Change::Answers => info!("game server {} answers", cfg.upstream),
-                    Change::StoppedAnswering => {
-                        warn!("game server {} stopped answering", cfg.upstream);
-                    }
-                    Change::DoesNotAnswer => {
-                        warn!("game server {} does not answer", cfg.upstream);
-                    }
+                    // The server's span names the upstream.
+                    Change::Answers => info!("game server answers"),
+                    Change::StoppedAnswering => warn!("game server stopped answering"),
+                    Change::DoesNotAnswer => warn!("game server does not answer"),
                     Change::None => {}
                 }
                 if let Some(send) = round.send {
@@ -81,7 +78,7 @@ async fn probe(shared: &Shared) -> bool {
         }
         Ok(None) => false,
         Err(e) => {
-            warn!("heartbeat: cannot open the probe socket: {e}");
+            warn!(error = %e, "heartbeat: cannot open the probe socket");
             false
         }
     }
@@ -101,9 +98,9 @@ async fn reload(shared: &Shared) {
         names.join(", ")
     };
     if shared.masters() == before {
-        info!("reload: masters unchanged ({names})");
+        info!(masters = %names, "reload: masters unchanged");
     } else {
-        info!("reload: masters now {names} (were {})", addrs_text(&before));
+        info!(masters = %names, were = %addrs_text(&before), "reload: masters changed");
     }
 }
 
@@ -132,16 +129,16 @@ async fn resolve_masters(shared: &Shared) -> Vec<(&str, SocketAddr)> {
             Ok(Ok(addrs)) => {
                 let found = reachable(shared.public_addr, shared.dual_stack, addrs);
                 if found.is_empty() {
-                    warn!("master {master} has no address of the public socket's family: skipped");
+                    warn!(%master, "master has no address of the public socket's family: skipped");
                 }
                 found
             }
             Ok(Err(e)) => {
-                warn!("master {master} does not resolve ({e}): skipped");
+                warn!(%master, error = %e, "master does not resolve: skipped");
                 Vec::new()
             }
             Err(_) => {
-                warn!("master {master} did not resolve in time: skipped");
+                warn!(%master, "master did not resolve in time: skipped");
                 Vec::new()
             }
         };
@@ -200,10 +197,10 @@ async fn send_one(shared: &Shared, send: ToMasters, master: &str, addr: SocketAd
                 Beat::Heartbeat => shared.metrics.heartbeats.inc(),
                 Beat::Flatline => shared.metrics.flatlines.inc(),
             }
-            debug!("{text} -> {master} ({addr})");
+            debug!(packet = %text, %master, %addr, "sent to a master");
         }
         Err(e) => {
-            warn!("{text} to {master} ({addr}) failed: {e}");
+            warn!(packet = %text, %master, %addr, error = %e, "send to a master failed");
             shared.metrics.heartbeat_errors.inc();
         }
     }

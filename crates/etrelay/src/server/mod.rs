@@ -4,7 +4,7 @@
 //! limiter and cache, its heartbeat task, its bans and its counters. The packet path:
 //!
 //! ```text
-//! public socket → relay loop: size → ban → classify (filter) → query limiter
+//! public socket → relay loop: size → classify → ban → filter → query limiter
 //!   → query cache answer (from the public socket)        for getinfo/getstatus
 //!   → session queue → upstream socket → game server       for everything else allowed
 //! game server → session task → public socket → client
@@ -63,7 +63,7 @@ use std::sync::{Arc, Mutex};
 use tokio::net::UdpSocket;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::info;
+use tracing::{Instrument as _, info};
 
 pub use self::budget::Budget;
 pub use self::heartbeat::ProbeStatus;
@@ -141,21 +141,31 @@ impl ServerHandle {
             parent.child_token(),
         ));
         let relay_loop = relay::RelayLoop::new(Arc::clone(&shared))?;
-        let relay = tokio::spawn(relay_loop.run());
-        let heartbeat = tokio::spawn(heartbeat_task::run(Arc::clone(&shared)));
-        let proven = tokio::spawn(proven_task::run(Arc::clone(&shared)));
+        // Every line a server's tasks log (and its sessions', whose spans are children of
+        // this one) names the server: one span, entered at each poll, nothing per packet.
+        let span = tracing::info_span!(
+            "server",
+            public = %public_addr,
+            upstream = %shared.config.upstream
+        );
+        let relay = tokio::spawn(relay_loop.run().instrument(span.clone()));
+        let heartbeat =
+            tokio::spawn(heartbeat_task::run(Arc::clone(&shared)).instrument(span.clone()));
+        let proven = tokio::spawn(proven_task::run(Arc::clone(&shared)).instrument(span.clone()));
         let mut tasks = vec![relay, heartbeat, proven];
         if let Some(path) = shared.config.carry_file.clone() {
-            tasks.push(tokio::spawn(carry_task::run(Arc::clone(&shared), path)));
+            let carry = carry_task::run(Arc::clone(&shared), path).instrument(span);
+            tasks.push(tokio::spawn(carry));
         }
         info!(
-            "relaying {} on {public_addr} (masters: {})",
-            shared.config.upstream,
-            if shared.config.masters.is_empty() {
+            upstream = %shared.config.upstream,
+            public = %public_addr,
+            masters = %if shared.config.masters.is_empty() {
                 "none".to_string()
             } else {
-                shared.config.masters.join(", ")
-            }
+                shared.config.masters.join(",")
+            },
+            "relaying"
         );
         Ok(ServerHandle {
             shared,
@@ -213,8 +223,9 @@ impl ServerHandle {
         self.shared.tracker.close();
         self.shared.tracker.wait().await;
         info!(
-            "stopped relaying {} on {}",
-            self.shared.config.upstream, self.shared.public_addr
+            upstream = %self.shared.config.upstream,
+            public = %self.shared.public_addr,
+            "stopped relaying"
         );
     }
 

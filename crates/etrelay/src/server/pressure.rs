@@ -199,18 +199,22 @@ impl Watch {
                     .unwrap_or_default()
                     .as_secs();
                 info!(
-                    "{server}: {} over after {lasted}s ({} dropped in all)",
-                    kind.name(),
-                    f.dropped
+                    public = %server,
+                    kind = %kind.name(),
+                    lasted_secs = lasted,
+                    dropped = f.dropped,
+                    "flood over"
                 );
                 self.flood = None;
             } else if f.unwarned > 0 && now.saturating_duration_since(f.warned_at) >= WARN_EVERY {
                 warn!(
-                    "{server}: {} {} in the last {}s ({} since the flood began)",
-                    kind.words(),
-                    f.unwarned,
-                    now.saturating_duration_since(f.warned_at).as_secs(),
-                    f.dropped
+                    public = %server,
+                    kind = %kind.name(),
+                    what = %kind.words(),
+                    count = f.unwarned,
+                    secs = now.saturating_duration_since(f.warned_at).as_secs(),
+                    since_start = f.dropped,
+                    "flood goes on"
                 );
                 f.warned_at = now;
                 f.unwarned = 0;
@@ -227,12 +231,15 @@ impl Watch {
         self.window += new;
         if self.window >= FLOOD_START {
             warn!(
-                "{server}: {} {} in {}s; masters and proven players keep their own lanes",
-                kind.words(),
-                self.window,
-                self.window_at
+                public = %server,
+                kind = %kind.name(),
+                what = %kind.words(),
+                count = self.window,
+                secs = self
+                    .window_at
                     .map_or(0, |t| now.saturating_duration_since(t).as_secs())
                     .max(1),
+                "flood: masters and proven players keep their own lanes"
             );
             self.flood = Some(Ongoing {
                 since: now_sys,

@@ -46,7 +46,7 @@ impl Proven {
         let entries: Vec<(IpAddr, u64)> = match statefile::load_json(path) {
             Ok(e) => e.unwrap_or_default(),
             Err(e) => {
-                warn!("proven sources not loaded, starting with none: {e}");
+                warn!(error = %e, "proven sources not loaded, starting with none");
                 Vec::new()
             }
         };

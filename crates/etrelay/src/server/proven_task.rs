@@ -47,13 +47,13 @@ pub(super) async fn run(shared: Arc<Shared>) {
             .await
             .unwrap_or_else(|e| Err(e.to_string()));
             match written {
-                Ok(()) => debug!("proven sources: {n} written to {}", path.display()),
+                Ok(()) => debug!(sources = n, path = %path.display(), "proven sources written"),
                 Err(e) => {
                     // Written again at the next turn.
                     shared.lock().proven.mark_changed();
                     shared.metrics.state_write_failures.inc();
                     shared.throttled(|more| {
-                        warn!("proven sources not written: {e} ({more} more failures not logged)");
+                        warn!(error = %e, not_logged = more, "proven sources not written");
                     });
                 }
             }

@@ -2,55 +2,50 @@
 //! cache's socket.
 //!
 //! Each wake-up drains the public socket in batches ([`BatchRecv`], one system call per batch)
-//! and runs every datagram through the same straight line: size, ban, [`classify`](crate::et::classify::classify), then by
+//! and runs every datagram through the same straight line: size, [`classify`](crate::et::classify::classify)
+//! (a read of the bytes that counts nothing), ban (with the proven lookup the class asks
+//! for, in one turn of the state lock), then by
 //! kind: a query goes through the limiter to the cache; a `getchallenge` through the fair join
-//! gate ([`Joins`]); an in-game packet through the qport check; `connect` and `PB_` only to a
+//! gate ([`crate::server::joins`]); an in-game packet through the qport check; `connect` and `PB_` only to a
 //! session that exists. A new session is admitted by the table's caps ([`super::table`]) before
 //! anything is opened. Nothing in it waits: opening a session is a non-blocking bind and connect, a full
 //! queue drops the packet, and cached answers and cache refreshes leave with a non-blocking
-//! send. The loop drives the cache's state machine ([`QueryCache`]): it sends the refreshes the
+//! send. The loop drives the cache's state machine ([`crate::server::cache::QueryCache`]): it sends the refreshes the
 //! cache asks for, hands what the game server sends back to it, and answers the waiters it
-//! names. The per-packet path (`packet`) does not allocate.
+//! names. The per-packet path does not allocate. [`Handler`] takes each datagram through the
+//! straight line and hands it, by kind, to the job that owns its state: [`queries`] (the limiter,
+//! the budgets, the masters' lane, the cache), [`joining`] (the relay's challenges and the join
+//! gate) or the sessions ([`sessions`]); none of them reaches back into this module.
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
-use guard::limiter::{KeyedLimiter, Limits, TokenBucket};
-use tokio::net::UdpSocket;
 use tracing::{debug, info, trace, warn};
 
-use super::cache::QueryCache;
-use super::challenges::Challenges;
+use self::joining::Joining;
+use self::queries::{Asked, Queries};
+use self::sessions::{Touched, open, open_or_push, push_game, session_only};
 use super::forward;
-use super::joins::{Joins, Pace};
-use super::lanes::MasterLane;
-use super::reflection::AnswerBudget;
-use super::session::Session;
+use super::metrics::DropReason;
+use super::session::Phase;
 use super::shared::Shared;
-use super::sweep::SWEEP_PARTS;
 use crate::clock::Instant;
-use crate::et::classify::Query;
-use crate::et::{self, command_word};
+use crate::et::classify::{Command, Packet, Reject, classify};
+use crate::et::command_word;
 use crate::net::ring::SendRing;
-use crate::net::{BatchRecv, canonical, upstream_socket};
+use crate::net::{BatchRecv, canonical};
 
-mod join;
-mod packet;
+mod joining;
+mod queries;
+mod sessions;
 
 /// Batches read per wake-up before the loop yields, so the sessions can send what it queued
 /// (a batch is up to [`crate::net::BATCH`] datagrams: 64 per turn, one full session queue).
 const ROUNDS_PER_WAKE: usize = 2;
 /// How often late cache refreshes and queued joins are looked at.
 const TICK: Duration = Duration::from_millis(250);
-/// Datagrams read from the cache socket per turn.
-const CACHE_READS: usize = 64;
-/// Shortest gap between two full limiter sweeps forced by a full table.
-const SWEEP_GAP: Duration = Duration::from_millis(200);
-/// Sessions noted for sending before they are sent at once (a batch of GRO buffers can hold
-/// more datagrams than [`crate::net::BATCH`]).
-const TOUCHED: usize = 64;
 /// Datagrams staged in the ring per system call.
 const RING_SLOTS: usize = 64;
 /// The longest datagram the ring takes; a longer one (never a player's in-game packet, which
@@ -64,44 +59,20 @@ pub(super) struct RelayLoop {
     handler: Handler,
 }
 
-/// The relay loop's own state: nothing here is shared.
+/// The relay loop's own state, nothing of it shared: the jobs a datagram is handed to, and the
+/// sessions it queued packets on.
 #[derive(Debug)]
 struct Handler {
     shared: Arc<Shared>,
-    limiter: KeyedLimiter<IpAddr, TokenBucket>,
-    /// `None` when the cache is off (`cache_max_age` 0).
-    cache: Option<Cache>,
-    /// Where cached answers and refreshes are written.
-    scratch: Vec<u8>,
-    /// Requests the game server limits per source IP: `getchallenge` and cache refreshes.
-    pace: Pace,
-    /// The per-source limit and fair queue of `getchallenge`.
-    joins: Joins,
-    /// Where a queued `getchallenge` is given back.
-    join_buf: Vec<u8>,
-    /// How many queries are answered, per source prefix and in all.
-    budget: AnswerBudget,
-    /// The same for proven sources (`super::proven`), apart from everyone else's.
-    proven_budget: AnswerBudget,
-    /// The masters' own lane.
-    masters: MasterLane,
-    /// The relay's own challenges: `getchallenge` answered, `connect` checked.
-    challenges: Challenges,
-    /// The count of the server's facts last taken ([`Shared::facts_since`]).
-    facts_seen: u64,
+    /// Status queries: limiter, budgets, the masters' lane, the cache.
+    queries: Queries,
+    /// Getting in: the relay's challenges, the join gate, the pace toward the server.
+    joining: Joining,
     /// Sessions with packets to send at the end of the batch.
     touched: Touched,
     /// Sends to many sessions' sockets in one system call; `None` where `io_uring` is off or
     /// not available.
     ring: Option<SendRing>,
-}
-
-/// The query cache and the socket its refreshes go out on and their answers come back on.
-#[derive(Debug)]
-struct Cache {
-    machine: QueryCache,
-    socket: UdpSocket,
-    recv_buf: Vec<u8>,
 }
 
 impl RelayLoop {
@@ -110,57 +81,18 @@ impl RelayLoop {
     /// # Errors
     /// The public socket's options or the cache's socket.
     pub(super) fn new(shared: Arc<Shared>) -> io::Result<Self> {
-        let cfg = &shared.config;
-        let limiter = KeyedLimiter::new(
-            TokenBucket::new(cfg.query.burst, cfg.query.interval),
-            Limits {
-                max_keys: cfg.query.max_sources,
-                forget: cfg.query.forget,
-                sweep_gap: SWEEP_GAP,
-            },
-        );
-        shared.metrics.query_slots.set(limiter.slots() as u64);
-        let ring = send_ring(cfg.session.io_uring);
+        let ring = send_ring(shared.config.session.io_uring);
         shared
             .metrics
             .upstream_io_uring
             .set(u64::from(ring.is_some()));
-        let cache = if cfg.cache_max_age.is_zero() {
-            None
-        } else {
-            Some(Cache {
-                machine: QueryCache::new(cfg.cache_max_age, Instant::now()),
-                socket: upstream_socket(cfg.upstream)?,
-                recv_buf: vec![0; crate::config::MAX_ANSWER],
-            })
-        };
+        let now = Instant::now();
         Ok(RelayLoop {
             batch: BatchRecv::new(&shared.public)?,
             handler: Handler {
-                limiter,
-                cache,
-                scratch: Vec::with_capacity(64 * 1024),
-                pace: Pace::new(
-                    cfg.joins.upstream_burst,
-                    cfg.joins.upstream_interval,
-                    Instant::now(),
-                ),
-                joins: Joins::new(&cfg.joins),
-                join_buf: Vec::with_capacity(128),
-                budget: AnswerBudget::new(&cfg.reflection),
-                proven_budget: AnswerBudget::new(&cfg.reflection),
-                masters: MasterLane::new(),
-                challenges: Challenges::new(
-                    cfg.game,
-                    cfg.challenges.answers_per_second,
-                    cfg.challenges.server,
-                    Instant::now(),
-                ),
-                facts_seen: 0,
-                touched: Touched {
-                    sessions: Vec::with_capacity(TOUCHED),
-                    packets: 0,
-                },
+                queries: Queries::new(Arc::clone(&shared), now)?,
+                joining: Joining::new(Arc::clone(&shared), now),
+                touched: Touched::new(),
                 ring,
                 shared,
             },
@@ -181,17 +113,14 @@ impl RelayLoop {
         let cancelled = shared.cancel.cancelled();
         tokio::pin!(cancelled);
         loop {
-            let due = self
-                .handler
-                .joins
-                .next_due(Instant::now(), &self.handler.pace);
+            let due = self.handler.joining.next_due(Instant::now());
             // Not biased: under a flood of client packets the cache socket and the tick still
             // get their turns.
             tokio::select! {
                 () = &mut cancelled => break,
                 r = shared.public.readable() => {
                     if let Err(e) = r {
-                        warn!("public socket: {e}");
+                        warn!(error = %e, "public socket failed: relay loop ended");
                         break;
                     }
                     // Ready sockets do not make tokio tasks yield by themselves: under a flood
@@ -201,9 +130,10 @@ impl RelayLoop {
                         tokio::task::yield_now().await;
                     }
                 }
-                r = readable(self.handler.cache.as_ref()) => {
+                r = self.handler.queries.readable() => {
                     if r.is_ok() {
-                        self.handler.cache_answers();
+                        self.handler.queries.cache_answers();
+                        self.handler.joining.take_facts();
                     }
                 }
                 _ = tick.tick() => self.handler.tick(Instant::now()),
@@ -253,21 +183,154 @@ impl RelayLoop {
 }
 
 impl Handler {
+    /// One datagram from a client.
+    fn client_packet(&mut self, src: SocketAddr, data: &[u8], now: Instant) {
+        let m = &self.shared.metrics;
+        m.client_packets.inc();
+        m.client_bytes.add(data.len() as u64);
+        if data.len() > self.shared.config.session.max_packet {
+            m.drop(DropReason::Oversize);
+            return;
+        }
+        let packet = classify(data);
+        // Only a query, a `getchallenge` and a `connect` have a lane for proven sources.
+        let lane = matches!(
+            packet,
+            Packet::Query(..) | Packet::Pass(Command::GetChallenge | Command::Connect)
+        );
+        let Some(proven) = self.standing(src.ip(), lane, now) else {
+            m.drop(DropReason::Ban);
+            return;
+        };
+        if !matches!(packet, Packet::Game) {
+            debug!(
+                client = %src,
+                command = %command_word(data),
+                bytes = data.len(),
+                "from client"
+            );
+        }
+        match packet {
+            Packet::Game => self.game(src, data),
+            Packet::Pass(Command::GetChallenge) => {
+                // An etmaster-style master asks for a challenge before `getInfo`.
+                let first = proven || self.queries.is_master(src.ip());
+                self.joining
+                    .getchallenge(&mut self.touched, src, data, now, first);
+            }
+            Packet::Pass(Command::Connect) => {
+                self.joining
+                    .connect(&mut self.touched, src, data, now, proven);
+            }
+            Packet::Pass(Command::PunkBuster) => {
+                session_only(&self.shared, &mut self.touched, src, data);
+            }
+            Packet::Query(query, challenge) => {
+                let challenge = challenge.map(|r| &data[r]);
+                let ours = challenge.is_some_and(|c| self.joining.is_ours(src, c, now));
+                let asked = Asked {
+                    src,
+                    data,
+                    query,
+                    challenge,
+                    ours,
+                    now,
+                    proven,
+                };
+                self.queries
+                    .query(&mut self.touched, self.joining.pace(), asked);
+            }
+            Packet::Drop(reason) => {
+                let reason = match reason {
+                    Reject::Rcon => DropReason::Rcon,
+                    Reject::NotAllowed => DropReason::Filter,
+                    Reject::BadChallenge => DropReason::BadChallenge,
+                };
+                debug!(client = %src, reason = %reason.name(), "dropped");
+                m.drop(reason);
+            }
+        }
+    }
+
+    /// `None` when `ip` is banned; else whether it proved its address (looked up only for a
+    /// packet with a `lane`), in one turn of the state lock.
+    fn standing(&self, ip: IpAddr, lane: bool, now: Instant) -> Option<bool> {
+        let st = self.shared.lock();
+        if st.bans.is_banned(ip, now) {
+            return None;
+        }
+        Some(lane && st.proven.contains(&ip))
+    }
+
+    /// An in-game packet: its qport must be its session's own (pinned on the first one), and
+    /// no other session's; rewritten for the server's challenge when translated. From an
+    /// unknown address, a qport an established session of the same IP holds moves that session
+    /// there only when the packet proves it is the session's client (ioquake3's checksum of
+    /// the client's challenge, and a sequence past the last one): a spoofer with the player's
+    /// IP and qport moves nothing, and a player keeps its place as on the server itself. Any
+    /// other pinned qport is dropped. While the relay gives the challenges, an address
+    /// without a session opens none (a client starts with `getchallenge`); else an unpinned
+    /// qport opens a half-open session.
+    fn game(&mut self, src: SocketAddr, data: &[u8]) {
+        let shared = &self.shared;
+        let Some(qport) = data.get(4..6).map(|q| u16::from_le_bytes([q[0], q[1]])) else {
+            shared.metrics.drop(DropReason::Malformed);
+            return;
+        };
+        let now_ms = shared.now_ms();
+        let mut st = shared.lock();
+        if let Some(s) = st.sessions.get(&src).cloned() {
+            match st.sessions.check_qport(&s, qport) {
+                Ok(()) => push_game(shared, &mut self.touched, &s, data, now_ms),
+                Err(reason) => shared.metrics.drop(reason),
+            }
+            return;
+        }
+        let Some(holder) = st.sessions.qport_holder(qport).cloned() else {
+            if let Some(carried) = st.carried.remove(&src).filter(|c| c.qport == qport) {
+                // A player of the relay's last run: its session again, translated as it was.
+                if let Some(s) = open(shared, &mut st, src, now_ms) {
+                    let _ = st.sessions.check_qport(&s, qport);
+                    s.translator.set(carried.translation());
+                    shared.metrics.sessions_carried.inc();
+                    push_game(shared, &mut self.touched, &s, data, now_ms);
+                }
+            } else if self.joining.relay_challenges() {
+                shared.metrics.drop(DropReason::NoSession);
+            } else {
+                open_or_push(shared, &mut self.touched, &mut st, src, data, Some(qport));
+            }
+            return;
+        };
+        if holder.client().ip() == src.ip()
+            && holder.phase() == Phase::Established
+            && holder.translator.proves_client(data)
+        {
+            let from = holder.client();
+            st.sessions.rebind(&holder, src);
+            shared.metrics.sessions_rebound.inc();
+            debug!(client = %from, to = %src, qport, "session moved");
+            push_game(shared, &mut self.touched, &holder, data, now_ms);
+        } else {
+            shared.metrics.drop(DropReason::QportConflict);
+        }
+    }
+
     /// Sends what the noted sessions queued: all of it with one system call through the ring
     /// if there is one; else (and what the ring did not take) one `sendmmsg` per session and
     /// batch. A lone datagram (an ET server's pace) goes with a plain `send`, which costs
     /// less than a round of the ring. A session whose socket buffer is full is left to its
     /// task, woken to send it (see [`super::forward`]).
     fn send_touched(&mut self) {
-        let packets = std::mem::take(&mut self.touched.packets);
+        let packets = self.touched.take_packets();
         if let Some(ring) = self.ring.as_mut().filter(|_| packets > 1) {
-            forward::flush_through(ring, &self.shared, &self.touched.sessions);
+            forward::flush_through(ring, &self.shared, self.touched.sessions());
             if ring.broken() {
                 self.ring = None;
                 self.shared.metrics.upstream_io_uring.set(0);
             }
         }
-        for s in self.touched.sessions.drain(..) {
+        for s in self.touched.drain() {
             let Some(upstream) = s.upstream() else {
                 continue;
             };
@@ -277,99 +340,17 @@ impl Handler {
         }
     }
 
-    /// Answers that arrived on the cache socket (at most [`CACHE_READS`] per turn): a refresh's
-    /// answer goes to each of its waiters, with their own challenge.
-    fn cache_answers(&mut self) {
-        let Some(cache) = self.cache.as_mut() else {
-            return;
-        };
-        let shared = &self.shared;
-        let m = &shared.metrics;
-        let now = Instant::now();
-        for _ in 0..CACHE_READS {
-            let n = match cache.socket.try_recv(&mut cache.recv_buf) {
-                Ok(n) => n,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                Err(e) => {
-                    trace!(error = %e, "cache receive");
-                    continue;
-                }
-            };
-            m.server_packets.inc();
-            m.server_bytes.add(n as u64);
-            shared.heard();
-            shared.learn_info(&cache.recv_buf[..n]);
-            let Some(mut waiters) = cache.machine.on_answer(&cache.recv_buf[..n], now) else {
-                continue;
-            };
-            m.cache_refresh_answers.inc();
-            debug!(
-                "cache: {} refreshed ({n} B)",
-                match waiters.query() {
-                    Query::Info => "infoResponse",
-                    Query::Status => "statusResponse",
-                }
-            );
-            while let Some(to) = waiters.next(&mut self.scratch) {
-                m.cache_hits.inc();
-                send_now(shared, &self.scratch, to, "cache");
-            }
-        }
-        self.take_facts();
-    }
-
+    /// The periodic clean-up of every job, the pressure watch, and the joins whose turn came.
     fn tick(&mut self, now: Instant) {
-        if !self.limiter.is_empty() {
-            self.limiter.sweep_part(now.into_std(), SWEEP_PARTS);
-        }
-        self.joins.sweep(now);
-        self.challenges.sweep(now);
-        self.take_facts();
-        self.budget.sweep(now);
-        self.proven_budget.sweep(now);
-        self.masters.refresh(self.shared.masters(), now.into_std());
+        self.queries.tick(now);
+        self.joining.tick(now);
         self.shared.watch_pressure(now);
         self.release_joins(now);
-        self.shared
-            .metrics
-            .query_sources
-            .set(self.limiter.len() as u64);
-        if let Some(cache) = self.cache.as_mut()
-            && let Some(dropped) = cache.machine.expire(now)
-        {
-            if dropped > 0 {
-                debug!("cache: the game server did not answer; {dropped} queries dropped");
-            }
-            // A socket connected before the route to the game server existed (a tunnel that
-            // came up later) keeps a source address the server cannot answer: open it again.
-            match upstream_socket(self.shared.config.upstream) {
-                Ok(s) => cache.socket = s,
-                Err(e) => debug!("cache: cannot reopen its socket: {e}"),
-            }
-        }
-    }
-}
-
-/// The sessions that got packets since the last [`Handler::send_touched`], each once in a row
-/// (a session noted again after another is sent twice; the second send finds little or
-/// nothing), and how many packets they got. Bounded: past [`TOUCHED`] entries the caller sends
-/// at once.
-#[derive(Debug, Default)]
-struct Touched {
-    sessions: Vec<Arc<Session>>,
-    packets: usize,
-}
-
-impl Touched {
-    fn note(&mut self, s: &Arc<Session>) {
-        self.packets += 1;
-        if !self.sessions.last().is_some_and(|l| Arc::ptr_eq(l, s)) {
-            self.sessions.push(Arc::clone(s));
-        }
     }
 
-    fn is_full(&self) -> bool {
-        self.sessions.len() >= TOUCHED
+    /// Sends on the queued `getchallenge` whose turn has come.
+    fn release_joins(&mut self, now: Instant) {
+        self.joining.release_joins(&mut self.touched, now);
     }
 }
 
@@ -381,7 +362,7 @@ fn send_ring(wanted: bool) -> Option<SendRing> {
     match SendRing::new(RING_SLOTS, RING_SLOT_LEN) {
         Ok(ring) => Some(ring),
         Err(e) => {
-            info!("io_uring not available ({e}): sending one socket at a time");
+            info!(error = %e, "io_uring not available: sending one socket at a time");
             None
         }
     }
@@ -391,32 +372,6 @@ fn send_ring(wanted: bool) -> Option<SendRing> {
 async fn until(due: Option<Instant>) {
     match due {
         Some(t) => tokio::time::sleep_until(t).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// Sends an answer of the relay's own (`from`: where it comes from, for the debug log) from the
-/// public socket without waiting; a full socket buffer drops it, as any congested UDP hop would.
-fn send_now(shared: &Shared, pkt: &[u8], to: SocketAddr, from: &str) {
-    match shared.public.try_send_to(pkt, to) {
-        Ok(n) => {
-            shared.metrics.reply_packets.inc();
-            shared.metrics.reply_bytes.add(n as u64);
-            if et::is_oob(pkt) {
-                debug!("{to} <- ET {} ({} B, {from})", command_word(pkt), pkt.len());
-            }
-        }
-        Err(e) => {
-            shared.metrics.reply_errors.inc();
-            trace!(error = %e, "cached answer");
-        }
-    }
-}
-
-/// Waits until the cache socket is readable; forever when there is no cache.
-async fn readable(cache: Option<&Cache>) -> io::Result<()> {
-    match cache {
-        Some(c) => c.socket.readable().await,
         None => std::future::pending().await,
     }
 }

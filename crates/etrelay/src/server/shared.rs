@@ -348,14 +348,16 @@ impl Shared {
             DropReason::HalfOpenCap | DropReason::PrefixCap | DropReason::IpCap
         ) {
             // A flood of these is told by the pressure watch, once a minute.
-            trace!("session refused for {who} ({})", reason.name());
+            trace!(client = %who, reason = %reason.name(), "session refused");
             return;
         }
         self.throttled(|n| {
             warn!(
-                "{}: session refused for {who} ({}); {n} more not logged since the last warning",
-                self.public_addr,
-                reason.name(),
+                public = %self.public_addr,
+                client = %who,
+                reason = %reason.name(),
+                not_logged = n,
+                "session refused"
             );
         });
     }

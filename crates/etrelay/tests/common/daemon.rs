@@ -13,9 +13,9 @@ use tokio::process::Child;
 pub const BIN: &str = env!("CARGO_BIN_EXE_etrelay");
 pub const TOKEN: &str = "relay-token-0123456789abcdef-0123456789";
 
-/// The address in `control API on <addr>`.
+/// The address in `control API: listening addr=<addr> …`.
 fn control_address(line: &str) -> Option<SocketAddr> {
-    line.split("control API on ")
+    line.split("control API: listening addr=")
         .nth(1)?
         .split_whitespace()
         .next()?

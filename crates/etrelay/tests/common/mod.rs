@@ -16,6 +16,24 @@ use etrelay_testkit::{udp, unique_ip};
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 
+/// The value of `field` (` public=`, `metrics: listening addr=`) in a log line, as an address.
+pub fn address_field(line: &str, field: &str) -> Option<SocketAddr> {
+    line.split(field).nth(1)?.split(' ').next()?.parse().ok()
+}
+
+/// The public address in the relay's `relaying upstream=… public=<addr> masters=…` line.
+pub fn relaying_address(line: &str) -> Option<SocketAddr> {
+    if !line.contains("relaying ") {
+        return None;
+    }
+    address_field(line, " public=")
+}
+
+/// The address in the one-server relay's `metrics: listening addr=<addr>` line.
+pub fn metrics_address(line: &str) -> Option<SocketAddr> {
+    address_field(line, "metrics: listening addr=")
+}
+
 /// Lines a spawned process wrote to stderr so far.
 pub type Log = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
 

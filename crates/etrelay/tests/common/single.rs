@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-use super::{Log, spawn_etrelay, wait_for_line};
+use super::{Log, metrics_address, relaying_address, spawn_etrelay, wait_for_line};
 
 const S: Duration = Duration::from_secs(1);
 
@@ -16,10 +16,6 @@ pub struct SingleRelay {
     pub log: Log,
     pub public: SocketAddr,
     pub metrics: SocketAddr,
-}
-
-fn address_in(line: &str, marker: &str) -> Option<SocketAddr> {
-    line.split(marker).nth(1)?.split(' ').next()?.parse().ok()
 }
 
 impl SingleRelay {
@@ -43,17 +39,8 @@ impl SingleRelay {
         ];
         args.extend(extra.iter().map(|s| s.to_string()));
         assert!(args.iter().any(|a| a == "--masters"), "--masters is given");
-        let (child, log, public) = spawn_etrelay(
-            &args,
-            |l| {
-                address_in(l, "relaying ")
-                    .and(l.split(" on ").nth(1)?.split(' ').next()?.parse().ok())
-            },
-            10 * S,
-        )
-        .await;
-        let metrics =
-            wait_for_line(&log, |l| address_in(l, "metrics on "), 10 * S, "metrics").await;
+        let (child, log, public) = spawn_etrelay(&args, relaying_address, 10 * S).await;
+        let metrics = wait_for_line(&log, metrics_address, 10 * S, "metrics").await;
         SingleRelay {
             child,
             log,

@@ -112,19 +112,19 @@ async fn a_burst_of_every_ban_writes_a_handful_of_lines() {
     let lines = capture.lines();
     assert_eq!(lines.len(), BAN_LINES + 2, "{lines:#?}");
     assert!(
-        lines[0].ends_with("port 27960: 10.0.0.0 banned"),
+        lines[0].ends_with("banned port=27960 ip=10.0.0.0"),
         "{}",
         lines[0]
     );
     let summary = format!(
-        "port 27960: {} bans and 3 unbans not logged one by one in the last 60 s",
+        "bans and unbans not logged one by one port=27960 bans={} unbans=3 secs=60",
         n as usize - BAN_LINES
     );
     assert!(lines.iter().any(|l| l.ends_with(&summary)), "{lines:#?}");
     assert!(
         lines
             .iter()
-            .any(|l| l.ends_with("port 27961: 10.0.0.0 banned"))
+            .any(|l| l.ends_with("banned port=27961 ip=10.0.0.0"))
     );
 
     // A minute later, an admin's single unban gets its line; nothing is pending at a stop.
@@ -132,7 +132,7 @@ async fn a_burst_of_every_ban_writes_a_handful_of_lines() {
     log.flush_all();
     let lines = capture.lines();
     assert_eq!(lines.len(), BAN_LINES + 3, "{lines:#?}");
-    assert!(lines[BAN_LINES + 2].ends_with("port 27960: 10.0.0.7 unbanned"));
+    assert!(lines[BAN_LINES + 2].ends_with("unbanned port=27960 ip=10.0.0.7"));
 }
 
 #[tokio::test(start_paused = true)]
@@ -150,7 +150,7 @@ async fn summaries_pending_at_a_stop_are_written() {
     assert_eq!(lines.len(), 2 * BAN_LINES + 2, "{lines:#?}");
     assert!(
         lines[2 * BAN_LINES]
-            .ends_with("port 27960: 4 bans and 0 unbans not logged one by one in the last 3 s"),
+            .ends_with("bans and unbans not logged one by one port=27960 bans=4 unbans=0 secs=3"),
         "{lines:#?}"
     );
     // The window's own task finds nothing left to write.
