@@ -364,9 +364,15 @@ impl Prepared {
     ) -> Result<Vec<Hop>, SendError> {
         let terminal_block = block_of(&terminal.node_id, terminal_ip, self.rules);
         let skip = self.index.get(&terminal_block).copied();
-        let stray = (self.cands.iter().enumerate())
-            .find(|(i, c)| c.d().node_id == terminal.node_id && Some(self.group_of[*i]) != skip);
-        if let Some((t, _)) = stray {
+        let is_terminal = |i: &usize| self.cands[*i].d().node_id == terminal.node_id;
+        // Usually the terminal is in its own block, or not a candidate (`choose`): the search
+        // of every candidate only for the latter.
+        let in_block = skip.is_some_and(|g| self.groups[g].members.iter().any(is_terminal));
+        let stray = (!in_block)
+            .then(|| (0..self.cands.len()).find(|i| is_terminal(i)))
+            .flatten()
+            .filter(|i| Some(self.group_of[*i]) != skip);
+        if let Some(t) = stray {
             // The terminal among the candidates outside its own block (its endpoint read
             // otherwise): left out as choose leaves it out.
             let mut rest = self.cands.clone();
@@ -623,6 +629,9 @@ mod tests {
                 assert!(want.contains(&path[0].node_id));
                 let cached = choose(&ME, t.d(), t.ip(), all.clone(), 3, rules, NOW, &mut rng);
                 assert!(want.contains(&cached.unwrap()[0].node_id));
+                // The terminal's endpoint unread: it is left out of the middles all the same.
+                let blind = prepared.route(t.d(), None, 3, &mut rng).unwrap();
+                assert!(blind[..2].iter().all(|h| h.node_id != t.d().node_id));
             }
         }
     }
