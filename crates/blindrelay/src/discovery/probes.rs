@@ -9,7 +9,8 @@
 //! [`RETRY_FIRST`], then four times that; after [`MAX_TRIES`] failures ([`STRANGER_TRIES`] for
 //! a stranger's own) the identity is forgotten. While this node is *forming* (it reached fewer
 //! than [`FORMING_PEERS`] peers, or fewer than nine in ten of those it holds: a start, when
-//! every node around may be as busy as it), a failed probe is tried again sooner: after
+//! every node around may be as busy as it), a failed probe of an identity the operator, the
+//! store or a peer brought (not a stranger's own) is tried again sooner: after
 //! [`FORMING_RETRY`], doubling, with jitter, at most [`RETRY_FIRST`], and forgotten after
 //! [`FORMING_TRIES`] failures. A probe answered busy (`429`) is no failure: it is tried again
 //! after [`BUSY_RETRY`], doubling, with jitter, at most the discovery interval; only
@@ -22,11 +23,10 @@
 //! reconciles with it, which brings back the half of the network behind it.
 
 use std::cmp::Reverse;
-
-use rand::Rng;
 use std::collections::{BinaryHeap, VecDeque};
 
 use hashbrown::{HashMap, HashSet};
+use rand::Rng;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -353,7 +353,8 @@ impl Discovery {
             .view
             .get(&id)
             .is_some_and(|e| self.view.origin(e).is_stranger());
-        let forming = self.forming();
+        // A stranger's own is never tried sooner: junk must not cost more probes.
+        let forming = !stranger && self.forming();
         let failures = self.view.failed(&id);
         let tries = match (stranger, forming) {
             (true, _) => STRANGER_TRIES,
