@@ -10,11 +10,11 @@
 //! - **The first hop among long-known peers (guards).** The entry hop is one of this node's
 //!   [`GUARDS`] guards: among the candidates known for at least [`GUARD_AGE`] (or, in a network
 //!   younger than that, the quarter known longest), one per /16: the /16s ranked first by
-//!   `SHA-256(this node's id ‖ the block)`, and in each the candidate ranked first by
-//!   `SHA-256(this node's id ‖ its id)`: stable for this node, different from node to node, so
-//!   guards are not the same few peers for everyone, and many identities in one block count as
-//!   one. Identities an attacker brings today are
-//!   never a first hop before they are a week old.
+//!   `SHA-256(this node's id ‖ the block's address bytes)`, and in each the candidate ranked
+//!   first by `SHA-256(this node's id ‖ its id)`: stable for this node, different from node to
+//!   node, so guards are not the same few peers for everyone, and many identities in one block
+//!   count as one. Identities an attacker brings today are never a first hop before they are a
+//!   week old.
 //! - **Weighted by how long they are known.** Every other middle is drawn from a block chosen
 //!   with a probability proportional to its weight, then a candidate within it by weight; a
 //!   candidate's weight is the share of [`RAMP`] (a week) since this node first kept it, at
@@ -24,6 +24,10 @@
 //!   known nodes are every middle of a three-hop route in well under 1 % of routes.
 //!
 //! The terminal is the one the user named: it is never filtered by health.
+//!
+//! [`Prepared`] does the grouping, weighing and ranking once for a set of candidates, so that
+//! many routes (the simulator's thousands per sender) cost about `log n` each; [`choose`] is
+//! one route through it.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
