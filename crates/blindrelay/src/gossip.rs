@@ -10,6 +10,10 @@
 //!   same way (the crypto slot the listener's admission gave), the caller named by its link's
 //!   client certificate (mutual TLS), and the machine's answer returned.
 //!
+//! An answer `429` (the peer has no crypto slot or budget for it now), and an exchange that
+//! finds all [`MAX_EXCHANGES`] slots taken here, go back as [`Failed::Busy`]: asked again
+//! soon, nothing counted against the peer. Any other failure is [`Failed::Down`].
+//!
 //! Message bytes both ways and both roles are counted (`gossip_bytes_sent`,
 //! `gossip_bytes_received`). This node's own descriptor is handed to the machine whenever it
 //! is reissued. Nothing here logs an id beyond its 8-hex prefix, nor any endpoint or address.
@@ -70,47 +74,55 @@ async fn exchange(ctx: Arc<Context>, out: Out, timeout: Duration) {
     let http = ctx.outgoing.links.client(Some(&out.to.d.node_id));
     let answer = tokio::time::timeout(timeout, post(&ctx, &http, &url, body))
         .await
-        .ok()
-        .flatten()
-        .and_then(|b| Msg::decode(&b).ok());
+        .unwrap_or(Err(Failed::Down))
+        .and_then(|b| Msg::decode(&b).map_err(|_| Failed::Down));
     match answer {
-        Some(msg) => {
+        Ok(msg) => {
             let checked = check(&ctx, &msg, None).await;
             let now = ctx.peers.now();
             ctx.peers.lock().on_reply(out.xid, Ok(&msg), checked, now);
         }
-        None => {
+        Err(failed) => {
             let now = ctx.peers.now();
             ctx.peers
                 .lock()
-                .on_reply(out.xid, Err(Failed), Vec::new(), now);
+                .on_reply(out.xid, Err(failed), Vec::new(), now);
         }
     }
     ctx.peers.changed();
 }
 
 /// The body of the answer to `body` posted at `url`, read chunk by chunk and dropped past
-/// [`MAX_BODY`]; `None` on any failure or refusal.
-async fn post(ctx: &Context, http: &reqwest::Client, url: &str, body: Vec<u8>) -> Option<Vec<u8>> {
+/// [`MAX_BODY`]; [`Failed::Busy`] for a `429` (the peer is up, with no room now),
+/// [`Failed::Down`] on any other failure or refusal.
+async fn post(
+    ctx: &Context,
+    http: &reqwest::Client,
+    url: &str,
+    body: Vec<u8>,
+) -> Result<Vec<u8>, Failed> {
     let mut resp = http
         .post(url)
         .header(reqwest::header::CONTENT_TYPE, "application/octet-stream")
         .body(body)
         .send()
         .await
-        .ok()?;
+        .map_err(|_| Failed::Down)?;
+    if resp.status() == reqwest::StatusCode::TOO_MANY_REQUESTS {
+        return Err(Failed::Busy);
+    }
     if !resp.status().is_success() || resp.content_length().is_some_and(|n| n > MAX_BODY as u64) {
-        return None;
+        return Err(Failed::Down);
     }
     let mut out = Vec::new();
-    while let Some(chunk) = resp.chunk().await.ok()? {
+    while let Some(chunk) = resp.chunk().await.map_err(|_| Failed::Down)? {
         ctx.counters.gossip_bytes_received.add(chunk.len() as u64);
         if out.len() + chunk.len() > MAX_BODY {
-            return None;
+            return Err(Failed::Down);
         }
         out.extend_from_slice(&chunk);
     }
-    Some(out)
+    Ok(out)
 }
 
 /// Drives discovery until `cancel` (nothing when `interval` is zero): waits for the `--peer`s'
@@ -137,9 +149,10 @@ pub async fn run(ctx: Arc<Context>, interval: Duration, cancel: CancellationToke
         };
         for out in outs {
             let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
+                // No room here: nothing the peer did.
                 ctx.peers
                     .lock()
-                    .on_reply(out.xid, Err(Failed), Vec::new(), now);
+                    .on_reply(out.xid, Err(Failed::Busy), Vec::new(), now);
                 continue;
             };
             let ctx = Arc::clone(&ctx);

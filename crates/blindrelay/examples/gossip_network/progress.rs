@@ -60,13 +60,14 @@ pub(crate) async fn sample(
         (cpu, at) = (now_cpu, now);
         lines.push(format!(
             "   at {:>5.1} s: {done} of {} nodes route to all, the fewest to {}; {} identities \
-             held not reached yet; {} exchanges, {} failed; CPU {:.0} %",
+             held not reached yet; {} exchanges, {} failed, {} busy; CPU {:.0} %",
             secs(clock::elapsed(t0)),
             among.len(),
             fewest,
             sum(&|s| peers_n(s, "waiting")),
             sum(&|s| disc(s, "exchanges")),
             sum(&|s| disc(s, "exchanges_failed")),
+            sum(&|s| disc(s, "exchanges_busy")),
             100.0 * busy
         ));
     }

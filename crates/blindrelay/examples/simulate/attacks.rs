@@ -1,6 +1,6 @@
 //! The simulator's later phases: Sybils over many /16s, an eclipse by a lying bootstrap peer,
 //! and sends after 30 % of the nodes died. Route choice is the daemon's function
-//! (`blindrelay::send::path::choose`), its candidates the sender's view as the daemon reads it
+//! (`blindrelay::send::path::choose`, or `path::Prepared` for many routes of one sender), its candidates the sender's view as the daemon reads it
 //! (reached, current, not failing); a route delivers when every hop is up.
 
 use std::collections::HashSet;
@@ -129,17 +129,16 @@ pub(crate) fn sybils(net: &mut Net, honest: usize, interval: Duration) {
         for &s in &senders {
             let me = net.nodes[s].id();
             let cands = candidates_aged(net, s, &HashSet::new(), attack, 7 * DAY);
-            let terminals: Vec<&Candidate> = cands
-                .iter()
+            // One sender's candidates ranked once for its 50 routes of the day.
+            let routes_of = path::Prepared::new(&me, cands, rules, now);
+            let terminals: Vec<&Candidate> = (routes_of.candidates().iter())
                 .filter(|c| !bad.contains(&c.d().node_id))
                 .collect();
             for _ in 0..50 {
                 let Some(t) = terminals.choose(&mut rng) else {
                     break;
                 };
-                let Ok(hops) =
-                    path::choose(&me, t.d(), t.ip(), cands.clone(), 3, rules, now, &mut rng)
-                else {
+                let Ok(hops) = routes_of.route(t.d(), t.ip(), 3, &mut rng) else {
                     continue;
                 };
                 routes += 1;

@@ -133,9 +133,18 @@ fn main() {
         .map(|(name, b)| format!("{name} {:.0}", b as f64 / held.max(1) as f64))
         .collect();
     println!("   view bytes per identity held: {}", per.join(", "));
+    let mut at = wall.elapsed();
+    let mut lap = |name: &str| {
+        let now = wall.elapsed();
+        println!("   ({name}: {:.0} s wall)", (now - at).as_secs_f64());
+        at = now;
+    };
     attacks::sybils(&mut net, n, interval);
+    lap("Sybils");
     attacks::eclipse(&mut net, n, interval);
+    lap("eclipse");
     attacks::deaths(&mut net, n, Duration::from_secs(arg("--after", 60)));
+    lap("deaths");
     println!("wall time {:.0} s", wall.elapsed().as_secs_f64());
 }
 

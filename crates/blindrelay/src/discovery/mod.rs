@@ -183,9 +183,15 @@ pub struct Kept {
     pub root: Option<(u32, bool)>,
 }
 
-/// An exchange that got no usable answer (no connection, a timeout, a refusal, bad bytes).
+/// An exchange that got no usable answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Failed;
+pub enum Failed {
+    /// No connection, a timeout, a refusal, bad bytes: counted against the peer.
+    Down,
+    /// The peer said it is busy (`429`), or this node had no room to send: asked again soon,
+    /// backing off, and nothing counted against the peer ([`probes::BUSY_RETRY`]).
+    Busy,
+}
 
 /// What an exchange in flight is for.
 #[derive(Debug, Clone, Copy)]
@@ -207,8 +213,10 @@ pub struct Stats {
     pub bytes_received: u64,
     /// Exchanges this node started.
     pub exchanges: u64,
-    /// Of those, failed.
+    /// Of those, failed ([`Failed::Down`]).
     pub exchanges_failed: u64,
+    /// Of those, answered busy or not sent for want of room ([`Failed::Busy`]).
+    pub exchanges_busy: u64,
     /// Reconciliations completed.
     pub syncs: u64,
     /// Descriptors kept (new identities and newer descriptors).
@@ -434,7 +442,8 @@ impl Discovery {
         };
         match reply {
             Ok(msg) => self.stats.count(msg, false),
-            Err(Failed) => self.stats.exchanges_failed += 1,
+            Err(Failed::Down) => self.stats.exchanges_failed += 1,
+            Err(Failed::Busy) => self.stats.exchanges_busy += 1,
         }
         match purpose {
             Purpose::Probe(id) => self.probed(id, reply, checked, now),
@@ -448,11 +457,11 @@ impl Discovery {
                         self.request_to(&to, Msg::Descriptors(ds), Purpose::Push(to), now);
                     }
                 }
-                Ok(_) => {}
-                Err(Failed) => self.neighbour_failed(&to),
+                Ok(_) | Err(Failed::Busy) => {}
+                Err(Failed::Down) => self.neighbour_failed(&to),
             },
             Purpose::Push(to) => {
-                if reply.is_err() {
+                if reply == Err(Failed::Down) {
                     self.neighbour_failed(&to);
                 }
             }
@@ -495,7 +504,7 @@ impl Discovery {
             .map(|(xid, _)| *xid)
             .collect();
         for xid in late {
-            self.on_reply(xid, Err(Failed), Vec::new(), now);
+            self.on_reply(xid, Err(Failed::Down), Vec::new(), now);
         }
     }
 

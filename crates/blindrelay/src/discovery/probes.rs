@@ -7,7 +7,14 @@
 //! probes in flight, so a stranger's junk never holds up the rest), round robin over the sources within a class, so one source's thousand
 //! identities do not hold up another's one. A failed probe is tried again after
 //! [`RETRY_FIRST`], then four times that; after [`MAX_TRIES`] failures ([`STRANGER_TRIES`] for
-//! a stranger's own) the identity is forgotten.
+//! a stranger's own) the identity is forgotten. While this node is *forming* (it reached fewer
+//! than [`FORMING_PEERS`] peers, or fewer than nine in ten of those it holds: a start, when
+//! every node around may be as busy as it), a failed probe of an identity the operator, the
+//! store or a peer brought (not a stranger's own) is tried again sooner: after
+//! [`FORMING_RETRY`], doubling, with jitter, at most [`RETRY_FIRST`], and forgotten after
+//! [`FORMING_TRIES`] failures. A probe answered busy (`429`) is no failure: it is tried again
+//! after [`BUSY_RETRY`], doubling, with jitter, at most the discovery interval; only
+//! [`MAX_BUSY`] busy answers in a row count as one failure.
 //!
 //! A reached peer whose descriptor expired is set aside (at most [`LAPSED`], the ones reached
 //! longest ago dropped first) and greeted again at its last endpoint at once, then backing off
@@ -19,6 +26,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use hashbrown::{HashMap, HashSet};
+use rand::Rng;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -32,6 +40,17 @@ pub const MAX_TRIES: u8 = 3;
 pub const STRANGER_TRIES: u8 = 2;
 /// Wait before a failed probe's first retry (the second waits four times as long).
 pub const RETRY_FIRST: Duration = Duration::from_secs(10);
+
+/// Reached peers below which a node is forming (or nine in ten of those it holds, if more).
+pub const FORMING_PEERS: usize = 16;
+/// While forming, wait before a failed probe's first retry (doubling for each next one).
+pub const FORMING_RETRY: Duration = Duration::from_secs(1);
+/// While forming, probes of one waiting identity at most.
+pub const FORMING_TRIES: u8 = 5;
+/// Wait before a busy probe's first retry (doubling for each busy answer in a row).
+pub const BUSY_RETRY: Duration = Duration::from_secs(2);
+/// Busy answers in a row that count as one failure.
+pub const MAX_BUSY: u8 = 6;
 
 /// Lapsed peers kept at most.
 pub const LAPSED: usize = 256;
@@ -98,6 +117,8 @@ pub struct Probes {
     lapsed_asked: usize,
     /// Strangers' identities moved ahead ([`Probes::promote`]), until probed.
     promoted: HashSet<NodeId>,
+    /// Busy answers in a row, per identity whose retry is pending.
+    busy: HashMap<NodeId, u8>,
 }
 
 impl Probes {
@@ -117,6 +138,7 @@ impl Probes {
             + self.stranger_probes.capacity() * 33
             + self.promoted.capacity() * 33
             + self.lapsed.capacity() * 120
+            + self.busy.capacity() * 33
     }
 
     /// `s`, introduced by `origin`, waits to be probed.
@@ -172,6 +194,7 @@ impl Probes {
     /// Gives back the room of a burst.
     pub fn sweep(&mut self) {
         super::shrink(&mut self.lapsed);
+        super::shrink(&mut self.busy);
         let set = &mut self.promoted;
         if set.capacity() > 64 && set.len() * 4 <= set.capacity() {
             set.shrink_to_fit();
@@ -214,6 +237,8 @@ impl Discovery {
             if let Some(e) = self.view.get(&id).filter(|e| e.reached().is_none()) {
                 let (s, origin) = (Arc::clone(&e.s), self.view.origin(e));
                 self.probes.waiting(&s, origin);
+            } else {
+                self.probes.busy.remove(&id);
             }
         }
         while self.probes.in_flight < self.cfg.probes_in_flight {
@@ -303,25 +328,65 @@ impl Discovery {
             self.probes.strangers_in_flight -= 1;
         }
         if let Ok(Msg::Hello { .. }) = reply {
+            self.probes.busy.remove(&id);
             for s in checked.into_iter().filter(|s| s.d.node_id == id) {
                 let _ = self.learn(s, Source::Peer(id), now);
             }
             self.reached(&id, now);
             return;
         }
+        if matches!(reply, Err(Failed::Busy)) && self.view.get(&id).is_some() {
+            let busy = self.probes.busy.entry(id).or_insert(0);
+            *busy += 1;
+            let n = *busy;
+            if n < MAX_BUSY {
+                let wait = BUSY_RETRY
+                    .saturating_mul(1 << (n - 1))
+                    .min(self.cfg.interval);
+                let wait = self.jittered(wait);
+                self.probes.retry.push(Reverse((now.at + wait, id)));
+                return;
+            }
+        }
+        self.probes.busy.remove(&id);
         let stranger = self
             .view
             .get(&id)
             .is_some_and(|e| self.view.origin(e).is_stranger());
+        // A stranger's own is never tried sooner: junk must not cost more probes.
+        let forming = !stranger && self.forming();
         let failures = self.view.failed(&id);
-        if failures >= if stranger { STRANGER_TRIES } else { MAX_TRIES } {
+        let tries = match (stranger, forming) {
+            (true, _) => STRANGER_TRIES,
+            (false, true) => FORMING_TRIES,
+            (false, false) => MAX_TRIES,
+        };
+        if failures >= tries {
             if self.view.forget(&id).is_some() {
                 self.stats.forgotten += 1;
             }
-        } else {
-            let wait = RETRY_FIRST * 4u32.pow(u32::from(failures.saturating_sub(1)));
-            self.probes.retry.push(Reverse((now.at + wait, id)));
+            return;
         }
+        let exp = u32::from(failures.saturating_sub(1));
+        let wait = if forming {
+            let wait = FORMING_RETRY.saturating_mul(2u32.saturating_pow(exp));
+            self.jittered(wait.min(RETRY_FIRST))
+        } else {
+            RETRY_FIRST * 4u32.pow(exp)
+        };
+        self.probes.retry.push(Reverse((now.at + wait, id)));
+    }
+
+    /// True while this node reached fewer than [`FORMING_PEERS`] peers, or fewer than nine in
+    /// ten of those it holds.
+    pub fn forming(&self) -> bool {
+        let held = self.view.len();
+        held - self.view.waiting().min(held) < FORMING_PEERS.max(held * 9 / 10)
+    }
+
+    /// `wait`, from half to one and a half times it, at random.
+    pub(super) fn jittered(&mut self, wait: Duration) -> Duration {
+        wait.mul_f64(self.rng.random_range(0.5..1.5))
     }
 
     /// A lapsed peer's answer: its fresh descriptor kept with what this node knew of it, and a
@@ -339,11 +404,21 @@ impl Discovery {
         };
         let Some(s) = fresh else {
             let cfg = self.cfg;
+            // Busy: it is up; greeted again soon, its backoff unchanged.
+            let busy = matches!(reply, Err(Failed::Busy));
+            let soon = self.jittered(BUSY_RETRY.min(cfg.interval));
             if let Some(l) = self.probes.lapsed.get_mut(&id) {
                 l.asked = false;
-                l.tries = l.tries.saturating_add(1);
+                if !busy {
+                    l.tries = l.tries.saturating_add(1);
+                }
                 let wait = (cfg.interval / 4).saturating_mul(1 << l.tries.min(8));
-                l.due = now.at + wait.min(cfg.interval * 2);
+                l.due = now.at
+                    + if busy {
+                        soon
+                    } else {
+                        wait.min(cfg.interval * 2)
+                    };
                 self.probes.lapsed_asked -= 1;
             }
             return;

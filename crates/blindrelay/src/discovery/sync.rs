@@ -294,7 +294,7 @@ impl Discovery {
         let round = match reply {
             Ok(Msg::SyncReply { round, .. }) => round,
             _ => {
-                self.view.failed(&session.peer);
+                self.session_failed(&session.peer, reply, now);
                 return;
             }
         };
@@ -344,6 +344,20 @@ impl Discovery {
         }
     }
 
+    /// A session with `peer` ended by a failed exchange: counted against the peer, or, if it
+    /// answered busy, nothing counted and the next reconciliation brought forward to within
+    /// [`super::probes::BUSY_RETRY`] (with jitter).
+    fn session_failed(&mut self, peer: &NodeId, reply: Result<&Msg, Failed>, now: Now) {
+        if !matches!(reply, Err(Failed::Busy)) {
+            self.view.failed(peer);
+            return;
+        }
+        let soon = now.at + self.jittered(super::probes::BUSY_RETRY.min(self.cfg.interval));
+        if self.sync.next_periodic.is_none_or(|t| t > soon) {
+            self.sync.next_periodic = Some(soon);
+        }
+    }
+
     /// A completed reconciliation: the entries both sides hold confirmed by the peer's root.
     fn reconciled(&mut self, session: &Session, now: Now) {
         self.stats.syncs += 1;
@@ -384,7 +398,7 @@ impl Discovery {
             return;
         };
         if reply.is_err() {
-            self.view.failed(&session.peer);
+            self.session_failed(&session.peer, reply, now);
             return;
         }
         let peer = session.peer;

@@ -36,6 +36,15 @@ fn network(n: usize, cfg: SimConfig) -> Net {
     net
 }
 
+/// `n` nodes (interval 10 s, descriptors of an hour) once every node holds and reached every
+/// other.
+fn converged(n: usize) -> Net {
+    let mut net = network(n, sim(10, 3600));
+    let all: Vec<usize> = (0..n).collect();
+    assert!(net.run_until(Duration::from_secs(120), |net| knows_all(net, &all)));
+    net
+}
+
 /// Every up node among `nodes` holds and reached every other up node of them.
 fn knows_all(net: &Net, nodes: &[usize]) -> bool {
     nodes.iter().filter(|i| net.nodes[**i].up).all(|i| {
@@ -66,9 +75,7 @@ fn a_network_converges_from_one_bootstrap_peer_each() {
 #[test]
 fn a_newcomer_syncs_in_one_exchange_and_its_descriptor_is_pushed_to_everyone() {
     let n = 40;
-    let mut net = network(n, sim(10, 3600));
-    let all: Vec<usize> = (0..n).collect();
-    assert!(net.run_until(Duration::from_secs(120), |net| knows_all(net, &all)));
+    let mut net = converged(n);
     let start = net.elapsed();
     let newcomer = net.add(ip(n), &[3]);
     let id = net.nodes[newcomer].id();
@@ -167,9 +174,7 @@ fn the_halves_of_a_split_longer_than_a_descriptors_life_rejoin() {
 #[test]
 fn a_lying_bootstrap_peer_is_reported_and_a_seed_brings_the_honest_network() {
     let honest = 16;
-    let mut net = network(honest, sim(10, 3600));
-    let all: Vec<usize> = (0..honest).collect();
-    assert!(net.run_until(Duration::from_secs(120), |net| knows_all(net, &all)));
+    let mut net = converged(honest);
     // The liar and its 20 Sybils know only each other.
     let liar = net.add(IpAddr::from([192, 168, 0, 1]), &[]);
     let sybils: Vec<usize> = (0..20)
@@ -211,9 +216,7 @@ fn a_lying_bootstrap_peer_is_reported_and_a_seed_brings_the_honest_network() {
 
 #[test]
 fn a_node_whose_only_peer_missed_one_exchange_tries_it_again() {
-    let mut net = network(8, sim(10, 3600));
-    let all: Vec<usize> = (0..8).collect();
-    assert!(net.run_until(Duration::from_secs(120), |net| knows_all(net, &all)));
+    let mut net = converged(8);
     // Its only peer (fetched as its `--peer`) hangs through the newcomer's first exchanges,
     // then answers again.
     let newcomer = net.add(ip(50), &[3]);
@@ -239,5 +242,63 @@ fn a_node_whose_only_peer_missed_one_exchange_tries_it_again() {
             .map(|e| (e.reached(), e.failures()))
             .collect::<Vec<_>>(),
         net.nodes[newcomer].probe_state()
+    );
+}
+
+/// Hellos that fail while a node is forming (here ten of its 30 peers refuse for 3 s, as
+/// peers saturated at a network's start do) are tried again within seconds, not after 10 s
+/// then 40 s: the newcomer reaches them all within 8 s of its start.
+#[test]
+fn failed_hellos_are_tried_again_soon_while_a_node_is_forming() {
+    let n = 30;
+    let mut net = converged(n);
+    let start = net.elapsed();
+    let newcomer = net.add(ip(n), &[3]);
+    for i in 10..20 {
+        net.kill(i);
+    }
+    net.run_until(start + Duration::from_secs(3), |_| false);
+    let d = &net.nodes[newcomer].disc;
+    assert!(d.stats().exchanges_failed >= 10, "{:?}", d.stats());
+    assert!(d.forming());
+    for i in 10..20 {
+        net.revive(i);
+    }
+    let all: Vec<usize> = (0..=n).collect();
+    let reached = net.run_until(start + Duration::from_secs(8), |net| knows_all(net, &all));
+    let d = &net.nodes[newcomer].disc;
+    assert!(
+        reached,
+        "{:?} {}",
+        d.stats(),
+        net.nodes[newcomer].probe_state()
+    );
+    assert!(!d.forming());
+}
+
+/// A peer that answers busy (`429`) is asked again soon and nothing is counted against it:
+/// a newcomer whose only peer is busy for 30 s holds it as healthy throughout, and has the
+/// whole network within one interval once it answers.
+#[test]
+fn a_busy_peer_is_asked_again_soon_and_not_counted_as_failing() {
+    let n = 8;
+    let mut net = converged(n);
+    let newcomer = net.add(ip(50), &[3]);
+    net.nodes[3].busy = true;
+    let t = net.elapsed();
+    net.run_until(t + Duration::from_secs(30), |_| false);
+    let id = net.nodes[3].id();
+    let d = &net.nodes[newcomer].disc;
+    let st = d.stats();
+    assert!(st.exchanges_busy >= 3, "{st:?}");
+    assert_eq!(st.exchanges_failed, 0, "{st:?}");
+    assert!(d.view().get(&id).is_some_and(|e| e.healthy()));
+    net.nodes[3].busy = false;
+    let all: Vec<usize> = (0..=newcomer).collect();
+    let t = net.elapsed();
+    assert!(
+        net.run_until(t + Duration::from_secs(10), |net| knows_all(net, &all)),
+        "{:?}",
+        net.nodes[newcomer].disc.stats()
     );
 }

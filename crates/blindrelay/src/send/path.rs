@@ -10,11 +10,11 @@
 //! - **The first hop among long-known peers (guards).** The entry hop is one of this node's
 //!   [`GUARDS`] guards: among the candidates known for at least [`GUARD_AGE`] (or, in a network
 //!   younger than that, the quarter known longest), one per /16: the /16s ranked first by
-//!   `SHA-256(this node's id ‖ the block)`, and in each the candidate ranked first by
-//!   `SHA-256(this node's id ‖ its id)`: stable for this node, different from node to node, so
-//!   guards are not the same few peers for everyone, and many identities in one block count as
-//!   one. Identities an attacker brings today are
-//!   never a first hop before they are a week old.
+//!   `SHA-256(this node's id ‖ the block's address bytes)`, and in each the candidate ranked
+//!   first by `SHA-256(this node's id ‖ its id)`: stable for this node, different from node to
+//!   node, so guards are not the same few peers for everyone, and many identities in one block
+//!   count as one. Identities an attacker brings today are never a first hop before they are a
+//!   week old.
 //! - **Weighted by how long they are known.** Every other middle is drawn from a block chosen
 //!   with a probability proportional to its weight, then a candidate within it by weight; a
 //!   candidate's weight is the share of [`RAMP`] (a week) since this node first kept it, at
@@ -24,12 +24,15 @@
 //!   known nodes are every middle of a three-hop route in well under 1 % of routes.
 //!
 //! The terminal is the one the user named: it is never filtered by health.
+//!
+//! [`Prepared`] does the grouping, weighing and ranking once for a set of candidates, so that
+//! many routes (the simulator's thousands per sender) cost about `log n` each; [`choose`] is
+//! one route through it.
 
 use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
 
 use rand::Rng;
-use rand::seq::SliceRandom;
 use sha2::{Digest, Sha256};
 
 use super::{Hop, SendError, hop};
@@ -79,7 +82,26 @@ pub fn weight(first_seen: u64, now: u64) -> f64 {
     (now.saturating_sub(first_seen) as f64 / RAMP as f64).clamp(NEW_WEIGHT, 1.0)
 }
 
-/// This node's guards among `candidates` at `now` (see the module docs).
+/// `SHA-256(me ‖ bytes)`: how node `me` ranks an id or a block.
+fn rank(me: &NodeId, bytes: &[u8]) -> [u8; 32] {
+    Sha256::new()
+        .chain_update(me)
+        .chain_update(bytes)
+        .finalize()
+        .into()
+}
+
+/// How node `me` ranks `block`: by its address bytes (or, a block of one, by the id).
+fn block_rank(me: &NodeId, block: &Block) -> [u8; 32] {
+    match block {
+        Block::Net(IpAddr::V4(a)) => rank(me, &a.octets()),
+        Block::Net(IpAddr::V6(a)) => rank(me, &a.octets()),
+        Block::Own(id) => rank(me, id),
+    }
+}
+
+/// This node's guards among `candidates` at `now` (see the module docs). [`Prepared`] gives
+/// the same guards without ranking every candidate again for each route.
 pub fn guards(me: &NodeId, candidates: &[Candidate], now: u64) -> Vec<NodeId> {
     let mut eligible: Vec<&Candidate> = candidates
         .iter()
@@ -92,25 +114,12 @@ pub fn guards(me: &NodeId, candidates: &[Candidate], now: u64) -> Vec<NodeId> {
         by_age.truncate(quarter);
         eligible = by_age;
     }
-    let rank = |bytes: &[u8]| -> [u8; 32] {
-        Sha256::new()
-            .chain_update(me)
-            .chain_update(bytes)
-            .finalize()
-            .into()
-    };
     // One guard per /16 at most: the blocks ranked, then the member ranked first in each.
     let mut best: HashMap<Block, ([u8; 32], NodeId)> = HashMap::new();
     for c in eligible {
         let id = c.d().node_id;
-        let block = block_of(
-            &id,
-            c.ip(),
-            Rules {
-                distinct_blocks: true,
-            },
-        );
-        let r = rank(&id);
+        let block = block_of(&id, c.ip(), GUARD_RULES);
+        let r = rank(me, &id);
         let slot = best.entry(block).or_insert((r, id));
         if r < slot.0 {
             *slot = (r, id);
@@ -118,17 +127,16 @@ pub fn guards(me: &NodeId, candidates: &[Candidate], now: u64) -> Vec<NodeId> {
     }
     let mut blocks: Vec<([u8; 32], NodeId)> = best
         .into_iter()
-        .map(|(b, (_, id))| {
-            let key = match b {
-                Block::Net(ip) => ip.to_string().into_bytes(),
-                Block::Own(own) => own.to_vec(),
-            };
-            (rank(&key), id)
-        })
+        .map(|(b, (_, id))| (block_rank(me, &b), id))
         .collect();
     blocks.sort_unstable();
     blocks.into_iter().take(GUARDS).map(|(_, id)| id).collect()
 }
+
+/// Guards are one per [`PATH_BLOCKS`] block whatever the operator's rules.
+const GUARD_RULES: Rules = Rules {
+    distinct_blocks: true,
+};
 
 /// Draws an index of `weights` with probability proportional to its weight.
 fn draw(weights: &[f64], rng: &mut impl Rng) -> Option<usize> {
@@ -146,10 +154,274 @@ fn draw(weights: &[f64], rng: &mut impl Rng) -> Option<usize> {
     Some(weights.len() - 1)
 }
 
+/// Draws of a block that hit an excluded one before the draw walks the others.
+const REDRAWS: usize = 16;
+
+/// The candidates of one block in a [`Prepared`] set.
+#[derive(Debug)]
+struct Group {
+    /// Indices into [`Prepared::cands`], in the order given.
+    members: Vec<usize>,
+    /// Its heaviest member's weight.
+    weight: f64,
+    /// Its members known long enough to be guards.
+    old: usize,
+}
+
+/// A node's candidates made ready for any number of routes at one time: grouped by block,
+/// weighed, ranked for guards once. A route is then drawn in about `log n` steps where
+/// [`choose`] alone would group, weigh and rank all `n` candidates again; the routes drawn
+/// are those [`choose`] draws (the same guards, the same weights).
+#[derive(Debug)]
+pub struct Prepared {
+    me: NodeId,
+    rules: Rules,
+    now: u64,
+    cands: Vec<Candidate>,
+    /// Each candidate's group.
+    group_of: Vec<usize>,
+    /// Ordered by block.
+    groups: Vec<Group>,
+    index: HashMap<Block, usize>,
+    /// The groups' weights summed in order.
+    cum: Vec<f64>,
+    /// Candidates known long enough to be guards.
+    old_total: usize,
+    /// The groups with such candidates, ranked, each with its best one: the first
+    /// `GUARDS + 1` (a route leaves out one block at most, the terminal's).
+    old_ranked: Vec<(usize, usize)>,
+    /// Candidates oldest first, for a network younger than [`GUARD_AGE`].
+    by_age: Vec<usize>,
+}
+
+impl Prepared {
+    /// `candidates` (as for [`choose`]; this node among them is left out) made ready for
+    /// routes at `now`.
+    pub fn new(me: &NodeId, candidates: Vec<Candidate>, rules: Rules, now: u64) -> Self {
+        let mut seen = HashSet::new();
+        let cands: Vec<Candidate> = candidates
+            .into_iter()
+            .filter(|c| c.d().node_id != *me && seen.insert(c.d().node_id))
+            .collect();
+        let blocks: Vec<Block> = cands
+            .iter()
+            .map(|c| block_of(&c.d().node_id, c.ip(), rules))
+            .collect();
+        let mut order: Vec<Block> = blocks.clone();
+        order.sort_unstable();
+        order.dedup();
+        let index: HashMap<Block, usize> = order.iter().enumerate().map(|(i, b)| (*b, i)).collect();
+        let mut groups: Vec<Group> = order
+            .into_iter()
+            .map(|_| Group {
+                members: Vec::new(),
+                weight: 0.0,
+                old: 0,
+            })
+            .collect();
+        let mut group_of = Vec::with_capacity(cands.len());
+        for (i, (c, b)) in cands.iter().zip(&blocks).enumerate() {
+            let g = index.get(b).copied().unwrap_or_default();
+            group_of.push(g);
+            let group = &mut groups[g];
+            group.members.push(i);
+            group.weight = group.weight.max(weight(c.first_seen, now));
+            group.old += usize::from(now.saturating_sub(c.first_seen) >= GUARD_AGE);
+        }
+        let cum = groups
+            .iter()
+            .scan(0.0, |sum, g| {
+                *sum += g.weight;
+                Some(*sum)
+            })
+            .collect();
+        let mut by_age: Vec<usize> = (0..cands.len()).collect();
+        by_age.sort_unstable_by_key(|i| (cands[*i].first_seen, cands[*i].d().node_id));
+        let mut p = Self {
+            me: *me,
+            rules,
+            now,
+            old_total: groups.iter().map(|g| g.old).sum(),
+            cands,
+            group_of,
+            groups,
+            index,
+            cum,
+            old_ranked: Vec::new(),
+            by_age,
+        };
+        let old = (0..p.cands.len()).filter(|i| p.is_old(*i));
+        p.old_ranked = p.ranked(old, GUARDS + 1);
+        p
+    }
+
+    /// The candidates, as given but this node and any repeated.
+    pub fn candidates(&self) -> &[Candidate] {
+        &self.cands
+    }
+
+    fn is_old(&self, i: usize) -> bool {
+        self.now.saturating_sub(self.cands[i].first_seen) >= GUARD_AGE
+    }
+
+    /// Of `members`, the best of each [`PATH_BLOCKS`] block, the blocks ranked: the first
+    /// `take` as `(group, member)`.
+    fn ranked(&self, members: impl Iterator<Item = usize>, take: usize) -> Vec<(usize, usize)> {
+        let mut best: HashMap<Block, ([u8; 32], usize)> = HashMap::new();
+        for i in members {
+            let id = self.cands[i].d().node_id;
+            let r = rank(&self.me, &id);
+            let slot = best
+                .entry(block_of(&id, self.cands[i].ip(), GUARD_RULES))
+                .or_insert((r, i));
+            if r < slot.0 {
+                *slot = (r, i);
+            }
+        }
+        let mut blocks: Vec<([u8; 32], NodeId, usize)> = best
+            .into_iter()
+            .map(|(b, (_, i))| (block_rank(&self.me, &b), self.cands[i].d().node_id, i))
+            .collect();
+        blocks.sort_unstable();
+        blocks
+            .into_iter()
+            .take(take)
+            .map(|(_, _, i)| (self.group_of[i], i))
+            .collect()
+    }
+
+    /// The guards of a route that leaves out group `skip` (the terminal's block): those of
+    /// [`guards`] over the candidates outside it.
+    fn guards_without(&self, skip: Option<usize>) -> Vec<usize> {
+        let left = |g: usize| Some(g) != skip;
+        let skipped = skip.map_or((0, 0), |g| {
+            (self.groups[g].old, self.groups[g].members.len())
+        });
+        if self.old_total - skipped.0 >= GUARDS {
+            if self.rules.distinct_blocks || skip.is_none() {
+                return (self.old_ranked.iter())
+                    .filter(|(g, _)| left(*g))
+                    .take(GUARDS)
+                    .map(|(_, i)| *i)
+                    .collect();
+            }
+            let old = (0..self.cands.len()).filter(|i| self.is_old(*i) && left(self.group_of[*i]));
+            return self
+                .ranked(old, GUARDS)
+                .into_iter()
+                .map(|(_, i)| i)
+                .collect();
+        }
+        let n = self.cands.len() - skipped.1;
+        let quarter = n.div_ceil(4).max(GUARDS.min(n));
+        let firsts = (self.by_age.iter().copied())
+            .filter(|i| left(self.group_of[*i]))
+            .take(quarter);
+        self.ranked(firsts, GUARDS)
+            .into_iter()
+            .map(|(_, i)| i)
+            .collect()
+    }
+
+    /// A group drawn by weight, none of `excluded`.
+    fn draw_group(&self, excluded: &[usize], rng: &mut impl Rng) -> Option<usize> {
+        let total = *self.cum.last()?;
+        if total <= 0.0 {
+            return None;
+        }
+        for _ in 0..REDRAWS {
+            let x = rng.random_range(0.0..total);
+            let g = self
+                .cum
+                .partition_point(|c| *c <= x)
+                .min(self.groups.len() - 1);
+            if !excluded.contains(&g) {
+                return Some(g);
+            }
+        }
+        let rest: Vec<usize> = (0..self.groups.len())
+            .filter(|g| !excluded.contains(g))
+            .collect();
+        let weights: Vec<f64> = rest.iter().map(|g| self.groups[*g].weight).collect();
+        draw(&weights, rng).map(|k| rest[k])
+    }
+
+    /// A member of group `g` drawn by weight.
+    fn draw_member(&self, g: usize, rng: &mut impl Rng) -> Option<usize> {
+        let members = &self.groups[g].members;
+        let weights: Vec<f64> = (members.iter())
+            .map(|i| weight(self.cands[*i].first_seen, self.now))
+            .collect();
+        draw(&weights, rng).map(|k| members[k])
+    }
+
+    /// A path of `hops` hops to `terminal` (at `terminal_ip`), as [`choose`] draws it.
+    ///
+    /// # Errors
+    /// [`SendError::NotEnoughPeers`] when fewer distinct blocks than middles are left.
+    pub fn route(
+        &self,
+        terminal: &Descriptor,
+        terminal_ip: Option<IpAddr>,
+        hops: usize,
+        rng: &mut impl Rng,
+    ) -> Result<Vec<Hop>, SendError> {
+        let terminal_block = block_of(&terminal.node_id, terminal_ip, self.rules);
+        let skip = self.index.get(&terminal_block).copied();
+        let is_terminal = |i: &usize| self.cands[*i].d().node_id == terminal.node_id;
+        // Usually the terminal is in its own block, or not a candidate (`choose`): the search
+        // of every candidate only for the latter.
+        let in_block = skip.is_some_and(|g| self.groups[g].members.iter().any(is_terminal));
+        let stray = (!in_block)
+            .then(|| (0..self.cands.len()).find(|i| is_terminal(i)))
+            .flatten()
+            .filter(|i| Some(self.group_of[*i]) != skip);
+        if let Some(t) = stray {
+            // The terminal among the candidates outside its own block (its endpoint read
+            // otherwise): left out as choose leaves it out.
+            let mut rest = self.cands.clone();
+            rest.remove(t);
+            return Self::new(&self.me, rest, self.rules, self.now).route(
+                terminal,
+                terminal_ip,
+                hops,
+                rng,
+            );
+        }
+        let middles_needed = hops.saturating_sub(1);
+        let not_enough = || SendError::NotEnoughPeers(hops);
+        if self.groups.len() - usize::from(skip.is_some()) < middles_needed {
+            return Err(not_enough());
+        }
+        let mut excluded: Vec<usize> = skip.into_iter().collect();
+        let mut path = Vec::with_capacity(hops);
+        if middles_needed > 0 {
+            let guards = self.guards_without(skip);
+            let entry = match guards.len() {
+                0 => {
+                    let g = self.draw_group(&excluded, rng).ok_or_else(not_enough)?;
+                    self.draw_member(g, rng).ok_or_else(not_enough)?
+                }
+                n => guards[rng.random_range(0..n)],
+            };
+            excluded.push(self.group_of[entry]);
+            path.push(hop(self.cands[entry].d()));
+        }
+        for _ in 1..middles_needed {
+            let g = self.draw_group(&excluded, rng).ok_or_else(not_enough)?;
+            let c = self.draw_member(g, rng).ok_or_else(not_enough)?;
+            excluded.push(g);
+            path.push(hop(self.cands[c].d()));
+        }
+        path.push(hop(terminal));
+        Ok(path)
+    }
+}
+
 /// A path of `hops` hops to `terminal` (at `terminal_ip`) at `now`: `hops − 1` middles among
 /// `candidates` (already filtered for health and for what the send avoids; never this node
 /// `me` nor the terminal), the first a guard, each from a block of its own drawn by weight,
-/// then the terminal.
+/// then the terminal. Many routes from one set of candidates: [`Prepared`].
 ///
 /// # Errors
 /// [`SendError::NotEnoughPeers`] when fewer distinct blocks than middles are left.
@@ -164,71 +436,10 @@ pub fn choose(
     now: u64,
     rng: &mut impl Rng,
 ) -> Result<Vec<Hop>, SendError> {
-    let middles_needed = hops.saturating_sub(1);
-    let terminal_block = block_of(&terminal.node_id, terminal_ip, rules);
-    let mut seen = HashSet::new();
-    let usable: Vec<Candidate> = candidates
-        .into_iter()
-        .filter(|c| c.d().node_id != terminal.node_id && c.d().node_id != *me)
-        .filter(|c| seen.insert(c.d().node_id))
-        .filter(|c| block_of(&c.d().node_id, c.ip(), rules) != terminal_block)
+    let candidates = (candidates.into_iter())
+        .filter(|c| c.d().node_id != terminal.node_id)
         .collect();
-    let mut by_block: HashMap<Block, Vec<&Candidate>> = HashMap::new();
-    for c in &usable {
-        by_block
-            .entry(block_of(&c.d().node_id, c.ip(), rules))
-            .or_default()
-            .push(c);
-    }
-    if by_block.len() < middles_needed {
-        return Err(SendError::NotEnoughPeers(hops));
-    }
-    let mut path = Vec::with_capacity(hops);
-    if middles_needed > 0 {
-        let guard_ids = guards(me, &usable, now);
-        let mut entries: Vec<&Candidate> = usable
-            .iter()
-            .filter(|c| guard_ids.contains(&c.d().node_id))
-            .collect();
-        entries.shuffle(rng);
-        // Every guard avoided (they failed for this send): any candidate, by weight.
-        let entry = match entries.first() {
-            Some(c) => *c,
-            None => pick(&by_block, rng, now).ok_or(SendError::NotEnoughPeers(hops))?,
-        };
-        by_block.remove(&block_of(&entry.d().node_id, entry.ip(), rules));
-        path.push(hop(entry.d()));
-    }
-    for _ in 1..middles_needed {
-        let c = pick(&by_block, rng, now).ok_or(SendError::NotEnoughPeers(hops))?;
-        by_block.remove(&block_of(&c.d().node_id, c.ip(), rules));
-        path.push(hop(c.d()));
-    }
-    path.push(hop(terminal));
-    Ok(path)
-}
-
-/// A candidate of `by_block` drawn by weight: its block first (a block weighs its heaviest),
-/// then within it.
-fn pick<'a>(
-    by_block: &HashMap<Block, Vec<&'a Candidate>>,
-    rng: &mut impl Rng,
-    now: u64,
-) -> Option<&'a Candidate> {
-    // A HashMap's order is random per process but not per draw: sort first.
-    let mut blocks: Vec<(&Block, &Vec<&Candidate>)> = by_block.iter().collect();
-    blocks.sort_unstable_by_key(|(b, _)| **b);
-    let block_weights: Vec<f64> = blocks
-        .iter()
-        .map(|(_, cs)| {
-            cs.iter()
-                .map(|c| weight(c.first_seen, now))
-                .fold(0.0, f64::max)
-        })
-        .collect();
-    let (_, members) = blocks[draw(&block_weights, rng)?];
-    let weights: Vec<f64> = members.iter().map(|c| weight(c.first_seen, now)).collect();
-    members.get(draw(&weights, rng)?).copied()
+    Prepared::new(me, candidates, rules, now).route(terminal, terminal_ip, hops, rng)
 }
 
 #[cfg(test)]
@@ -378,5 +589,54 @@ mod tests {
             other.iter().collect::<HashSet<_>>(),
             entries.iter().collect()
         );
+    }
+
+    /// A prepared set gives each route the guards [`guards`] ranks afresh over what that route
+    /// may use (the terminal and its block left out): in an old network, a young one, one with
+    /// five old candidates of which two share a block, and with diversity off.
+    #[test]
+    fn prepared_guards_are_those_ranked_afresh() {
+        let same = Rules {
+            distinct_blocks: false,
+        };
+        type Ages = fn(usize) -> u64;
+        let cases: [(Ages, Rules); 4] = [
+            (|k| T0 - k as u64, DIVERSE),
+            (|k| NOW - 3600 + k as u64, DIVERSE),
+            (
+                |k| if k < 5 { T0 - k as u64 } else { NOW - k as u64 },
+                DIVERSE,
+            ),
+            (|k| T0 - k as u64, same),
+        ];
+        for (first_seen, rules) in cases {
+            // 60 candidates, 3 to a /16 (the old ones of the third case in 10.0/16 and 10.1/16).
+            let all: Vec<Candidate> = (0..60)
+                .map(|k| known_since(k as u8 + 1, [10, (k / 3) as u8, k as u8, 1], first_seen(k)))
+                .collect();
+            let prepared = Prepared::new(&ME, all.clone(), rules, NOW);
+            let mut rng = StdRng::seed_from_u64(9);
+            for t in &all {
+                let t_block = block_of(&t.d().node_id, t.ip(), rules);
+                let usable: Vec<Candidate> = (all.iter())
+                    .filter(|c| c.d().node_id != t.d().node_id)
+                    .filter(|c| block_of(&c.d().node_id, c.ip(), rules) != t_block)
+                    .cloned()
+                    .collect();
+                let want = guards(&ME, &usable, NOW);
+                let skip = prepared.index.get(&t_block).copied();
+                let got: Vec<NodeId> = (prepared.guards_without(skip).iter())
+                    .map(|i| prepared.cands[*i].d().node_id)
+                    .collect();
+                assert_eq!(got, want);
+                let path = prepared.route(t.d(), t.ip(), 3, &mut rng).unwrap();
+                assert!(want.contains(&path[0].node_id));
+                let cached = choose(&ME, t.d(), t.ip(), all.clone(), 3, rules, NOW, &mut rng);
+                assert!(want.contains(&cached.unwrap()[0].node_id));
+                // The terminal's endpoint unread: it is left out of the middles all the same.
+                let blind = prepared.route(t.d(), None, 3, &mut rng).unwrap();
+                assert!(blind[..2].iter().all(|h| h.node_id != t.d().node_id));
+            }
+        }
     }
 }

@@ -275,7 +275,7 @@ fn known_peers(relay: &Relay) -> HashMap<NodeId, crate::health::Known> {
 /// (`peers.discovery.counters`) and the metrics (`blindrelay_discovery_<name>_total`) name
 /// them: name, help, value. Counts only.
 // structure: table
-pub fn discovery_counters(st: &Stats) -> [(&'static str, &'static str, u64); 12] {
+pub fn discovery_counters(st: &Stats) -> [(&'static str, &'static str, u64); 13] {
     [
         (
             "bytes_sent",
@@ -296,6 +296,12 @@ pub fn discovery_counters(st: &Stats) -> [(&'static str, &'static str, u64); 12]
             "exchanges_failed",
             "Discovery exchanges this node started that got no usable answer.",
             st.exchanges_failed,
+        ),
+        (
+            "exchanges_busy",
+            "Discovery exchanges this node started that the peer answered busy (429), or that \
+             found no room to leave: tried again soon, not counted against the peer.",
+            st.exchanges_busy,
         ),
         ("syncs", "Reconciliations completed.", st.syncs),
         (

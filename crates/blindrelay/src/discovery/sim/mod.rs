@@ -149,6 +149,7 @@ impl Net {
             ip,
             up: true,
             hung: false,
+            busy: false,
             only: None,
         };
         let i = self.nodes.len();

@@ -36,6 +36,8 @@ pub struct Node {
     pub up: bool,
     /// Hung: it accepts and never answers.
     pub hung: bool,
+    /// Busy: it answers every request `429` ([`Failed::Busy`]).
+    pub busy: bool,
     /// If set, the only identities it keeps (a liar's network).
     pub only: Option<Arc<std::collections::HashSet<NodeId>>>,
 }
@@ -328,10 +330,10 @@ impl Shard<'_> {
     }
 
     fn request(&mut self, from: usize, to: usize, xid: u64, msg: &Msg) {
-        let (up, hung) = (self.node(to).up, self.node(to).hung);
-        if !up {
+        let (up, hung, busy) = (self.node(to).up, self.node(to).hung, self.node(to).busy);
+        if !up || busy {
             let d = self.delay();
-            let reply = Err(Failed);
+            let reply = Err(if up { Failed::Busy } else { Failed::Down });
             self.schedule(
                 d,
                 Event::Reply {
@@ -377,7 +379,7 @@ impl Shard<'_> {
                 .filter(|to| !self.shared.crosses(i, *to));
             let d = self.delay();
             let Some(to) = to else {
-                let reply = Err(Failed);
+                let reply = Err(Failed::Down);
                 self.schedule(
                     d,
                     Event::Reply {
