@@ -1,5 +1,6 @@
 //! A node's state dir full or read-only (issue 15), on a small tmpfs this test mounts (and
-//! unmounts, pass or fail) itself. Needs root (for `mount`); fails saying so without it.
+//! unmounts, pass or fail) itself. Needs root (for `mount`): `#[ignore]`d; asked for without
+//! root, it fails saying so.
 
 use crate::common;
 
