@@ -243,11 +243,13 @@ async fn debug_logs_read_as_in_the_design() {
         .unwrap();
     let me = c.local_addr().unwrap();
     let ma = master.addr();
-    // The etmaster-style master's getChallenge gets the relay's own challenge: no session.
+    // The etmaster-style master's getChallenge gets the relay's own challenge: no session. Its
+    // length varies with the challenge's digits (a MAC, 1 to 10 of them): checked below.
+    let response = format!("{ma} <- ET challengeResponse (");
     let want = [
         format!("heartbeat EnemyTerritory-1 -> {ma} ({ma})"),
         format!("{ma} -> ET getChallenge ("),
-        format!("{ma} <- ET challengeResponse (31 B, the relay's challenge)"),
+        response.clone(),
         format!("{ma} -> ET getInfo ("),
         format!("{ma} <- ET infoResponse ("),
         format!("{me} -> ET getstatus (13 B)"),
@@ -261,6 +263,18 @@ async fn debug_logs_read_as_in_the_design() {
             p.log_text()
         );
     }
+    let text = p.log_text();
+    let line = text
+        .lines()
+        .find(|l| l.contains(&response))
+        .unwrap_or_default();
+    let len = line.split_once(&response).map(|(_, rest)| rest);
+    let len = len.and_then(|rest| rest.strip_suffix(" B, the relay's challenge)"));
+    assert!(
+        len.and_then(|n| n.parse::<usize>().ok())
+            .is_some_and(|n| (23..=32).contains(&n)),
+        "{line}"
+    );
     p.signal("-TERM");
     assert!(p.wait_exit().await.success());
     assert!(!p.logged("session +"), "{}", p.log_text());
