@@ -226,7 +226,12 @@ async fn the_status_report_is_pushed_in_the_design_layout_only_when_asked() {
         from1(v) && v.counters()["terminal"].as_u64() == Some(1)
     })
     .await;
-    let s1 = net.status(1).await;
+    // A push is counted once the sink's answer is read, a moment after the sink has the body.
+    let s1 = net
+        .wait_status(1, common::WAIT, "2 reports sent", |s| {
+            counter(s, "report_sent") >= 2
+        })
+        .await;
     assert!(counter(&s1, "report_sent") >= 2, "{s1}");
     assert_eq!(counter(&s1, "report_failed"), 0, "{s1}");
     // Off by default: node 0 never pushed, and counted nothing.

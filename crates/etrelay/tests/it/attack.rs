@@ -112,6 +112,7 @@ struct Row {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_flood_locks_players_out_and_memory_stays_bounded() {
+    let _flood = common::one_flood_at_a_time().await;
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     let relay = Relay::start(et.addr(), &[]).await;
     let to = relay.public;
@@ -260,6 +261,7 @@ async fn no_flood_locks_players_out_and_memory_stays_bounded() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_at_one_server_leaves_another_servers_players_alone() {
+    let _flood = common::one_flood_at_a_time().await;
     let dir = tempfile::tempdir().unwrap();
     let daemon = Daemon::start(&dir.path().join("state"), &ports(2), &[]).await;
     let (a, b) = (
@@ -317,6 +319,7 @@ async fn a_flood_at_one_server_leaves_another_servers_players_alone() {
 #[ignore = "needs openarena-server (apt): the real ioquake3 server"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_qport_sweep_through_the_relay_takes_no_stream_from_openarena() {
+    let _flood = common::one_flood_at_a_time().await;
     OpenArena::require();
     let oa = OpenArena::start(unique_ip(), "secret").expect("start openarena-server");
     let relay = Relay::start(oa.addr(), &["--game", "q3"]).await;
@@ -378,6 +381,7 @@ async fn a_qport_sweep_through_the_relay_takes_no_stream_from_openarena() {
 #[ignore = "needs openarena-server (apt): the real ioquake3 server"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn players_join_openarena_while_an_attacker_asks_for_challenges() {
+    let _flood = common::one_flood_at_a_time().await;
     OpenArena::require();
     let oa = OpenArena::start(unique_ip(), "secret").expect("start openarena-server");
     let relay = Relay::start(oa.addr(), &["--game", "q3"]).await;

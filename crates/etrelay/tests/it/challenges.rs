@@ -107,6 +107,7 @@ async fn a_connect_without_the_relays_challenge_for_its_address_goes_nowhere() {
 /// second, every time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spoofed_getchallenge_flood_costs_the_server_nothing_and_locks_no_one_out() {
+    let _flood = common::one_flood_at_a_time().await;
     let et = FakeEtServer::start(honest_ip(), FakeEtConfig::engine()).unwrap();
     let relay = start(config(et.addr())).await;
     let m = relay.handle.metrics();
@@ -150,6 +151,7 @@ async fn a_spoofed_getchallenge_flood_costs_the_server_nothing_and_locks_no_one_
 /// one IP within seconds would meet the join gate's own per-IP limit, 4 then 1 per 2 s.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_player_whose_address_is_spoofed_still_joins() {
+    let _flood = common::one_flood_at_a_time().await;
     let et = FakeEtServer::start(honest_ip(), FakeEtConfig::engine()).unwrap();
     let relay = start(config(et.addr())).await;
     let ip = honest_ip();
@@ -225,6 +227,7 @@ async fn no_connect_takes_another_players_qport() {
 /// player's stream goes on, and the drop is told once (a WARN a minute at most).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn junk_larger_than_a_clients_datagram_never_reaches_the_server() {
+    let _flood = common::one_flood_at_a_time().await;
     let et = FakeEtServer::start(honest_ip(), FakeEtConfig::engine()).unwrap();
     let relay = SingleRelay::start(et.addr(), honest_ip(), &["--masters", ""]).await;
     let mut p = et_player(relay.public, 300).await;
@@ -339,6 +342,7 @@ fn checksummed(sequence: u32, qport: u16, checksum: u32) -> Vec<u8> {
 #[ignore = "needs openarena-server (apt): the real ioquake3 server"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checksum_proves_a_new_port_and_nothing_else_does() {
+    let _flood = common::one_flood_at_a_time().await;
     OpenArena::require();
     let options = Options::new(honest_ip(), "secret")
         .set("showpackets", "1")
@@ -402,6 +406,7 @@ async fn a_checksum_proves_a_new_port_and_nothing_else_does() {
 #[ignore = "needs openarena-server (apt): the real ioquake3 server"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_players_join_while_proven_players_ask_as_fast_as_they_can() {
+    let _flood = common::one_flood_at_a_time().await;
     OpenArena::require();
     let oa = OpenArena::start(honest_ip(), "secret").expect("start openarena-server");
     let mut cfg = config(oa.addr());

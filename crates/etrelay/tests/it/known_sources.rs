@@ -213,17 +213,20 @@ async fn master_under_flood(style: MasterStyle, sources: Vec<SocketAddr>, label:
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dpmaster_style_master_gets_every_challenge_answered_under_a_flood_from_100_prefixes() {
+    let _flood = common::one_flood_at_a_time().await;
     master_under_flood(MasterStyle::Classic, spoofed(100, 40), "dpmaster-style").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dpmaster_style_master_gets_every_challenge_answered_under_a_flood_from_10_000_prefixes()
 {
+    let _flood = common::one_flood_at_a_time().await;
     master_under_flood(MasterStyle::Classic, spoofed(10_000, 1), "dpmaster-style").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etmaster_style_master_gets_every_challenge_answered_under_a_flood_from_100_prefixes() {
+    let _flood = common::one_flood_at_a_time().await;
     master_under_flood(MasterStyle::EtMaster, spoofed(100, 40), "etmaster-style").await;
 }
 
@@ -243,6 +246,7 @@ fn proven_file(dir: &Path) -> std::path::PathBuf {
 #[ignore = "needs openarena-server (apt): the real ioquake3 server"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_returning_player_joins_openarena_at_once_under_a_spoofed_getchallenge_flood() {
+    let _flood = common::one_flood_at_a_time().await;
     OpenArena::require();
     let oa = OpenArena::start(honest_ip(), "secret").expect("start openarena-server");
     let dir = tempfile::tempdir().unwrap();
@@ -302,6 +306,7 @@ async fn a_returning_player_joins_openarena_at_once_under_a_spoofed_getchallenge
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_server_says_since_when_a_query_flood_goes_on() {
+    let _flood = common::one_flood_at_a_time().await;
     let dir = tempfile::tempdir().unwrap();
     let d = Daemon::start(&dir.path().join("state"), &ports(1), &[]).await;
     let key = new_key();
@@ -420,18 +425,21 @@ async fn master_spoofed(style: MasterStyle, rate: u32) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dpmaster_style_master_checks_the_relay_through_500_spoofed_getinfo_a_second_from_its_address()
  {
+    let _flood = common::one_flood_at_a_time().await;
     master_spoofed(MasterStyle::Classic, 500).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dpmaster_style_master_checks_the_relay_through_5000_spoofed_getinfo_a_second_from_its_address()
  {
+    let _flood = common::one_flood_at_a_time().await;
     master_spoofed(MasterStyle::Classic, 5_000).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_etmaster_style_master_checks_the_relay_through_5000_spoofed_getinfo_a_second_from_its_address()
  {
+    let _flood = common::one_flood_at_a_time().await;
     master_spoofed(MasterStyle::EtMaster, 5_000).await;
 }
 
@@ -441,6 +449,7 @@ async fn an_etmaster_style_master_checks_the_relay_through_5000_spoofed_getinfo_
 #[ignore = "needs openarena-server (apt): the real ioquake3 server"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relay_started_during_a_getchallenge_flood_is_listed_at_its_first_heartbeat() {
+    let _flood = common::one_flood_at_a_time().await;
     OpenArena::require();
     let oa = OpenArena::start(honest_ip(), "secret").expect("start openarena-server");
     let master = FakeMaster::start(honest_ip(), MasterStyle::Classic).unwrap();

@@ -181,6 +181,7 @@ async fn a_full_queue_drops_the_packet() {
 /// send everything after the flood.)
 #[tokio::test]
 async fn a_flooding_client_does_not_starve_the_others() {
+    let _flood = common::one_flood_at_a_time().await;
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     let relay = start(config_server_challenges(et.addr())).await;
     let to = relay.addr;

@@ -66,6 +66,7 @@ async fn per_ip_burst_then_rate() {
 
 #[tokio::test(start_paused = true)]
 async fn a_flood_of_sources_keeps_memory_bounded_and_state_that_protects() {
+    let _flood = common::one_flood_at_a_time().await;
     let et = FakeEtServer::start(unique_ip(), FakeEtConfig::default()).unwrap();
     let mut cfg = wide_config(et.addr());
     // Slow refill: the flood's buckets stay drained for the whole test, the hardest case.

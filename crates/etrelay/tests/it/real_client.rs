@@ -151,6 +151,7 @@ async fn relay_for(oa: &OpenArena) -> Relay {
 #[ignore = "needs openarena, xvfb and openarena-server (apt): the real client and server"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_client_joins_within_two_seconds_during_a_spoofed_getchallenge_flood() {
+    let _flood = common::one_flood_at_a_time().await;
     oa_client::require_installed();
     let oa = OpenArena::start(honest_ip(), "secret").expect("start openarena-server");
     let relay = relay_for(&oa).await;
@@ -197,6 +198,7 @@ async fn a_real_client_joins_within_two_seconds_during_a_spoofed_getchallenge_fl
 #[ignore = "needs openarena, xvfb and openarena-server (apt): the real client and server"]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_client_keeps_its_slot_and_stream_through_takeover_attempts() {
+    let _flood = common::one_flood_at_a_time().await;
     oa_client::require_installed();
     let oa = OpenArena::start(honest_ip(), "secret").expect("start openarena-server");
     let relay = relay_for(&oa).await;

@@ -16,6 +16,16 @@ use etrelay_testkit::{udp, unique_ip};
 use tokio::net::UdpSocket;
 use tokio_util::sync::CancellationToken;
 
+/// Held by every test that floods, or that measures what a flood leaves: the modules of the test
+/// binary share one process and the machine's CPUs, so a flood in one module must not starve
+/// what another measures. One such test at a time; the others run beside it.
+static FLOODS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Waits until no other flooding test of this binary runs; hold the guard for the test's life.
+pub async fn one_flood_at_a_time() -> tokio::sync::MutexGuard<'static, ()> {
+    FLOODS.lock().await
+}
+
 /// Lines a spawned process wrote to stderr so far.
 pub type Log = std::sync::Arc<std::sync::Mutex<Vec<String>>>;
 
