@@ -285,6 +285,16 @@ impl OpenArena {
         wrapper().is_some()
     }
 
+    /// Panics unless [`OpenArena::available`]: a test that needs the real server fails without
+    /// it, never passes (such tests are `#[ignore]`d; `scripts/test` installs the package and
+    /// runs them).
+    pub fn require() {
+        assert!(
+            OpenArena::available(),
+            "openarena-server (Debian package) is needed: run scripts/test, which installs it"
+        );
+    }
+
     /// Starts a server on `ip:27960` with `rconpassword` `rcon_password` and
     /// `sv_hostname etrelay-test` on map `oa_dm1`, and waits (at most ~15 s)
     /// until it answers `getinfo`.

@@ -51,6 +51,15 @@ pub fn available() -> bool {
         .unwrap_or(false)
 }
 
+/// Panics unless [`available`]: a test that needs `quakestat` fails without it, never passes
+/// (such tests are `#[ignore]`d; `scripts/test` installs `qstat` and runs them).
+pub fn require() {
+    assert!(
+        available(),
+        "quakestat (Debian package qstat) is needed: run scripts/test, which installs it"
+    );
+}
+
 /// Runs `quakestat <args>` with a 10 s timeout and returns its stdout.
 ///
 /// The process is killed if the timeout passes (an `io::ErrorKind::TimedOut`

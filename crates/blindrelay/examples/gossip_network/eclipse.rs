@@ -1,4 +1,4 @@
-//! Phase 6, an eclipse with real processes, as `tests/discovery_attacks.rs` builds it: a liar (a
+//! Phase 6, an eclipse with real processes, as `tests/it/discovery_attacks.rs` builds it: a liar (a
 //! node of its own network, no `--peer`), Sybils whose only `--peer` is the liar, and a
 //! victim whose only `--peer` is the liar; then the victim started again with a seed list
 //! (`blindrelay seeds`) signed by an honest node, its `--peer` still the liar.

@@ -23,7 +23,7 @@
 //!
 //! Before, a passive checkpoint alone never caught up with a burst: SQLite starts the journal
 //! over only when it was wholly copied with no change in between, so it grew as long as the
-//! burst lasted (209 MiB for 65 536 bans through the API in 58 s, `tests/ban_burst.rs`).
+//! burst lasted (209 MiB for 65 536 bans through the API in 58 s, `tests/it/ban_burst.rs`).
 //!
 //! **Bound.** While checkpoints succeed, the journal passes [`CHECKPOINT_BYTES`] only by the
 //! changes committed during a checkpoint's first step, and a change that finds it at
