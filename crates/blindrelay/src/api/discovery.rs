@@ -22,9 +22,22 @@ use crate::pipeline::ingress::body_deadline;
 use crate::reason::Reason;
 use crate::relay::Relay;
 
-/// The message answered.
+/// The message answered; a refusal counted (`discovery_refused`).
 pub(super) async fn exchange(
     State(relay): State<Arc<Relay>>,
+    peer: Option<Extension<ConnectInfo<SocketAddr>>>,
+    link: Option<Extension<LinkPeer>>,
+    req: Request,
+) -> Result<Response, ApiError> {
+    let answered = answer(&relay, peer, link, req).await;
+    if answered.is_err() {
+        relay.ctx().counters.discovery_refused.inc();
+    }
+    answered
+}
+
+async fn answer(
+    relay: &Arc<Relay>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
     link: Option<Extension<LinkPeer>>,
     req: Request,
