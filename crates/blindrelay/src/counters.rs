@@ -161,7 +161,7 @@ guard::counter_set! {
             gossip_bytes_received: Counter,
             /// Discovery requests (`POST /v1/discovery`) refused: the source over its cheap budget
             /// or crypto share, no crypto slot, a body too large or too slow, or not a message.
-            discovery_refused: Counter,
+            discovery_requests_refused: Counter,
             /// Status reports pushed to `--report-url` (answered 2xx).
             report_sent: Counter,
             /// Status reports that failed (timeout, no connection, not 2xx); not retried

@@ -22,7 +22,7 @@ use crate::pipeline::ingress::body_deadline;
 use crate::reason::Reason;
 use crate::relay::Relay;
 
-/// The message answered; a refusal counted (`discovery_refused`).
+/// The message answered; a refusal counted (`discovery_requests_refused`).
 pub(super) async fn exchange(
     State(relay): State<Arc<Relay>>,
     peer: Option<Extension<ConnectInfo<SocketAddr>>>,
@@ -31,7 +31,7 @@ pub(super) async fn exchange(
 ) -> Result<Response, ApiError> {
     let answered = answer(&relay, peer, link, req).await;
     if answered.is_err() {
-        relay.ctx().counters.discovery_refused.inc();
+        relay.ctx().counters.discovery_requests_refused.inc();
     }
     answered
 }

@@ -152,7 +152,7 @@ async fn strangers_introduce_a_bounded_number_per_block() {
     assert_eq!(known(&s), Some(1 + 2 * burst), "{s}");
     let peers = s.runtime()["peers"]["known"].clone();
     // Junk is refused with a JSON error, counted, and changes nothing.
-    assert_eq!(common::counter(&s, "discovery_refused"), 0, "{s}");
+    assert_eq!(common::counter(&s, "discovery_requests_refused"), 0, "{s}");
     let resp = http()
         .post(&url)
         .body("not a discovery message")
@@ -164,7 +164,7 @@ async fn strangers_introduce_a_bounded_number_per_block() {
     assert_eq!(body["error"], "malformed_envelope", "{body}");
     let s = net.status(0).await;
     assert_eq!(s.runtime()["peers"]["known"], peers);
-    assert_eq!(common::counter(&s, "discovery_refused"), 1, "{s}");
+    assert_eq!(common::counter(&s, "discovery_requests_refused"), 1, "{s}");
 }
 
 /// Identities whose endpoints answer nothing, introduced by strangers, are probed, never taken
