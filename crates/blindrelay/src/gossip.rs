@@ -125,16 +125,17 @@ async fn post(
     Ok(out)
 }
 
-/// Drives discovery until `cancel` (nothing when `interval` is zero): waits for the `--peer`s'
-/// descriptors (at most [`crate::peers::READY_WAIT`]), then polls the machine every [`TICK`]
-/// and whenever woken, and sends what it asks for.
+/// Drives discovery until `cancel` (nothing when `interval` is zero): waits until every
+/// `--peer` and seed was fetched once, answered or failed (at most
+/// [`crate::peers::READY_WAIT`]; one that answers later is reconciled with then), then polls
+/// the machine every [`TICK`] and whenever woken, and sends what it asks for.
 pub async fn run(ctx: Arc<Context>, interval: Duration, cancel: CancellationToken) {
     if interval.is_zero() {
         return;
     }
     tokio::select! {
         () = cancel.cancelled() => return,
-        _ = ctx.peers.fetched(crate::peers::READY_WAIT) => {}
+        _ = ctx.peers.tried(crate::peers::READY_WAIT) => {}
     }
     let slots = Arc::new(Semaphore::new(MAX_EXCHANGES));
     let timeout = ctx.peers.lock().exchange_timeout();

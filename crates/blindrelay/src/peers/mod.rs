@@ -131,6 +131,8 @@ pub struct Peers {
     generation: AtomicU64,
     /// Set once a fetch round got every `--peer`'s descriptor; waiters woken then.
     fetched: AtomicBool,
+    /// Set once the first fetch round is over (each `--peer` answered or failed).
+    tried: AtomicBool,
     fetched_notify: Notify,
     /// Wakes discovery's driver (something to send).
     wake: Notify,
@@ -167,6 +169,7 @@ impl Peers {
             disc: Mutex::new(Discovery::new(self_id, cfg, rand::random())),
             generation: AtomicU64::new(0),
             fetched: AtomicBool::new(false),
+            tried: AtomicBool::new(false),
             fetched_notify: Notify::new(),
             wake: Notify::new(),
             endpoint_ips: Mutex::new((u64::MAX, None, Arc::default())),
@@ -337,16 +340,26 @@ impl Peers {
     /// Waits until a fetch round got every `--peer`'s descriptor, at most `within`; true if it
     /// did.
     pub async fn fetched(&self, within: Duration) -> bool {
+        self.wait_for(&self.fetched, within).await
+    }
+
+    /// Waits until the first fetch round is over, each `--peer` answered or failed (a dead
+    /// seed does not hold discovery back), at most `within`; true if it is.
+    pub async fn tried(&self, within: Duration) -> bool {
+        self.wait_for(&self.tried, within).await
+    }
+
+    async fn wait_for(&self, flag: &AtomicBool, within: Duration) -> bool {
         let deadline = crate::clock::now() + within;
         loop {
             let woken = self.fetched_notify.notified();
             tokio::pin!(woken);
             woken.as_mut().enable();
-            if self.fetched.load(Ordering::Acquire) {
+            if flag.load(Ordering::Acquire) {
                 return true;
             }
             if tokio::time::timeout_at(deadline, woken).await.is_err() {
-                return self.fetched.load(Ordering::Acquire);
+                return flag.load(Ordering::Acquire);
             }
         }
     }

@@ -91,11 +91,9 @@ fn private_endpoints_only_when_allowed() {
     assert_eq!(strict.descriptor(&d.node_id, T0), Err(PeerError::Endpoint));
 }
 
-#[tokio::test(start_paused = true)]
-async fn ready_waits_for_the_first_complete_fetch_round_bounded() {
-    let peers = Arc::new(Peers::new(vec![], true, Clock::starting_at(T0), [0; 32]));
-    assert!(!peers.fetched(Duration::from_secs(1)).await, "bounded");
-    let links = Links::new(
+/// Links with no identity of their own: enough to fetch (or fail to).
+fn links() -> Links {
+    Links::new(
         None,
         Arc::default(),
         crate::links::LinkLimits {
@@ -103,7 +101,38 @@ async fn ready_waits_for_the_first_complete_fetch_round_bounded() {
             clients: 1,
         },
         None,
-    );
+    )
+}
+
+#[tokio::test]
+async fn a_dead_peer_ends_the_first_round_without_holding_discovery_back() {
+    // A loopback port nothing listens on any more.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let spec = PeerSpec::parse(&format!("https://127.0.0.1:{port}")).unwrap();
+    let peers = Arc::new(Peers::new(
+        vec![spec],
+        true,
+        Clock::starting_at(T0),
+        [0; 32],
+    ));
+    let links = links();
+    let cancel = CancellationToken::new();
+    let run = tokio::spawn(Arc::clone(&peers).run(links, cancel.clone()));
+    assert!(peers.tried(READY_WAIT).await, "the refusal ends the round");
+    assert!(!peers.is_fetched(), "not every --peer answered");
+    cancel.cancel();
+    run.await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn ready_waits_for_the_first_complete_fetch_round_bounded() {
+    let peers = Arc::new(Peers::new(vec![], true, Clock::starting_at(T0), [0; 32]));
+    assert!(!peers.fetched(Duration::from_secs(1)).await, "bounded");
+    let links = links();
     let cancel = CancellationToken::new();
     let run = tokio::spawn(Arc::clone(&peers).run(links, cancel.clone()));
     assert!(

@@ -166,7 +166,9 @@ impl Peers {
         let mut announced = false;
         loop {
             let complete = self.refresh(&http).await;
-            if complete && !self.fetched.swap(true, Ordering::AcqRel) {
+            let first = !self.tried.swap(true, Ordering::AcqRel);
+            let fetched = complete && !self.fetched.swap(true, Ordering::AcqRel);
+            if first || fetched {
                 self.fetched_notify.notify_waiters();
             }
             let n = self.urls().len();
