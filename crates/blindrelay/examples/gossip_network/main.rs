@@ -27,9 +27,12 @@
 //!    the time until it routes to every live honest node, and until it says `ok`.
 //!
 //! Last, every node stopped, the simulator at the same size (`examples/simulate --nodes N
-//! --interval S --after S`, the binary beside this one or `SIMULATE_BIN`; `--sim 0` skips it):
-//! its lines, then its figures beside this run's (convergence, a newcomer's sync and bytes,
-//! steady bytes, sends after 30 % died, the seed list's rescue) with the margin each is held to.
+//! --interval S --after S --cpu-us U`, the binary beside this one or `SIMULATE_BIN`; `--sim 0`
+//! skips it): its lines, then its figures beside this run's (convergence and the exchanges
+//! until then, a newcomer's sync and bytes, steady bytes, sends after 30 % died, the seed
+//! list's rescue) with the margin each is held to. `U` is the one figure the simulator takes
+//! from this run: the nodes' CPU time per exchange while the network formed, so that it runs
+//! every node on one machine of this one's cores, as this run does (`discovery::sim::Cpu`).
 //!
 //! `scripts/bench-network [--nodes N] [--gossip S] [--after S] [--sim 0|1]` (150, 2, 60, 1);
 //! `--converge-only 1` stops after phase 1. `BLINDRELAY_BIN=target/debug/blindrelay
@@ -81,8 +84,11 @@ impl Flags {
 /// This run's figures that the simulator also gives (`None`: not measured).
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Figures {
-    /// Convergence from the first start, seconds.
+    /// Convergence from the first start, seconds: the last node, and the median node.
     pub(crate) converge: Option<f64>,
+    pub(crate) converge_median: Option<f64>,
+    /// Until then: exchanges per node (mean), and the nodes' CPU time per exchange, µs.
+    pub(crate) work: Option<(f64, f64)>,
     /// A newcomer's time until it holds every node (median of the newcomers), seconds.
     pub(crate) sync: Option<f64>,
     /// Its bytes received and sent until then, and its exchanges (medians).

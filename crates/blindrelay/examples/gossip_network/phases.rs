@@ -143,6 +143,12 @@ pub(crate) async fn converge(net: &mut Net, f: Flags, got: &mut Figures) -> Resu
     };
     let cpu = net.cpu_secs();
     got.converge = Some(secs(took));
+    got.converge_median = Some(median(
+        formed.iter().flatten().map(|(t, _)| secs(*t)).collect(),
+    ));
+    let at: Vec<&Value> = formed.iter().flatten().map(|(_, s)| s).collect();
+    let exchanges = means(&at)[0];
+    got.work = Some((exchanges, cpu * 1e6 / (exchanges * n as f64).max(1.0)));
     let start = Start {
         made,
         spawned,

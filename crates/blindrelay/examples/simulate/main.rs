@@ -4,7 +4,8 @@
 //!
 //! 1. convergence: every node started at once with one bootstrap peer (a node before it, at
 //!    random): the virtual time until every node holds and reached every other;
-//! 2. a newcomer with one bootstrap peer: the time and bytes until it holds the whole network;
+//! 2. a newcomer with one bootstrap peer: the time, bytes and exchanges until it holds the
+//!    whole network, and until it routes to every node (reached each);
 //! 3. its descriptor: the time until 99 % (and 100 %) of the nodes hold it;
 //! 4. steady state: bytes sent and received per node per second over `--steady` seconds (600
 //!    by default; every node's first descriptor is dated back by up to half its life, so the
@@ -12,24 +13,29 @@
 //! 5. memory: the process's resident size over the nodes;
 //! 6. Sybils: 500 identities in 250 /16s join; the share of three-hop routes honest nodes
 //!    choose whose every middle is theirs, on each day of their first week;
-//! 7. eclipse: a node whose only bootstrap peer serves only its own 20 Sybils; what it knows,
-//!    what it says, then the time until a seed brings it the honest network;
-//! 8. 30 % of the nodes killed at once: after `--after` seconds, the share of 1 000 sends over
+//! 7. 30 % of the nodes killed at once: after `--after` seconds, the share of 1 000 sends over
 //!    three hops delivered (route choice by `blindrelay::send::path::choose`, at most
-//!    `blindrelay::send::MAX_ROUTES` routes, a failed hop avoided as the daemon avoids it).
+//!    `blindrelay::send::MAX_ROUTES` routes, a failed hop avoided as the daemon avoids it);
+//! 8. eclipse: a node whose only bootstrap peer serves only its own 20 Sybils; what it knows,
+//!    what it says, then the time until a seed list (a third of it dead, as after step 7)
+//!    brings it the honest network, and until it routes to every live honest node.
 //!
 //! `cargo run --release -p blindrelay --example simulate -- [--nodes N] [--interval S]
 //! [--steady S] [--after S] [--seed K]` (`scripts/bench-simulate`). No network, no file: one
-//! process.
+//! process. `--sybils 0` skips step 6. `--cpu-us U [--cores C]`: every node on one machine of `C` cores (this one's by
+//! default), an exchange `U` µs of work (`discovery::sim::Cpu`), as in `scripts/bench-network`.
 
 mod attacks;
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-use blindrelay::discovery::sim::{Net, SimConfig};
+use blindrelay::discovery::sim::{Cpu, Net, SimConfig};
 
 const T0: u64 = 1_800_000_000;
+
+#[global_allocator]
+static ALLOC: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
@@ -51,13 +57,6 @@ fn ip(i: usize) -> IpAddr {
 /// The machine's threads: the simulator's shards by default.
 fn threads() -> u64 {
     std::thread::available_parallelism().map_or(1, |n| n.get() as u64)
-}
-
-fn holds_all(net: &Net, n: usize) -> bool {
-    (0..n).all(|i| {
-        let v = net.nodes[i].disc.view();
-        v.len() >= n - 1 && v.waiting() == 0
-    })
 }
 
 fn rss_kib(field: &str) -> u64 {
@@ -98,13 +97,24 @@ fn main() {
         interval,
         shards: arg("--shards", threads()) as usize,
         stagger: true,
+        cpu: (arg("--cpu-us", 0) > 0).then(|| Cpu {
+            cores: arg("--cores", threads()) as usize,
+            per_exchange: Duration::from_micros(arg("--cpu-us", 0)),
+        }),
         ..SimConfig::default()
     };
     let mut net = Net::new(cfg, Instant::now(), T0);
     net.grow(n, ip);
+    let machine = cfg.cpu.map_or(String::new(), |c| {
+        format!(
+            "; one machine for all: {} cores, {} µs per exchange",
+            c.cores,
+            c.per_exchange.as_micros()
+        )
+    });
     println!(
-        "simulate: {n} nodes, interval {interval:?}, {} shards",
-        cfg.shards
+        "simulate: {n} nodes, interval {interval:?}, {} shards{machine}",
+        if cfg.cpu.is_some() { 1 } else { cfg.shards }
     );
     converge(&mut net, n, arg("--progress", 0) > 0, wall);
     if arg("--converge-only", 0) > 0 {
@@ -139,12 +149,14 @@ fn main() {
         println!("   ({name}: {:.0} s wall)", (now - at).as_secs_f64());
         at = now;
     };
-    attacks::sybils(&mut net, n, interval);
-    lap("Sybils");
-    attacks::eclipse(&mut net, n, interval);
-    lap("eclipse");
+    if arg("--sybils", 1) > 0 {
+        attacks::sybils(&mut net, n, interval);
+        lap("Sybils");
+    }
     attacks::deaths(&mut net, n, Duration::from_secs(arg("--after", 60)));
     lap("deaths");
+    attacks::eclipse(&mut net, n, interval);
+    lap("eclipse");
     println!("wall time {:.0} s", wall.elapsed().as_secs_f64());
 }
 
@@ -177,6 +189,8 @@ fn memory(net: &Net) -> String {
 /// 1. Every node started at once with one bootstrap peer: until all hold and reached all.
 fn converge(net: &mut Net, n: usize, progress: bool, wall: Instant) {
     let mut last = 0;
+    // When each node first held and reached every other (virtual seconds).
+    let mut done: Vec<Option<u64>> = vec![None; n];
     let converged = net.run_until(Duration::from_secs(3600), |net| {
         let t = net.elapsed().as_secs();
         if progress && t >= last + 30 {
@@ -190,8 +204,16 @@ fn converge(net: &mut Net, n: usize, progress: bool, wall: Instant) {
                 memory(net)
             );
         }
-        holds_all(net, n)
+        for (i, at) in done.iter_mut().enumerate().filter(|(_, at)| at.is_none()) {
+            let v = net.nodes[i].disc.view();
+            if v.len() >= n - 1 && v.waiting() == 0 {
+                *at = Some(t);
+            }
+        }
+        done.iter().all(Option::is_some)
     });
+    let mut times: Vec<u64> = done.iter().flatten().copied().collect();
+    times.sort_unstable();
     println!(
         "1. convergence from one bootstrap peer each: {} after {:.0} s virtual ({:.0} s wall, {} events)",
         if converged {
@@ -203,42 +225,80 @@ fn converge(net: &mut Net, n: usize, progress: bool, wall: Instant) {
         wall.elapsed().as_secs_f64(),
         net.events
     );
+    if let Some(m) = times.get(times.len() / 2) {
+        println!("   the median node held and reached every other after {m} s");
+    }
+    let sum = |f: fn(&blindrelay::discovery::Stats) -> u64| {
+        net.nodes.iter().map(|x| f(&x.disc.stats())).sum::<u64>() as f64 / n.max(1) as f64
+    };
+    println!(
+        "   until then, per node: {:.0} exchanges ({:.0} failed, {:.0} busy), {:.1} reconciliations, {:.0} pushes",
+        sum(|s| s.exchanges),
+        sum(|s| s.exchanges_failed),
+        sum(|s| s.exchanges_busy),
+        sum(|s| s.syncs),
+        sum(|s| s.pushes)
+    );
 }
 
-/// 2. and 3. A newcomer with one bootstrap peer: its sync, then its descriptor's spread.
+/// Steps 2 and 3, watched together: a newcomer with one bootstrap peer, its sync (until it
+/// holds every node, then until it routes to every one), and its descriptor's spread.
 fn newcomer(net: &mut Net, n: usize) {
     let t = net.elapsed();
     let boot = net.random_below(n);
     let newcomer = net.add(ip(n), &[boot]);
-    let synced = net.run_until(t + Duration::from_secs(600), |net| {
-        net.nodes[newcomer].disc.view().len() >= n
-    });
-    let st = net.nodes[newcomer].disc.stats();
-    println!(
-        "2. newcomer: holds all {n} after {:.1} s ({}), {} KiB received, {} KiB sent, {} exchanges",
-        (net.elapsed() - t).as_secs_f64(),
-        if synced { "synced" } else { "NOT synced" },
-        st.bytes_received / 1024,
-        st.bytes_sent / 1024,
-        st.exchanges
-    );
     let id = net.nodes[newcomer].id();
-    let holders = |net: &Net| {
-        (0..n)
+    // When each first held: (time, the newcomer's counters then).
+    let (mut held, mut routes) = (None, None);
+    let (mut t99, mut t100) = (None, None);
+    net.run_until(t + Duration::from_secs(900), |net| {
+        let at = net.elapsed() - t;
+        let d = &net.nodes[newcomer].disc;
+        let v = d.view();
+        if held.is_none() && v.len() >= n {
+            held = Some((at, d.stats()));
+        }
+        if routes.is_none() && v.len() >= n && v.waiting() == 0 {
+            routes = Some((at, d.stats()));
+        }
+        let holders = (0..n)
             .filter(|i| net.nodes[*i].disc.view().get(&id).is_some())
-            .count()
-    };
-    let r99 = net.run_until(t + Duration::from_secs(900), |net| {
-        holders(net) * 100 >= n * 99
+            .count();
+        if t99.is_none() && holders * 100 >= n * 99 {
+            t99 = Some(at);
+        }
+        if t100.is_none() && holders == n {
+            t100 = Some(at);
+        }
+        held.is_some() && routes.is_some() && t100.is_some()
     });
-    let t99 = net.elapsed() - t;
-    let r100 = net.run_until(t + Duration::from_secs(900), |net| holders(net) == n);
+    let line = |what: &str, x: Option<(Duration, blindrelay::discovery::Stats)>| {
+        x.map_or(format!("{what} NOT within 900 s"), |(at, st)| {
+            format!(
+                "{what} after {:.1} s ({}), {} KiB received, {} KiB sent, {} exchanges",
+                at.as_secs_f64(),
+                if what.starts_with("holds") {
+                    "synced"
+                } else {
+                    "reached"
+                },
+                st.bytes_received / 1024,
+                st.bytes_sent / 1024,
+                st.exchanges
+            )
+        })
+    };
+    println!("2. newcomer: {}", line(&format!("holds all {n}"), held));
+    println!("   {}", line("routes to every one", routes));
+    let secs = |x: Option<Duration>| {
+        x.map_or("NOT within 900 s".to_string(), |d| {
+            format!("{:.1} s", d.as_secs_f64())
+        })
+    };
     println!(
-        "3. its descriptor: 99 % of nodes after {:.1} s{}, 100 % after {:.1} s{}",
-        t99.as_secs_f64(),
-        if r99 { "" } else { " (NOT reached)" },
-        (net.elapsed() - t).as_secs_f64(),
-        if r100 { "" } else { " (NOT reached)" }
+        "3. its descriptor: 99 % of nodes after {}, 100 % after {}",
+        secs(t99),
+        secs(t100)
     );
 }
 

@@ -302,3 +302,34 @@ fn a_busy_peer_is_asked_again_soon_and_not_counted_as_failing() {
         net.nodes[newcomer].disc.stats()
     );
 }
+
+#[test]
+fn on_one_shared_machine_the_network_forms_no_faster_than_its_cores_do_the_work() {
+    let n = 24;
+    let all: Vec<usize> = (0..n).collect();
+    let formed = |cpu| {
+        let mut net = network(
+            n,
+            SimConfig {
+                cpu,
+                ..sim(10, 3600)
+            },
+        );
+        assert!(net.run_until(Duration::from_secs(300), |net| knows_all(net, &all)));
+        let exchanges: u64 = net.nodes.iter().map(|x| x.disc.stats().exchanges).sum();
+        (net.elapsed(), exchanges)
+    };
+    let (free, _) = formed(None);
+    let per_exchange = Duration::from_millis(4);
+    let (shared, exchanges) = formed(Some(sim::Cpu {
+        cores: 1,
+        per_exchange,
+    }));
+    // One core did every exchange's work (but those still queued at the end) by then.
+    let work = per_exchange * u32::try_from(exchanges).unwrap_or(u32::MAX);
+    assert!(shared > free, "{shared:?} against {free:?}");
+    assert!(
+        shared.as_secs_f64() >= 0.8 * work.as_secs_f64(),
+        "{shared:?} for {work:?} of work"
+    );
+}

@@ -1,8 +1,10 @@
 //! A simulated network for the discovery machine: many [`Discovery`] machines, the functions
 //! the daemon drives, over in-memory links with latency, jitter and loss, on a virtual clock.
-//! A run is a function of its seed and its number of shards: the nodes are split into
-//! [`SimConfig::shards`] shards, each run by a thread with its own event queue, in windows of
-//! the link's least latency (`shard`).
+//! The nodes are split into [`SimConfig::shards`] shards, each run by a thread with its own
+//! event queue, in windows of the link's least latency (`shard`); within a window each shard
+//! runs its nodes one after the other, each node's events in time order. A run follows its
+//! seed but for the order of hash-map iteration (hashers are seeded at random per process):
+//! two runs differ in a few events in ten thousand.
 //!
 //! What is simulated is only what is between the machines: a request reaches its node after
 //! the link's latency (or is lost), a dead node's port refuses at once, a hung node never
@@ -10,7 +12,9 @@
 //! batch function as the daemon's, once per distinct descriptor (every node would reach the
 //! same verdict: the check is a pure function of the descriptor and the time). A node's
 //! `--peer` is modelled as the daemon's fetch of the peer's descriptor from its URL: it
-//! succeeds when that node is up.
+//! succeeds when that node is up. Each node has a machine of its own, whose work takes no
+//! time, unless [`SimConfig::cpu`] puts every node on one machine of a few cores ([`Cpu`]):
+//! the real-process benchmark's case (`scripts/bench-network`).
 //!
 //! Used by the discovery tests and by `examples/simulate` (10 000 nodes).
 
@@ -39,7 +43,8 @@ pub struct SimConfig {
     pub jitter: Duration,
     /// Share of messages lost (each way).
     pub loss: f64,
-    /// Every node is polled at least this often.
+    /// Every node is polled at least this often (and after each request it answered and each
+    /// answer it got, as the daemon's driver is woken).
     pub tick: Duration,
     /// The discovery interval (`--gossip-interval`).
     pub interval: Duration,
@@ -50,8 +55,23 @@ pub struct SimConfig {
     /// A node's first descriptor dated back by up to half its life, at random, so that the
     /// network's reissues are spread over time as in a network whose nodes started apart.
     pub stagger: bool,
-    /// Threads the nodes are split over (1: one queue; more need a latency above zero).
+    /// Threads the nodes are split over (1: one queue; more need a latency above zero and
+    /// no shared [`Cpu`]).
     pub shards: usize,
+    /// If set, one machine all the nodes share (see [`Cpu`]); none: each node its own.
+    pub cpu: Option<Cpu>,
+}
+
+/// One machine all the nodes run on, as in the real-process benchmark (every node a process
+/// of one host): an exchange takes `per_exchange` of one of `cores` cores at the node asked,
+/// in the order requests arrive, before its answer leaves. A node refused at once (down,
+/// busy) costs nothing.
+#[derive(Debug, Clone, Copy)]
+pub struct Cpu {
+    /// The machine's cores.
+    pub cores: usize,
+    /// The work of one exchange, both ends and the links' handshakes included.
+    pub per_exchange: Duration,
 }
 
 impl Default for SimConfig {
@@ -60,12 +80,13 @@ impl Default for SimConfig {
             latency: Duration::from_millis(40),
             jitter: Duration::from_millis(20),
             loss: 0.0,
-            tick: Duration::from_secs(1),
+            tick: crate::gossip::TICK,
             interval: Duration::from_secs(60),
             lifetime: crate::proto::descriptor::DESCRIPTOR_TTL,
             seed: 1,
             shards: 1,
             stagger: false,
+            cpu: None,
         }
     }
 }
@@ -85,6 +106,8 @@ pub struct Net {
     rng: StdRng,
     /// Events handled.
     pub events: u64,
+    /// With a shared [`Cpu`]: when each core is free next (microseconds).
+    cores: Vec<u64>,
 }
 
 impl Net {
@@ -107,6 +130,7 @@ impl Net {
             micros: 0,
             rng: StdRng::seed_from_u64(cfg.seed),
             events: 0,
+            cores: vec![0; cfg.cpu.map_or(0, |c| c.cores.max(1))],
         }
     }
 
@@ -230,7 +254,10 @@ impl Net {
     pub fn run_until(&mut self, until: Duration, mut done: impl FnMut(&Net) -> bool) -> bool {
         let end = until.as_micros() as u64;
         self.distribute();
-        let lookahead = self.shared.cfg.latency.as_micros().max(1) as u64;
+        let lookahead = self.shared.cfg.latency.as_micros() as u64;
+        // Windows of the least latency: the shards run them apart, each node by node (but
+        // for a shared machine, whose cores serve requests in the order they come).
+        let by_node = lookahead > 0 && self.shared.cfg.cpu.is_none();
         let mut next_check = self.micros;
         while let Some(t) = self.queues.iter_mut().filter_map(Queue::next_at).min() {
             if t > end {
@@ -244,10 +271,10 @@ impl Net {
                 }
             }
             let mut window_end = (end + 1).min(next_check);
-            if self.queues.len() > 1 {
+            if by_node {
                 window_end = window_end.min(t + lookahead);
             }
-            self.window(window_end);
+            self.window(window_end, by_node);
         }
         self.micros = self.micros.max(end);
         done(self)
@@ -255,15 +282,17 @@ impl Net {
 
     /// Every event before `end`, each shard on its own thread; then what crossed between
     /// shards handed over.
-    fn window(&mut self, end: u64) {
+    fn window(&mut self, end: u64, by_node: bool) {
         let Net {
             nodes,
             shared,
             queues,
             bounds,
             micros,
+            cores,
             ..
         } = self;
+        let mut cores = Some(cores);
         let mut shards = Vec::with_capacity(queues.len());
         let mut rest: &mut [Node] = nodes;
         for (k, queue) in queues.iter_mut().enumerate() {
@@ -279,14 +308,16 @@ impl Net {
                 signed: Vec::new(),
                 micros: *micros,
                 events: 0,
+                // One shard with a shared machine (`distribute`).
+                cores: cores.take(),
             });
         }
         if let Some((first, others)) = shards.split_first_mut() {
             std::thread::scope(|scope| {
                 for shard in others {
-                    scope.spawn(move || shard.run(end));
+                    scope.spawn(move || shard.run(end, by_node));
                 }
-                first.run(end);
+                first.run(end, by_node);
             });
         }
         let mut crossed = Vec::new();
@@ -318,7 +349,7 @@ impl Net {
         }
         events.sort_by_key(|(t, _)| *t);
         let k = self.shared.cfg.shards.clamp(1, self.nodes.len().max(1));
-        let k = if self.shared.cfg.latency.is_zero() {
+        let k = if self.shared.cfg.latency.is_zero() || self.shared.cfg.cpu.is_some() {
             1
         } else {
             k

@@ -138,6 +138,8 @@ pub(super) struct Queue {
     events_at: Vec<Option<Event>>,
     free: Vec<u32>,
     seq: u64,
+    /// A window's events, taken out to be run node by node (kept for its room).
+    batch: Vec<(u64, Event)>,
     pub(super) rng: StdRng,
 }
 
@@ -152,6 +154,7 @@ impl Queue {
             events_at: Vec::new(),
             free: Vec::new(),
             seq: 0,
+            batch: Vec::new(),
             rng: StdRng::seed_from_u64(seed),
         }
     }
@@ -249,15 +252,29 @@ pub(super) struct Shard<'a> {
     pub(super) signed: Vec<Arc<Signed>>,
     pub(super) micros: u64,
     pub(super) events: u64,
+    /// The shared machine's cores (when each is free next), if one is simulated.
+    pub(super) cores: Option<&'a mut Vec<u64>>,
 }
 
 impl Shard<'_> {
-    /// Runs every event before `end`.
-    pub(super) fn run(&mut self, end: u64) {
-        while let Some((t, event)) = self.queue.pop_before(end) {
+    /// Runs every event before `end`. With `by_node`, node by node, each node's in time
+    /// order: within a window no shorter than the link's least latency, an event creates none
+    /// before the window's end and changes no other node, so the order across nodes is free,
+    /// and a node's state is then loaded once per window rather than once per event (at
+    /// 10 000 nodes, memory stalls are most of the time).
+    pub(super) fn run(&mut self, end: u64, by_node: bool) {
+        let mut batch = std::mem::take(&mut self.queue.batch);
+        while let Some(e) = self.queue.pop_before(end) {
+            batch.push(e);
+        }
+        if by_node {
+            batch.sort_by_key(|(_, e)| e.node());
+        }
+        for (t, event) in batch.drain(..) {
             self.micros = t;
             self.handle(event);
         }
+        self.queue.batch = batch;
     }
 
     fn node(&mut self, i: usize) -> &mut Node {
@@ -290,6 +307,20 @@ impl Shard<'_> {
             } else {
                 0
             }
+    }
+
+    /// With a shared machine: the time from now until an exchange asked now is done (waiting
+    /// for the core free first, then its work); none without.
+    fn work(&mut self) -> u64 {
+        let (Some(cpu), Some(cores)) = (self.shared.cfg.cpu, self.cores.as_deref_mut()) else {
+            return 0;
+        };
+        let Some(core) = cores.iter_mut().min() else {
+            return 0;
+        };
+        let start = (*core).max(self.micros);
+        *core = start + cpu.per_exchange.as_micros() as u64;
+        *core - self.micros
     }
 
     fn lost(&mut self) -> bool {
@@ -351,10 +382,10 @@ impl Shard<'_> {
         let now = self.now();
         let (id, ip) = self.shared.ids[from];
         let caller = Caller { id: Some(id), ip };
-        // Answering starts nothing: what it learned is probed at the node's next poll.
         let reply = self.node(to).disc.on_request(caller, msg, checked, now);
+        let work = self.work();
         if !self.lost() {
-            let d = self.delay();
+            let d = self.delay() + work;
             let reply = Ok(Box::new(reply));
             self.schedule(
                 d,
@@ -365,6 +396,8 @@ impl Shard<'_> {
                 },
             );
         }
+        // The daemon's driver is woken by every request served (`api::discovery`).
+        self.drain(to);
     }
 
     /// Node `i`'s requests out, each to its node after the link's latency.
