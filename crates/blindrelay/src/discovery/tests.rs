@@ -333,3 +333,47 @@ fn on_one_shared_machine_the_network_forms_no_faster_than_its_cores_do_the_work(
         "{shared:?} for {work:?} of work"
     );
 }
+
+/// Identity `i`'s descriptor, its endpoint in a /16 of its own.
+fn signed(i: u8) -> Arc<Signed> {
+    let key = ed25519_dalek::SigningKey::from_bytes(&[i; 32]);
+    let endpoint = format!("https://10.{i}.0.1:7001");
+    Arc::new(Signed::trusted(Descriptor::sign(
+        &key, [i; 32], endpoint, T0, 3600,
+    )))
+}
+
+#[test]
+fn a_failed_hello_is_tried_again_within_seconds_unless_a_stranger_brought_only_itself() {
+    let x = signed(200);
+    let probe = |d: &mut Discovery, now: Now| {
+        d.poll(now)
+            .into_iter()
+            .find(|o| o.to.d.node_id == x.d.node_id)
+    };
+    for (stranger, soon) in [(false, true), (true, false)] {
+        // A node that formed: 20 peers the operator gave it, all reached.
+        let now = Now {
+            at: crate::clock::now().into_std(),
+            unix: T0,
+        };
+        let mut d = Discovery::new([0xee; 32], Config::for_interval(Duration::from_secs(60)), 1);
+        let peers: Vec<Arc<Signed>> = (1..=20).map(signed).collect();
+        for p in &peers {
+            d.operator(Arc::clone(p), now);
+        }
+        let origin = if stranger {
+            Source::Stranger(7)
+        } else {
+            Source::Peer(peers[0].d.node_id)
+        };
+        assert!(d.learn(Arc::clone(&x), origin, now).is_ok());
+        let first = probe(&mut d, now).expect("probed at once");
+        d.on_reply(first.xid, Err(Failed::Down), Vec::new(), now);
+        let later = Now {
+            at: now.at + Duration::from_millis(3_100),
+            unix: T0 + 3,
+        };
+        assert_eq!(probe(&mut d, later).is_some(), soon, "stranger: {stranger}");
+    }
+}
