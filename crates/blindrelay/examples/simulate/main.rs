@@ -22,8 +22,9 @@
 //!
 //! `cargo run --release -p blindrelay --example simulate -- [--nodes N] [--interval S]
 //! [--steady S] [--after S] [--seed K]` (`scripts/bench-simulate`). No network, no file: one
-//! process. `--sybils 0` skips step 6. `--cpu-us U [--cores C]`: every node on one machine of `C` cores (this one's by
-//! default), an exchange `U` µs of work (`discovery::sim::Cpu`), as in `scripts/bench-network`.
+//! process. `--sybils 0` skips step 6. `--cpu-us U [--cores C]`: every node on one machine of
+//! `C` cores (this one's by default), an exchange `U` µs of work (`discovery::sim::Cpu`), as in
+//! `scripts/bench-network`.
 
 mod attacks;
 
@@ -114,7 +115,7 @@ fn main() {
     });
     println!(
         "simulate: {n} nodes, interval {interval:?}, {} shards{machine}",
-        if cfg.cpu.is_some() { 1 } else { cfg.shards }
+        cfg.shards_used(n)
     );
     converge(&mut net, n, arg("--progress", 0) > 0, wall);
     if arg("--converge-only", 0) > 0 {
@@ -272,24 +273,22 @@ fn newcomer(net: &mut Net, n: usize) {
         }
         held.is_some() && routes.is_some() && t100.is_some()
     });
-    let line = |what: &str, x: Option<(Duration, blindrelay::discovery::Stats)>| {
+    let line = |what: &str, done: &str, x: Option<(Duration, blindrelay::discovery::Stats)>| {
         x.map_or(format!("{what} NOT within 900 s"), |(at, st)| {
             format!(
-                "{what} after {:.1} s ({}), {} KiB received, {} KiB sent, {} exchanges",
+                "{what} after {:.1} s ({done}), {} KiB received, {} KiB sent, {} exchanges",
                 at.as_secs_f64(),
-                if what.starts_with("holds") {
-                    "synced"
-                } else {
-                    "reached"
-                },
                 st.bytes_received / 1024,
                 st.bytes_sent / 1024,
                 st.exchanges
             )
         })
     };
-    println!("2. newcomer: {}", line(&format!("holds all {n}"), held));
-    println!("   {}", line("routes to every one", routes));
+    println!(
+        "2. newcomer: {}",
+        line(&format!("holds all {n}"), "synced", held)
+    );
+    println!("   {}", line("routes to every one", "reached", routes));
     let secs = |x: Option<Duration>| {
         x.map_or("NOT within 900 s".to_string(), |d| {
             format!("{:.1} s", d.as_secs_f64())

@@ -74,6 +74,18 @@ pub struct Cpu {
     pub per_exchange: Duration,
 }
 
+impl SimConfig {
+    /// The threads a run of `nodes` nodes takes: one for links of no latency (no lookahead)
+    /// or one shared machine (its cores serve requests in the order they come).
+    pub fn shards_used(&self, nodes: usize) -> usize {
+        if self.latency.is_zero() || self.cpu.is_some() {
+            1
+        } else {
+            self.shards.clamp(1, nodes.max(1))
+        }
+    }
+}
+
 impl Default for SimConfig {
     fn default() -> Self {
         SimConfig {
@@ -348,12 +360,7 @@ impl Net {
             events.extend(q.drain());
         }
         events.sort_by_key(|(t, _)| *t);
-        let k = self.shared.cfg.shards.clamp(1, self.nodes.len().max(1));
-        let k = if self.shared.cfg.latency.is_zero() || self.shared.cfg.cpu.is_some() {
-            1
-        } else {
-            k
-        };
+        let k = self.shared.cfg.shards_used(self.nodes.len());
         let n = self.nodes.len();
         self.bounds = (0..k).map(|j| j * n / k).collect();
         let now = self.micros;
