@@ -162,6 +162,14 @@ guard::counter_set! {
             /// Discovery requests (`POST /v1/discovery`) refused: the source over its cheap budget
             /// or crypto share, no crypto slot, a body too large or too slow, or not a message.
             discovery_requests_refused: Counter,
+            /// Discovery requests whose descriptors were checked on their crypto slot.
+            discovery_requests_checked: Counter,
+            /// Microseconds those requests held their slot (read, checked), summed (the
+            /// simulator's machine takes the mean from the network benchmark).
+            discovery_check_micros: Counter,
+            /// Microseconds this node's discovery exchanges took (posted until answered or
+            /// failed), summed.
+            gossip_exchange_micros: Counter,
             /// Status reports pushed to `--report-url` (answered 2xx).
             report_sent: Counter,
             /// Status reports that failed (timeout, no connection, not 2xx); not retried

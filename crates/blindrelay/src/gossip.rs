@@ -2,7 +2,8 @@
 //!
 //! - **Out**: every [`TICK`] (and at once when woken: a newcomer kept, a peer reached), the
 //!   machine is polled and each request it returns is posted to `POST /v1/discovery` at the
-//!   peer's endpoint, over the link pinned to its id, at most [`MAX_EXCHANGES`] at once. The
+//!   peer's endpoint, over the link pinned to its id, at most [`MAX_EXCHANGES`] at once (the
+//!   machine's own bound, [`crate::discovery::Config::max_exchanges`]; here a backstop). The
 //!   answer is read chunk by chunk, dropped past [`MAX_BODY`], all within the machine's
 //!   exchange timeout; its descriptors are screened by the machine, checked in batches on a
 //!   crypto slot, then handed back with the answer.
@@ -35,35 +36,32 @@ pub const TICK: Duration = Duration::from_millis(250);
 /// Largest discovery request or answer body.
 pub const MAX_BODY: usize = 1024 * 1024;
 /// Exchanges in flight at most.
-pub const MAX_EXCHANGES: usize = 64;
+pub use crate::discovery::MAX_EXCHANGES;
 
 /// The descriptors `msg` carries that the machine wants checked and that verify, checked on a
-/// crypto slot (`slot`, or one waited for as a send waits); none when no slot comes.
+/// crypto slot (`slot`, or one waited for as a send waits); none when no slot comes. `None`
+/// when nothing was worth a check (the slot given back at once).
 pub async fn check(
     ctx: &Context,
     msg: &Msg,
     slot: Option<context::CryptoSlot>,
-) -> Vec<Arc<Signed>> {
+) -> Option<Vec<Arc<Signed>>> {
     let carried = verify::carried(msg);
     if carried.is_empty() {
-        return Vec::new();
+        return None;
     }
     let now = ctx.peers.now();
     let worth = ctx.peers.lock().screen(carried, now);
     if !worth.iter().any(|w| *w) {
-        return Vec::new();
+        return None;
     }
     let slot = match slot {
         Some(slot) => slot,
-        None => match ctx.crypto.slot().await {
-            Some(slot) => slot,
-            None => return Vec::new(),
-        },
+        None => ctx.crypto.slot().await?,
     };
     let ds: Vec<Descriptor> = carried.to_vec();
-    context::on_crypto_slot(slot, move || verify::check(&ds, &worth, now.unix))
-        .await
-        .unwrap_or_default()
+    let checked = context::on_crypto_slot(slot, move || verify::check(&ds, &worth, now.unix)).await;
+    Some(checked.unwrap_or_default())
 }
 
 /// Posts `out`'s request and hands its answer (or its failure) back to the machine.
@@ -72,13 +70,18 @@ async fn exchange(ctx: Arc<Context>, out: Out, timeout: Duration) {
     ctx.counters.gossip_bytes_sent.add(body.len() as u64);
     let url = format!("{}/v1/discovery", out.to.d.endpoint.trim_end_matches('/'));
     let http = ctx.outgoing.links.client(Some(&out.to.d.node_id));
+    let started = crate::clock::now();
     let answer = tokio::time::timeout(timeout, post(&ctx, &http, &url, body))
         .await
         .unwrap_or(Err(Failed::Down))
         .and_then(|b| Msg::decode(&b).map_err(|_| Failed::Down));
+    let took = crate::clock::now().duration_since(started);
+    ctx.counters
+        .gossip_exchange_micros
+        .add(u64::try_from(took.as_micros()).unwrap_or(u64::MAX));
     match answer {
         Ok(msg) => {
-            let checked = check(&ctx, &msg, None).await;
+            let checked = check(&ctx, &msg, None).await.unwrap_or_default();
             let now = ctx.peers.now();
             ctx.peers.lock().on_reply(out.xid, Ok(&msg), checked, now);
         }
@@ -150,7 +153,8 @@ pub async fn run(ctx: Arc<Context>, interval: Duration, cancel: CancellationToke
         };
         for out in outs {
             let Ok(permit) = Arc::clone(&slots).try_acquire_owned() else {
-                // No room here: nothing the peer did.
+                // No room here (an exchange the machine gave up on still winding down):
+                // nothing the peer did.
                 ctx.peers
                     .lock()
                     .on_reply(out.xid, Err(Failed::Busy), Vec::new(), now);

@@ -24,15 +24,19 @@
 //! 6. eclipse: a liar and 4 Sybils that know only it, and a victim whose only `--peer` is the
 //!    liar: what its status says (`runtime.peers.discovery.eclipse`: `one_source`); then the
 //!    victim started again with a seed list signed by an honest node (`blindrelay seeds`):
-//!    the time until it routes to every live honest node, and until it says `ok`.
+//!    the time until it routes to every live honest node, and until it says `ok`; three
+//!    trials, each with attackers and a victim of its own (the rescue's median compared).
 //!
 //! Last, every node stopped, the simulator at the same size (`examples/simulate --nodes N
-//! --interval S --after S --cpu-us U`, the binary beside this one or `SIMULATE_BIN`; `--sim 0`
-//! skips it): its lines, then its figures beside this run's (convergence and the exchanges
-//! until then, a newcomer's sync and bytes, steady bytes, sends after 30 % died, the seed
-//! list's rescue) with the margin each is held to. `U` is the one figure the simulator takes
-//! from this run: the nodes' CPU time per exchange while the network formed, so that it runs
-//! every node on one machine of this one's cores, as this run does (`discovery::sim::Cpu`).
+//! --interval S --after S --cpu-us U --slot-us H`, the binary beside this one or
+//! `SIMULATE_BIN`; `--sim 0` skips it): its lines, then its figures beside this run's
+//! (convergence and the exchanges until then, a newcomer's sync and bytes, steady bytes, sends
+//! after 30 % died, the seed list's rescue) with the margin each is held to, and, held to
+//! none, how loaded both machines were (an exchange's mean time, busy answers). `U` and `H`
+//! are the two figures the simulator takes from this run, both measured while the network
+//! formed: the nodes' CPU time per exchange, and how long a discovery request whose
+//! descriptors were checked held its crypto slot; so it runs every node on one machine of this
+//! one's cores, as this run does (`discovery::sim::Cpu`).
 //!
 //! `scripts/bench-network [--nodes N] [--gossip S] [--after S] [--sim 0|1]` (150, 2, 60, 1);
 //! `--converge-only 1` stops after phase 1. `BLINDRELAY_BIN=target/debug/blindrelay
@@ -89,6 +93,8 @@ pub(crate) struct Figures {
     pub(crate) converge_median: Option<f64>,
     /// Until then: exchanges per node (mean), and the nodes' CPU time per exchange, µs.
     pub(crate) work: Option<(f64, f64)>,
+    /// Until then, how loaded the machine was ([`Load`]).
+    pub(crate) load: Option<Load>,
     /// A newcomer's time until it holds every node (median of the newcomers), seconds.
     pub(crate) sync: Option<f64>,
     /// Its bytes received and sent until then, and its exchanges (medians).
@@ -99,6 +105,19 @@ pub(crate) struct Figures {
     pub(crate) after_deaths: Option<f64>,
     /// The seed list's rescue: seconds until the victim routes to the honest network.
     pub(crate) rescue: Option<f64>,
+}
+
+/// How loaded the machine was while the network formed, from the nodes' counters.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Load {
+    /// Mean time a discovery request whose descriptors were checked held its crypto slot, µs
+    /// (`discovery_check_micros`).
+    pub(crate) slot_us: f64,
+    /// Mean time an exchange took, ms (`gossip_exchange_micros`).
+    pub(crate) exchange_ms: f64,
+    /// Busy answers per node (mean), and of them those with no room to leave.
+    pub(crate) busy: f64,
+    pub(crate) deferred: f64,
 }
 
 fn flags() -> Result<Flags> {

@@ -141,14 +141,17 @@ pub(crate) async fn converge(net: &mut Net, f: Flags, got: &mut Figures) -> Resu
     let Some(took) = latest(&formed) else {
         return Err(short(net, &all, &formed, "routing to every other").await);
     };
+    // The nodes' CPU time and their exchanges, both now: per exchange, the work of each.
     let cpu = net.cpu_secs();
+    let exchanged = totals(net, &all).await?[0];
     got.converge = Some(secs(took));
     got.converge_median = Some(median(
         formed.iter().flatten().map(|(t, _)| secs(*t)).collect(),
     ));
     let at: Vec<&Value> = formed.iter().flatten().map(|(_, s)| s).collect();
     let exchanges = means(&at)[0];
-    got.work = Some((exchanges, cpu * 1e6 / (exchanges * n as f64).max(1.0)));
+    got.work = Some((exchanges, cpu * 1e6 / exchanged.max(1.0)));
+    got.load = Some(load(&at));
     let start = Start {
         made,
         spawned,
@@ -157,6 +160,17 @@ pub(crate) async fn converge(net: &mut Net, f: Flags, got: &mut Figures) -> Resu
         cpu,
     };
     print_convergence(&formed, &start, f);
+    if let Some(l) = got.load {
+        println!(
+            "   until then, a discovery request checked on its crypto slot held it {:.1} ms on \
+             average, an \
+             exchange took {:.0} ms; per node {:.0} busy answers, {:.0} of them no room to leave",
+            l.slot_us / 1000.0,
+            l.exchange_ms,
+            l.busy,
+            l.deferred
+        );
+    }
     for l in samples {
         println!("{l}");
     }
@@ -218,13 +232,15 @@ fn print_convergence(formed: &[Option<(Duration, Value)>], st: &Start, f: Flags)
     println!(
         "   until then, network-wide: {} TLS handshakes completed at the relay listeners, {} \
          connections timed out (a handshake or an idle connection), {} handshakes failed; \
-         refused for capacity: {} backpressure, {} source_limited, {} connections",
+         refused for capacity: {} backpressure, {} source_limited, {} connections; discovery \
+         requests refused: {}",
         sum("tls_handshakes"),
         sum("connections_timed_out"),
         sum("tls_handshake_failed"),
         sum("backpressure_dropped"),
         sum("source_limited"),
-        sum("connections_refused")
+        sum("connections_refused"),
+        sum("discovery_requests_refused")
     );
     println!(
         "   until then, per node: {:.0} exchanges ({:.0} failed), {:.1} reconciliations, {:.0} \
@@ -243,6 +259,20 @@ fn print_convergence(formed: &[Option<(Duration, Value)>], st: &Start, f: Flags)
         clean.len(),
         med(&clean)
     );
+}
+
+/// The machine's load over the statuses `at` (each node's when it converged).
+fn load(at: &[&Value]) -> crate::Load {
+    let sum = |f: &dyn Fn(&Value) -> u64| at.iter().map(|s| f(s)).sum::<u64>() as f64;
+    let nodes = at.len().max(1) as f64;
+    let posted = sum(&|s| disc(s, "exchanges").saturating_sub(disc(s, "exchanges_deferred")));
+    crate::Load {
+        slot_us: sum(&|s| counter(s, "discovery_check_micros"))
+            / sum(&|s| counter(s, "discovery_requests_checked")).max(1.0),
+        exchange_ms: sum(&|s| counter(s, "gossip_exchange_micros")) / 1000.0 / posted.max(1.0),
+        busy: sum(&|s| disc(s, "exchanges_busy")) / nodes,
+        deferred: sum(&|s| disc(s, "exchanges_deferred")) / nodes,
+    }
 }
 
 /// The sums over `among` of [`means`]' counters (every node must answer).

@@ -43,6 +43,8 @@ struct Row<'a> {
     abs: f64,
     /// Relative bound, a share of the simulator's figure.
     rel: f64,
+    /// Shown for what it tells, held to no margin.
+    shown: bool,
 }
 
 impl Row<'_> {
@@ -53,6 +55,12 @@ impl Row<'_> {
             })
         };
         let (diff, within) = match (self.sim, self.real) {
+            (Some(s), Some(r)) if self.shown => (
+                format!("{:+.1} {}", r - s, self.unit)
+                    .trim_end()
+                    .to_string(),
+                "—",
+            ),
             (Some(s), Some(r)) => {
                 let bound = self.abs.max(self.rel * s.abs());
                 (
@@ -64,18 +72,25 @@ impl Row<'_> {
             }
             _ => ("?".to_string(), "?"),
         };
+        let margin = if self.shown {
+            "—".to_string()
+        } else {
+            format!(
+                "±max({}{}, {:.0} %)",
+                self.abs,
+                if self.unit.is_empty() {
+                    String::new()
+                } else {
+                    format!(" {}", self.unit)
+                },
+                self.rel * 100.0
+            )
+        };
         println!(
-            "| {} | {} | {} | {diff} | ±max({}{}, {:.0} %) | {within} |",
+            "| {} | {} | {} | {diff} | {margin} | {within} |",
             self.what,
             show(self.sim),
             show(self.real),
-            self.abs,
-            if self.unit.is_empty() {
-                String::new()
-            } else {
-                format!(" {}", self.unit)
-            },
-            self.rel * 100.0
         );
     }
 }
@@ -85,9 +100,14 @@ pub(crate) async fn compare(f: Flags, real: &Figures) -> Result<()> {
     let bin = binary()?;
     let interval = f.gossip.as_secs().max(1).to_string();
     let (nodes, after) = (f.nodes.to_string(), f.after.to_string());
-    // The one figure taken from this run: the nodes' CPU time per exchange while the network
-    // formed, so that the simulator runs every node on one machine like this one.
+    // The two figures taken from this run, so that the simulator runs every node on one
+    // machine like this one: the nodes' CPU time per exchange while the network formed, and
+    // how long a request held its crypto slot then.
     let cpu_us = real.work.map_or(0, |w| w.1.round() as u64).to_string();
+    let slot_us = real
+        .load
+        .map_or(0, |l| l.slot_us.round() as u64)
+        .to_string();
     let args = [
         "--nodes",
         &nodes,
@@ -97,6 +117,8 @@ pub(crate) async fn compare(f: Flags, real: &Figures) -> Result<()> {
         &after,
         "--cpu-us",
         &cpu_us,
+        "--slot-us",
+        &slot_us,
         // This run has no Sybils: the simulator's 500 would stay in its network.
         "--sybils",
         "0",
@@ -150,6 +172,7 @@ fn rows<'a>(lines: &[String], real: &Figures, step: f64) -> Vec<Row<'a>> {
             real: real.converge,
             abs: step,
             rel: 0.5,
+            shown: false,
         },
         Row {
             what: "the same, the median node",
@@ -158,6 +181,7 @@ fn rows<'a>(lines: &[String], real: &Figures, step: f64) -> Vec<Row<'a>> {
             real: real.converge_median,
             abs: step,
             rel: 0.5,
+            shown: false,
         },
         Row {
             what: "until then, exchanges per node",
@@ -166,6 +190,36 @@ fn rows<'a>(lines: &[String], real: &Figures, step: f64) -> Vec<Row<'a>> {
             real: real.work.map(|w| w.0),
             abs: 10.0,
             rel: 0.25,
+            shown: false,
+        },
+        Row {
+            what: "until then, an exchange's mean time",
+            unit: "ms",
+            sim: figure(lines, "until then, an exchange took", " ms"),
+            real: real.load.map(|l| l.exchange_ms),
+            abs: 0.0,
+            rel: 0.0,
+            shown: true,
+        },
+        Row {
+            what: "until then, busy answers per node (no room to leave apart)",
+            unit: "",
+            sim: figure(lines, "until then, per node:", " busy")
+                .zip(figure(lines, "until then, per node:", " of them no room"))
+                .map(|(b, d)| b - d),
+            real: real.load.map(|l| l.busy - l.deferred),
+            abs: 0.0,
+            rel: 0.0,
+            shown: true,
+        },
+        Row {
+            what: "the same, no room to leave",
+            unit: "",
+            sim: figure(lines, "until then, per node:", " of them no room"),
+            real: real.load.map(|l| l.deferred),
+            abs: 0.0,
+            rel: 0.0,
+            shown: true,
         },
         Row {
             what: "a newcomer holds every node",
@@ -174,6 +228,7 @@ fn rows<'a>(lines: &[String], real: &Figures, step: f64) -> Vec<Row<'a>> {
             real: real.sync,
             abs: step,
             rel: 0.5,
+            shown: false,
         },
         Row {
             what: "its bytes received until it routes to every node",
@@ -182,6 +237,7 @@ fn rows<'a>(lines: &[String], real: &Figures, step: f64) -> Vec<Row<'a>> {
             real: sync_bytes(0),
             abs: 4.0,
             rel: 0.25,
+            shown: false,
         },
         Row {
             what: "its bytes sent until it routes to every node",
@@ -190,6 +246,7 @@ fn rows<'a>(lines: &[String], real: &Figures, step: f64) -> Vec<Row<'a>> {
             real: sync_bytes(1),
             abs: 4.0,
             rel: 0.25,
+            shown: false,
         },
         Row {
             what: "its exchanges until it routes to every node",
@@ -198,6 +255,7 @@ fn rows<'a>(lines: &[String], real: &Figures, step: f64) -> Vec<Row<'a>> {
             real: sync_bytes(2),
             abs: 10.0,
             rel: 0.25,
+            shown: false,
         },
         Row {
             what: "steady state, bytes sent per node per second",
@@ -206,6 +264,7 @@ fn rows<'a>(lines: &[String], real: &Figures, step: f64) -> Vec<Row<'a>> {
             real: real.steady.map(|s| s.0),
             abs: 10.0,
             rel: 0.25,
+            shown: false,
         },
         Row {
             what: "steady state, bytes received per node per second",
@@ -214,6 +273,7 @@ fn rows<'a>(lines: &[String], real: &Figures, step: f64) -> Vec<Row<'a>> {
             real: real.steady.map(|s| s.1),
             abs: 10.0,
             rel: 0.25,
+            shown: false,
         },
         Row {
             what: "30 % killed, sends delivered after --after",
@@ -222,14 +282,17 @@ fn rows<'a>(lines: &[String], real: &Figures, step: f64) -> Vec<Row<'a>> {
             real: real.after_deaths,
             abs: 2.0,
             rel: 0.0,
+            shown: false,
         },
         Row {
-            what: "eclipse: a seed list, until the victim routes to every live honest node",
+            what: "eclipse: a seed list, until the victim routes to every live honest node \
+                   (real: median of 3 trials)",
             unit: "s",
             sim: figure(lines, "with", " s;"),
             real: real.rescue,
             abs: step,
             rel: 0.5,
+            shown: false,
         },
     ]
 }

@@ -157,9 +157,9 @@ pub(crate) fn sybils(net: &mut Net, honest: usize, interval: Duration) {
     println!();
 }
 
-/// Step 8: a liar and its 20 Sybils, who keep only each other; a newcomer whose only
-/// bootstrap peer is the liar; then a seed list of honest nodes passed by its operator.
-pub(crate) fn eclipse(net: &mut Net, honest: usize, interval: Duration) {
+/// A liar and its 20 Sybils, who keep only each other, an interval after they started: the
+/// liar, and how many they are.
+fn liars(net: &mut Net, interval: Duration) -> (usize, usize) {
     let liar = net.add(IpAddr::from([192, 168, 0, 1]), &[]);
     let theirs: Vec<usize> = (0..20)
         .map(|k| net.add(IpAddr::from([100, 64 + k as u8, 0, 1]), &[liar]))
@@ -173,9 +173,21 @@ pub(crate) fn eclipse(net: &mut Net, honest: usize, interval: Duration) {
     }
     let t = net.elapsed();
     net.run_until(t + interval, |_| false);
+    (liar, ids.len())
+}
+
+/// Step 8: a liar and its 20 Sybils, who keep only each other; a newcomer whose only
+/// bootstrap peer is the liar; then a seed list of honest nodes passed by its operator.
+pub(crate) fn eclipse(net: &mut Net, honest: usize, interval: Duration) {
+    let (liar, whole) = liars(net, interval);
     let victim = net.add(IpAddr::from([198, 18, 0, 1]), &[liar]);
     let t = net.elapsed();
+    // Until it holds the liar's network (as the real-process benchmark waits), at least two
+    // intervals.
     net.run_until(t + interval * 2, |_| false);
+    net.run_until(t + interval * 30, |net| {
+        net.nodes[victim].disc.view().len() >= whole
+    });
     // The live honest nodes it holds.
     let honest_known = |net: &Net| {
         let v = net.nodes[victim].disc.view();

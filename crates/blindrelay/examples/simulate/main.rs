@@ -22,9 +22,9 @@
 //!
 //! `cargo run --release -p blindrelay --example simulate -- [--nodes N] [--interval S]
 //! [--steady S] [--after S] [--seed K]` (`scripts/bench-simulate`). No network, no file: one
-//! process. `--sybils 0` skips step 6. `--cpu-us U [--cores C]`: every node on one machine of
-//! `C` cores (this one's by default), an exchange `U` µs of work (`discovery::sim::Cpu`), as in
-//! `scripts/bench-network`.
+//! process. `--sybils 0` skips step 6. `--cpu-us U [--cores C] [--slot-us H]`: every node on
+//! one machine of `C` cores (this one's by default), an exchange `U` µs of work, a crypto slot
+//! held `H` µs beyond it (`discovery::sim::Cpu`), as in `scripts/bench-network`.
 
 mod attacks;
 
@@ -101,6 +101,7 @@ fn main() {
         cpu: (arg("--cpu-us", 0) > 0).then(|| Cpu {
             cores: arg("--cores", threads()) as usize,
             per_exchange: Duration::from_micros(arg("--cpu-us", 0)),
+            slot_hold: Duration::from_micros(arg("--slot-us", 0)),
         }),
         ..SimConfig::default()
     };
@@ -233,18 +234,29 @@ fn converge(net: &mut Net, n: usize, progress: bool, wall: Instant) {
         net.nodes.iter().map(|x| f(&x.disc.stats())).sum::<u64>() as f64 / n.max(1) as f64
     };
     println!(
-        "   until then, per node: {:.0} exchanges ({:.0} failed, {:.0} busy), {:.1} reconciliations, {:.0} pushes",
+        "   until then, per node: {:.0} exchanges ({:.0} failed, {:.0} busy, {:.0} of them no room \
+         to leave), {:.1} reconciliations, {:.0} pushes",
         sum(|s| s.exchanges),
         sum(|s| s.exchanges_failed),
         sum(|s| s.exchanges_busy),
+        sum(|s| s.exchanges_deferred),
         sum(|s| s.syncs),
         sum(|s| s.pushes)
+    );
+    let (timed, mean) = net.exchange_time();
+    println!(
+        "   until then, an exchange took {:.1} ms on average ({timed} answered or refused)",
+        mean.as_secs_f64() * 1000.0
     );
 }
 
 /// Steps 2 and 3, watched together: a newcomer with one bootstrap peer, its sync (until it
-/// holds every node, then until it routes to every one), and its descriptor's spread.
+/// holds every node, then until it routes to every one), and its descriptor's spread. On one
+/// shared machine, it joins once the machine is idle (the last pushes of the start done), as
+/// in `scripts/bench-network`, whose newcomers join a network formed a minute before.
 fn newcomer(net: &mut Net, n: usize) {
+    let t = net.elapsed();
+    net.run_until(t + Duration::from_secs(60), Net::machine_idle);
     let t = net.elapsed();
     let boot = net.random_below(n);
     let newcomer = net.add(ip(n), &[boot]);
@@ -276,11 +288,13 @@ fn newcomer(net: &mut Net, n: usize) {
     let line = |what: &str, done: &str, x: Option<(Duration, blindrelay::discovery::Stats)>| {
         x.map_or(format!("{what} NOT within 900 s"), |(at, st)| {
             format!(
-                "{what} after {:.1} s ({done}), {} KiB received, {} KiB sent, {} exchanges",
+                "{what} after {:.1} s ({done}), {} KiB received, {} KiB sent, {} exchanges ({} \
+                 busy)",
                 at.as_secs_f64(),
                 st.bytes_received / 1024,
                 st.bytes_sent / 1024,
-                st.exchanges
+                st.exchanges,
+                st.exchanges_busy
             )
         })
     };

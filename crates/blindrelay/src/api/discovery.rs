@@ -52,6 +52,7 @@ async fn answer(
     };
     let source = pipeline.classify(ip);
     let (slot, share) = pipeline.admit_other(&source)?;
+    let admitted = crate::clock::now();
     let limit = gossip::MAX_BODY;
     let body = match tokio::time::timeout(
         body_deadline(limit as u64),
@@ -68,6 +69,14 @@ async fn answer(
     let msg = Msg::decode(&body).map_err(|_| ApiError::Refused(Reason::MalformedEnvelope))?;
     let checked = gossip::check(&ctx, &msg, Some(slot)).await;
     drop(share);
+    if checked.is_some() {
+        let held = crate::clock::now().duration_since(admitted);
+        ctx.counters.discovery_requests_checked.inc();
+        ctx.counters
+            .discovery_check_micros
+            .add(u64::try_from(held.as_micros()).unwrap_or(u64::MAX));
+    }
+    let checked = checked.unwrap_or_default();
     let now = ctx.peers.now();
     let answer = ctx.peers.lock().on_request(caller, &msg, checked, now);
     ctx.peers.changed();

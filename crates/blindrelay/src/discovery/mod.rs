@@ -39,6 +39,7 @@ pub mod probes;
 pub mod push;
 mod serve;
 pub mod sim;
+mod stats;
 pub mod sync;
 pub mod verify;
 pub mod view;
@@ -53,6 +54,7 @@ use rand::SeedableRng;
 use rand::rngs::StdRng;
 
 pub use self::eclipse::{Eclipse, EclipseState};
+pub use self::stats::Stats;
 use self::view::{Admitted, Refused, View};
 pub use self::wire::Msg;
 use crate::blocks::{Grouping, block_key32};
@@ -137,6 +139,9 @@ pub struct Config {
     pub probes_in_flight: usize,
     /// An exchange with no answer within this failed.
     pub exchange_timeout: Duration,
+    /// Exchanges in flight at most: a request past it is not sent and comes back at once as
+    /// [`Failed::Busy`] (the driver's slots: [`MAX_EXCHANGES`]).
+    pub max_exchanges: usize,
     /// The view's bounds.
     pub limits: view::Limits,
 }
@@ -154,6 +159,7 @@ impl Config {
             start_syncs: 3,
             probes_in_flight: 16,
             exchange_timeout: Duration::from_secs(10),
+            max_exchanges: MAX_EXCHANGES,
             limits: view::Limits::default(),
         }
     }
@@ -204,53 +210,6 @@ enum Purpose {
     Push(NodeId),
 }
 
-/// Discovery's own counters (no id, no address).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Stats {
-    /// Message bytes sent (requests and answers).
-    pub bytes_sent: u64,
-    /// Message bytes received.
-    pub bytes_received: u64,
-    /// Exchanges this node started.
-    pub exchanges: u64,
-    /// Of those, failed ([`Failed::Down`]).
-    pub exchanges_failed: u64,
-    /// Of those, answered busy or not sent for want of room ([`Failed::Busy`]).
-    pub exchanges_busy: u64,
-    /// Reconciliations completed.
-    pub syncs: u64,
-    /// Descriptors kept (new identities and newer descriptors).
-    pub learned: u64,
-    /// Descriptors not kept because a bound refused them.
-    pub refused: u64,
-    /// Identities reached for the first time.
-    pub reached: u64,
-    /// Identities forgotten after every probe failed.
-    pub forgotten: u64,
-    /// Lapsed peers that answered again.
-    pub revived: u64,
-    /// Pushes (inventories) sent.
-    pub pushes: u64,
-    /// Requests from strangers or over a budget, answered with nothing.
-    pub turned_away: u64,
-    /// Message bytes both ways by kind ([`Msg::kind`]'s order: sync, sync reply, get,
-    /// descriptors, inventory, want, ack, hello).
-    pub bytes_by_kind: [u64; 8],
-}
-
-impl Stats {
-    /// Counts `msg` one way.
-    fn count(&mut self, msg: &Msg, sent: bool) {
-        let n = msg.encoded_len() as u64;
-        if sent {
-            self.bytes_sent += n;
-        } else {
-            self.bytes_received += n;
-        }
-        self.bytes_by_kind[msg.kind_index()] += n;
-    }
-}
-
 /// The state machine. See the module docs.
 #[derive(Debug)]
 pub struct Discovery {
@@ -284,6 +243,8 @@ pub const STRANGER_GROUPING: Grouping = view::BLOCKS;
 /// Intervals between two periodic reconciliations (pushes carry what is fresh; this catches
 /// what they missed).
 pub const SYNC_INTERVALS: u32 = 5;
+/// Exchanges in flight at most, by default ([`Config::max_exchanges`]).
+pub const MAX_EXCHANGES: usize = 64;
 /// The discovery interval by default (`--gossip-interval`): pushes every twelfth of it, a
 /// reconciliation every [`SYNC_INTERVALS`] ([`Config::for_interval`]).
 pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(60);
@@ -469,7 +430,9 @@ impl Discovery {
     }
 
     /// What to send now: timeouts handled, reconciliations started, pushes flushed, probes
-    /// and lapsed peers tried.
+    /// and lapsed peers tried. Requests past [`Config::max_exchanges`] in flight are not
+    /// returned: each comes back at once as [`Failed::Busy`] (what it asks for then waits for
+    /// a later poll).
     pub fn poll(&mut self, now: Now) -> Vec<Out> {
         self.timeouts(now);
         if self.next_upkeep.is_none_or(|t| now.at >= t) {
@@ -479,7 +442,16 @@ impl Discovery {
         self.start_syncs(now);
         self.flush(now);
         self.start_probes(now);
-        std::mem::take(&mut self.outbox)
+        let mut outs = std::mem::take(&mut self.outbox);
+        let running = self.inflight.len().saturating_sub(outs.len());
+        let room = self.cfg.max_exchanges.saturating_sub(running);
+        if outs.len() > room {
+            for out in outs.split_off(room) {
+                self.stats.exchanges_deferred += 1;
+                self.on_reply(out.xid, Err(Failed::Busy), Vec::new(), now);
+            }
+        }
+        outs
     }
 
     /// An exchange with no answer within this failed.

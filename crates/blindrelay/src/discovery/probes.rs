@@ -4,13 +4,13 @@
 //! peer's back when newer than the one held): an answer proves the endpoint holds the
 //! identity's key. Waiting identities are probed by class, the operator's and the peer
 //! store's first, then those reached peers brought, then strangers' own (in at most half of the
-//! probes in flight, so a stranger's junk never holds up the rest), round robin over the sources within a class, so one source's thousand
-//! identities do not hold up another's one. A failed probe is tried again after
-//! [`RETRY_FIRST`], then four times that; after [`MAX_TRIES`] failures ([`STRANGER_TRIES`] for
-//! a stranger's own) the identity is forgotten. The first retry of an identity the operator,
-//! the store or a peer brought comes after [`RETRY_VOUCHED`] instead: a peer passes on only
-//! what it reached, so a hello that timed out on a loaded machine is likelier than junk (the
-//! same number of probes, sooner; a stranger's own keeps [`RETRY_FIRST`]). While this node is *forming* (it reached fewer
+//! probes in flight, so a stranger's junk never holds up the rest), round robin over the
+//! sources within a class, so one source's thousand identities do not hold up another's one. A
+//! failed probe of an identity the operator, the store or a peer brought is tried again after
+//! [`RETRY_VOUCHED`], then four times that (a peer passes on only what it reached, so a hello
+//! that timed out on a loaded machine is likelier than junk), a stranger's own after
+//! [`RETRY_FIRST`]; after [`MAX_TRIES`] failures ([`STRANGER_TRIES`] for a stranger's own) the
+//! identity is forgotten. While this node is *forming* (it reached fewer
 //! than [`FORMING_PEERS`] peers, or fewer than nine in ten of those it holds: a start, when
 //! every node around may be as busy as it), a failed probe of an identity the operator, the
 //! store or a peer brought (not a stranger's own) is tried again sooner: after
@@ -41,9 +41,11 @@ use crate::proto::NodeId;
 pub const MAX_TRIES: u8 = 3;
 /// ...and of a stranger's own (it just connected: its endpoint should answer at once).
 pub const STRANGER_TRIES: u8 = 2;
-/// Wait before a failed probe's first retry (the second waits four times as long).
+/// Wait before the retry of a failed probe of a stranger's own (and the longest a forming node
+/// waits).
 pub const RETRY_FIRST: Duration = Duration::from_secs(10);
-/// Wait before the first retry of a failed probe of an identity not a stranger's own.
+/// Wait before the first retry of a failed probe of an identity not a stranger's own (the
+/// second waits four times as long).
 pub const RETRY_VOUCHED: Duration = Duration::from_secs(2);
 
 /// Reached peers below which a node is forming (or nine in ten of those it holds, if more).
@@ -376,8 +378,8 @@ impl Discovery {
         let wait = if forming {
             let wait = FORMING_RETRY.saturating_mul(2u32.saturating_pow(exp));
             self.jittered(wait.min(RETRY_FIRST))
-        } else if failures == 1 && !stranger {
-            self.jittered(RETRY_VOUCHED)
+        } else if !stranger {
+            self.jittered(RETRY_VOUCHED.saturating_mul(4u32.saturating_pow(exp)))
         } else {
             RETRY_FIRST * 4u32.pow(exp)
         };

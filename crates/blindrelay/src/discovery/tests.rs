@@ -324,6 +324,7 @@ fn on_one_shared_machine_the_network_forms_no_faster_than_its_cores_do_the_work(
     let (shared, exchanges) = formed(Some(sim::Cpu {
         cores: 1,
         per_exchange,
+        slot_hold: Duration::ZERO,
     }));
     // One core did every exchange's work (but those still queued at the end) by then.
     let work = per_exchange * u32::try_from(exchanges).unwrap_or(u32::MAX);
@@ -341,7 +342,7 @@ fn signed(i: u8) -> Arc<Signed> {
 }
 
 #[test]
-fn a_failed_hello_is_tried_again_within_seconds_unless_a_stranger_brought_only_itself() {
+fn a_failed_hello_is_tried_again_within_seconds_twice_unless_a_stranger_brought_only_itself() {
     let x = signed(200);
     let probe = |d: &mut Discovery, now: Now| {
         d.poll(now)
@@ -371,6 +372,77 @@ fn a_failed_hello_is_tried_again_within_seconds_unless_a_stranger_brought_only_i
             at: now.at + Duration::from_millis(3_100),
             unix: T0 + 3,
         };
-        assert_eq!(probe(&mut d, later).is_some(), soon, "stranger: {stranger}");
+        let second = probe(&mut d, later);
+        assert_eq!(second.is_some(), soon, "stranger: {stranger}");
+        // Its second retry, for a vouched identity, within seconds too (8 s, with jitter).
+        if let Some(second) = second {
+            d.on_reply(second.xid, Err(Failed::Down), Vec::new(), later);
+            let third = Now {
+                at: later.at + Duration::from_millis(12_100),
+                unix: T0 + 15,
+            };
+            assert!(probe(&mut d, third).is_some());
+        }
     }
+}
+
+#[test]
+fn past_its_exchange_slots_a_node_sends_nothing_more_and_asks_again_later() {
+    let now = Now {
+        at: crate::clock::now().into_std(),
+        unix: T0,
+    };
+    let mut cfg = Config::for_interval(Duration::from_secs(60));
+    cfg.max_exchanges = 2;
+    let mut d = Discovery::new([0xee; 32], cfg, 1);
+    let peers: Vec<Arc<Signed>> = (1..=6).map(signed).collect();
+    for p in &peers {
+        d.operator(Arc::clone(p), now);
+    }
+    let outs = d.poll(now);
+    assert_eq!(outs.len(), 2);
+    assert_eq!(d.in_flight(), 2);
+    let st = d.stats();
+    assert!(st.exchanges_deferred >= 1, "{st:?}");
+    assert_eq!(st.exchanges_busy, st.exchanges_deferred, "{st:?}");
+    assert_eq!(st.exchanges_failed, 0, "{st:?}");
+    // Nothing counted against a peer, and nothing more while the two are out.
+    let healthy = |p: &Arc<Signed>| d.view().get(&p.d.node_id).is_some_and(|e| e.healthy());
+    assert!(peers.iter().all(healthy));
+    assert!(d.poll(now).is_empty());
+    // Answered, the room is back: what was put off is asked again.
+    for o in &outs {
+        d.on_reply(o.xid, Ok(&Msg::Ack), Vec::new(), now);
+    }
+    let later = Now {
+        at: now.at + Duration::from_secs(3),
+        unix: T0 + 3,
+    };
+    let again = d.poll(later);
+    assert!(!again.is_empty() && again.len() <= 2, "{again:?}");
+}
+
+#[test]
+fn on_one_shared_machine_a_node_out_of_crypto_slots_answers_busy_and_the_network_still_forms() {
+    let n = 24;
+    let all: Vec<usize> = (0..n).collect();
+    let mut net = network(
+        n,
+        SimConfig {
+            // One core (four crypto slots, three for requests, two for strangers): each
+            // request's work queued behind the others', its slot held that long again.
+            cpu: Some(sim::Cpu {
+                cores: 1,
+                per_exchange: Duration::from_millis(4),
+                slot_hold: Duration::from_millis(200),
+            }),
+            ..sim(10, 3600)
+        },
+    );
+    assert!(net.run_until(Duration::from_secs(600), |net| knows_all(net, &all)));
+    let st = |f: fn(&Stats) -> u64| net.nodes.iter().map(|x| f(&x.disc.stats())).sum::<u64>();
+    assert!(st(|s| s.exchanges_busy) > st(|s| s.exchanges_deferred));
+    assert_eq!(st(|s| s.exchanges_failed), 0);
+    let (timed, mean) = net.exchange_time();
+    assert!(timed > 0 && mean > Duration::from_millis(4), "{mean:?}");
 }

@@ -40,14 +40,37 @@ pub struct StrangerSlot {
     strangers: Arc<Strangers>,
 }
 
+/// How `crypto_slots` slots are shared among inbound requests (module docs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Shares {
+    /// Slots inbound requests may hold together: all but one.
+    pub inbound: usize,
+    /// Of those, slots unknown sources may hold together: all inbound slots but one, at least
+    /// one.
+    pub strangers: usize,
+    /// Slots one unknown source may hold: half the strangers' share, rounded up.
+    pub per_stranger: usize,
+}
+
+impl Shares {
+    /// The shares of `crypto_slots` slots.
+    pub fn of(crypto_slots: usize) -> Shares {
+        let strangers = crypto_slots.saturating_sub(2).max(1);
+        Shares {
+            inbound: crypto_slots.saturating_sub(1),
+            strangers,
+            per_stranger: strangers.div_ceil(2),
+        }
+    }
+}
+
 impl Strangers {
-    /// The strangers' share of `crypto_slots` slots: all inbound slots but one (inbound
-    /// requests get `crypto_slots − 1`), at least one; per source, half of it rounded up.
+    /// The strangers' share of `crypto_slots` slots ([`Shares::of`]).
     pub fn new(crypto_slots: usize) -> Arc<Self> {
-        let all = crypto_slots.saturating_sub(2).max(1);
+        let share = Shares::of(crypto_slots);
         Arc::new(Strangers {
-            all: Gate::new(all),
-            per_source: all.div_ceil(2),
+            all: Gate::new(share.strangers),
+            per_source: share.per_stranger,
             held: Mutex::new(HashMap::new()),
         })
     }
@@ -109,7 +132,7 @@ pub(super) fn admit(
     };
     let slot = ctx
         .crypto
-        .try_slot(ctx.crypto.limit().saturating_sub(1))
+        .try_slot(Shares::of(ctx.crypto.limit()).inbound)
         .ok_or(Reason::Backpressure)?;
     Ok((slot, share))
 }

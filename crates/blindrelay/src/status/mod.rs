@@ -275,7 +275,7 @@ fn known_peers(relay: &Relay) -> HashMap<NodeId, crate::health::Known> {
 /// (`peers.discovery.counters`) and the metrics (`blindrelay_discovery_<name>_total`) name
 /// them: name, help, value. Counts only.
 // structure: table
-pub fn discovery_counters(st: &Stats) -> [(&'static str, &'static str, u64); 13] {
+pub fn discovery_counters(st: &Stats) -> [(&'static str, &'static str, u64); 14] {
     [
         (
             "bytes_sent",
@@ -302,6 +302,11 @@ pub fn discovery_counters(st: &Stats) -> [(&'static str, &'static str, u64); 13]
             "Discovery exchanges this node started that the peer answered busy (429), or that \
              found no room to leave: tried again soon, not counted against the peer.",
             st.exchanges_busy,
+        ),
+        (
+            "exchanges_deferred",
+            "Of the busy ones, those that found this node's own exchange slots all taken.",
+            st.exchanges_deferred,
         ),
         ("syncs", "Reconciliations completed.", st.syncs),
         (

@@ -128,8 +128,8 @@ async fn announce(ip: Ipv4Addr, url: &str, (key, own): (SigningKey, Descriptor))
 }
 
 /// One party saying hello as 50 identities from one /24 gets a stranger's burst of them kept
-/// (waiting to be reached), another /24 as much again; every hello is answered, and junk gets
-/// a JSON error and changes nothing.
+/// (waiting to be reached), another /24 as much again; every hello is answered (its
+/// descriptor checked, counted), and junk gets a JSON error and changes nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn strangers_introduce_a_bounded_number_per_block() {
     let net = Net::start_bootstrapped(2, &args(), |i| i.checked_sub(1).into_iter().collect()).await;
@@ -151,6 +151,14 @@ async fn strangers_introduce_a_bounded_number_per_block() {
     let s = net.status(0).await;
     assert_eq!(known(&s), Some(1 + 2 * burst), "{s}");
     let peers = s.runtime()["peers"]["known"].clone();
+    // Each hello's descriptor was checked on a crypto slot, and the slot's time counted; the
+    // node's own exchanges with its peer were timed.
+    assert!(
+        common::counter(&s, "discovery_requests_checked") >= 70,
+        "{s}"
+    );
+    assert!(common::counter(&s, "discovery_check_micros") > 0, "{s}");
+    assert!(common::counter(&s, "gossip_exchange_micros") > 0, "{s}");
     // Junk is refused with a JSON error, counted, and changes nothing.
     assert_eq!(common::counter(&s, "discovery_requests_refused"), 0, "{s}");
     let resp = http()

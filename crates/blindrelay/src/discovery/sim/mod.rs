@@ -64,14 +64,22 @@ pub struct SimConfig {
 
 /// One machine all the nodes run on, as in the real-process benchmark (every node a process
 /// of one host): an exchange takes `per_exchange` of one of `cores` cores at the node asked,
-/// in the order requests arrive, before its answer leaves. A node refused at once (down,
-/// busy) costs nothing.
+/// in the order requests arrive, before its answer leaves. Once a request has its core (the
+/// daemon has read its handshake and head), the node admits it as the daemon does
+/// (`crate::pipeline::crypto`: the crypto slots of a host of `cores` cores, a share of them
+/// for strangers, one per stranger's block) or answers `429` (the work done all the same);
+/// an admitted request holds its slot through its work, and one with descriptors to check as
+/// long again as it waited for its core, at most `slot_hold` (the daemon's wait for its crypto
+/// thread on a loaded host). A dead node refuses at once, for nothing.
 #[derive(Debug, Clone, Copy)]
 pub struct Cpu {
     /// The machine's cores.
     pub cores: usize,
     /// The work of one exchange, both ends and the links' handshakes included.
     pub per_exchange: Duration,
+    /// How long an admitted request with descriptors to check holds its crypto slot beyond its
+    /// work, at most.
+    pub slot_hold: Duration,
 }
 
 impl SimConfig {
@@ -120,6 +128,8 @@ pub struct Net {
     pub events: u64,
     /// With a shared [`Cpu`]: when each core is free next (microseconds).
     cores: Vec<u64>,
+    /// Exchanges answered or refused, and the time they took, summed (microseconds).
+    timed: (u64, u64),
 }
 
 impl Net {
@@ -143,7 +153,19 @@ impl Net {
             rng: StdRng::seed_from_u64(cfg.seed),
             events: 0,
             cores: vec![0; cfg.cpu.map_or(0, |c| c.cores.max(1))],
+            timed: (0, 0),
         }
+    }
+
+    /// With a shared [`Cpu`]: true when none of its cores has work queued beyond now.
+    pub fn machine_idle(&self) -> bool {
+        self.cores.iter().all(|free| *free <= self.micros)
+    }
+
+    /// Exchanges answered or refused so far (lost ones apart), and the mean time they took.
+    pub fn exchange_time(&self) -> (u64, Duration) {
+        let (n, micros) = self.timed;
+        (n, Duration::from_micros(micros / n.max(1)))
     }
 
     /// The virtual time.
@@ -187,6 +209,7 @@ impl Net {
             hung: false,
             busy: false,
             only: None,
+            held: Vec::new(),
         };
         let i = self.nodes.len();
         self.nodes.push(node);
@@ -320,6 +343,8 @@ impl Net {
                 signed: Vec::new(),
                 micros: *micros,
                 events: 0,
+                exchanges_timed: 0,
+                exchange_micros: 0,
                 // One shard with a shared machine (`distribute`).
                 cores: cores.take(),
             });
@@ -336,6 +361,8 @@ impl Net {
         let mut signed = Vec::new();
         for shard in shards {
             self.events += shard.events;
+            self.timed.0 += shard.exchanges_timed;
+            self.timed.1 += shard.exchange_micros;
             crossed.extend(shard.outbox);
             signed.extend(shard.signed);
         }

@@ -19,6 +19,7 @@ use rand::{Rng, SeedableRng};
 
 use super::super::{Caller, Discovery, Failed, Msg, Now, Signed, verify};
 use super::SimConfig;
+use crate::pipeline::crypto::Shares;
 use crate::proto::NodeId;
 use crate::proto::descriptor::Descriptor;
 
@@ -40,6 +41,9 @@ pub struct Node {
     pub busy: bool,
     /// If set, the only identities it keeps (a liar's network).
     pub only: Option<Arc<std::collections::HashSet<NodeId>>>,
+    /// With a shared machine: the crypto slots its requests hold, until when each, and the
+    /// block of the stranger holding it (`None`: a known source).
+    pub(super) held: Vec<(u64, Option<u64>)>,
 }
 
 impl Node {
@@ -73,16 +77,19 @@ impl Node {
 #[derive(Debug)]
 pub(super) enum Event {
     Poll(usize),
+    /// `sent`: when the exchange began (microseconds), to time it.
     Request {
         from: usize,
         to: usize,
         xid: u64,
         msg: Box<Msg>,
+        sent: u64,
     },
     Reply {
         to: usize,
         xid: u64,
         reply: Result<Box<Msg>, Failed>,
+        sent: u64,
     },
 }
 
@@ -252,6 +259,9 @@ pub(super) struct Shard<'a> {
     pub(super) signed: Vec<Arc<Signed>>,
     pub(super) micros: u64,
     pub(super) events: u64,
+    /// Exchanges answered or refused in this window, and the time they took, summed.
+    pub(super) exchanges_timed: u64,
+    pub(super) exchange_micros: u64,
     /// The shared machine's cores (when each is free next), if one is simulated.
     pub(super) cores: Option<&'a mut Vec<u64>>,
 }
@@ -343,13 +353,26 @@ impl Shard<'_> {
                 let tick = self.shared.cfg.tick.as_micros() as u64;
                 self.schedule(tick, Event::Poll(i));
             }
-            Event::Request { from, to, xid, msg } => self.request(from, to, xid, &msg),
-            Event::Reply { to, xid, reply } => {
+            Event::Request {
+                from,
+                to,
+                xid,
+                msg,
+                sent,
+            } => self.request(from, to, xid, &msg, sent),
+            Event::Reply {
+                to,
+                xid,
+                reply,
+                sent,
+            } => {
                 if !self.node(to).up {
                     return;
                 }
+                self.exchange_micros += self.micros.saturating_sub(sent);
+                self.exchanges_timed += 1;
                 let checked = match &reply {
-                    Ok(msg) => self.check(to, msg),
+                    Ok(msg) => self.check(to, msg).unwrap_or_default(),
                     Err(_) => Vec::new(),
                 };
                 let now = self.now();
@@ -360,10 +383,54 @@ impl Shard<'_> {
         }
     }
 
-    fn request(&mut self, from: usize, to: usize, xid: u64, msg: &Msg) {
+    /// With a shared machine, the crypto slot node `to` takes at `at` (when it gets a core
+    /// for the request: its handshake read, it asks for a slot) for a request from `from`, as
+    /// the daemon's admission gives one (`crate::pipeline::crypto`): `Err` when none is free
+    /// for it (the node answers `429`), else the block it is charged to if a stranger's (a
+    /// caller whose address `to` holds no identity at).
+    fn admit(&mut self, from: usize, to: usize, at: u64, cores: usize) -> Result<Option<u64>, ()> {
+        let shares = Shares::of(crate::context::crypto_slots(cores));
+        let (id, ip) = self.shared.ids[from];
+        let node = self.node(to);
+        node.held.retain(|(until, _)| *until > at);
+        let stranger = node
+            .disc
+            .view()
+            .get(&id)
+            .is_none()
+            .then(|| crate::blocks::block_key(ip, crate::sources::Grouping::default()));
+        if let Some(block) = stranger {
+            let strangers = node.held.iter().filter(|(_, b)| b.is_some());
+            let (all, mine) = strangers.fold((0, 0), |(a, m), (_, b)| {
+                (a + 1, m + usize::from(*b == Some(block)))
+            });
+            if all >= shares.strangers || mine >= shares.per_stranger {
+                return Err(());
+            }
+        }
+        if node.held.len() >= shares.inbound {
+            return Err(());
+        }
+        Ok(stranger)
+    }
+
+    fn request(&mut self, from: usize, to: usize, xid: u64, msg: &Msg, sent: u64) {
         let (up, hung, busy) = (self.node(to).up, self.node(to).hung, self.node(to).busy);
-        if !up || busy {
-            let d = self.delay();
+        if hung && up && !busy {
+            return;
+        }
+        // With a shared machine: the time until the node's work on it is done, and the slot
+        // it took once it got a core (refused: the work was done all the same).
+        let (work, slot) = match self.shared.cfg.cpu {
+            Some(cpu) if up && !busy => {
+                let work = self.work();
+                let start = self.micros + work - cpu.per_exchange.as_micros() as u64;
+                (work, Some(self.admit(from, to, start, cpu.cores)))
+            }
+            _ => (0, None),
+        };
+        if !up || busy || slot.is_some_and(|s| s.is_err()) {
+            let d = self.delay() + work;
             let reply = Err(if up { Failed::Busy } else { Failed::Down });
             self.schedule(
                 d,
@@ -371,19 +438,31 @@ impl Shard<'_> {
                     to: from,
                     xid,
                     reply,
+                    sent,
                 },
             );
             return;
         }
-        if hung {
-            return;
-        }
         let checked = self.check(to, msg);
+        if let (Some(Ok(stranger)), Some(cpu)) = (slot, self.shared.cfg.cpu) {
+            // A request with descriptors to check waits for its crypto thread as long as it
+            // waited for a core, at most `slot_hold` (not at all on an idle machine); one
+            // without gives its slot back once read.
+            let per = cpu.per_exchange.as_micros() as u64;
+            let waited = work.saturating_sub(per);
+            let hold = if checked.is_some() {
+                waited.min(cpu.slot_hold.as_micros() as u64)
+            } else {
+                0
+            };
+            let until = self.micros + work + hold;
+            self.node(to).held.push((until, stranger));
+        }
+        let checked = checked.unwrap_or_default();
         let now = self.now();
         let (id, ip) = self.shared.ids[from];
         let caller = Caller { id: Some(id), ip };
         let reply = self.node(to).disc.on_request(caller, msg, checked, now);
-        let work = self.work();
         if !self.lost() {
             let d = self.delay() + work;
             let reply = Ok(Box::new(reply));
@@ -393,6 +472,7 @@ impl Shard<'_> {
                     to: from,
                     xid,
                     reply,
+                    sent,
                 },
             );
         }
@@ -419,6 +499,7 @@ impl Shard<'_> {
                         to: i,
                         xid: out.xid,
                         reply,
+                        sent: self.micros,
                     },
                 );
                 continue;
@@ -434,6 +515,7 @@ impl Shard<'_> {
                     to,
                     xid,
                     msg,
+                    sent: self.micros,
                 },
             );
         }
@@ -441,14 +523,18 @@ impl Shard<'_> {
 
     /// The descriptors of `msg` that node `i` screens in and that verify (once per distinct
     /// descriptor in the whole run), shared.
-    fn check(&mut self, i: usize, msg: &Msg) -> Vec<Arc<Signed>> {
+    /// `None` when nothing was worth a check (as the daemon's `gossip::check`).
+    fn check(&mut self, i: usize, msg: &Msg) -> Option<Vec<Arc<Signed>>> {
         let now = self.now();
         let carried = verify::carried(msg);
         if carried.is_empty() {
-            return Vec::new();
+            return None;
         }
         let node = &self.nodes[i - self.first];
         let worth = node.disc.screen(carried, now);
+        if !worth.iter().any(|w| *w) {
+            return None;
+        }
         let only = node.only.as_ref();
         let mut out = Vec::new();
         for (d, w) in carried.iter().zip(worth) {
@@ -460,6 +546,6 @@ impl Shard<'_> {
                 _ => out.extend(verify::check(std::slice::from_ref(d), &[], now.unix)),
             }
         }
-        out
+        Some(out)
     }
 }
