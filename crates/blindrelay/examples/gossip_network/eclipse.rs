@@ -1,7 +1,8 @@
 //! Phase 6, an eclipse with real processes, as `tests/it/discovery_attacks.rs` builds it: a liar (a
 //! node of its own network, no `--peer`), Sybils whose only `--peer` is the liar, and a
 //! victim whose only `--peer` is the liar; then the victim started again with a seed list
-//! (`blindrelay seeds`) signed by an honest node, its `--peer` still the liar. Three trials.
+//! (`blindrelay seeds`) signed by an honest node, its `--peer` still the liar, once its peer
+//! store holds the attackers. Three trials.
 
 use std::time::Duration;
 
@@ -79,6 +80,26 @@ async fn seed_list(net: &Net, h: usize) -> Result<(String, usize, usize)> {
         .filter(|id| net.live().iter().any(|i| net.nodes[*i].id == **id))
         .count();
     Ok((file.display().to_string(), seeds.len(), live))
+}
+
+/// Waits (at most [`WAIT`]) until the peer store in `dir` holds `n` peers.
+async fn stored(dir: &std::path::Path, n: usize) -> Result<()> {
+    let file = dir.join(blindrelay::peers::cache::FILE);
+    let t0 = clock::now();
+    loop {
+        let held = std::fs::read(&file)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Value>(&b).ok())
+            .and_then(|v| v["peers"].as_array().map(Vec::len))
+            .unwrap_or(0);
+        if held >= n {
+            return Ok(());
+        }
+        if clock::elapsed(t0) >= WAIT {
+            return Err(format!("the victim's peer store holds {held} peers, not {n}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// Starts the liar and its Sybils, and waits until the liar routes to every Sybil: the victim,
@@ -170,6 +191,9 @@ async fn trial_once(
         peers_n(&s, "known").saturating_sub(crew),
         verdict(&s)
     );
+    // An eclipsed node that ran a while has its attackers in its peer store (written every few
+    // seconds): its restart brings them back, and the rescue is the honest network's.
+    stored(&net.nodes[victim].dir, crew as usize).await?;
     let h = *honest.choose(&mut rand::rng()).ok_or("no honest node")?;
     let (file, listed, live) = seed_list(net, h).await?;
     net.kill(&[victim]).await;

@@ -286,8 +286,19 @@ impl Net {
 
     /// Runs events until `until` (virtual time since the start) or until `done` says so
     /// (asked once per virtual second). True if `done` ended it.
-    pub fn run_until(&mut self, until: Duration, mut done: impl FnMut(&Net) -> bool) -> bool {
+    pub fn run_until(&mut self, until: Duration, done: impl FnMut(&Net) -> bool) -> bool {
+        self.run_until_every(until, Duration::from_secs(1), done)
+    }
+
+    /// [`Net::run_until`], `done` asked every `step` of virtual time.
+    pub fn run_until_every(
+        &mut self,
+        until: Duration,
+        step: Duration,
+        mut done: impl FnMut(&Net) -> bool,
+    ) -> bool {
         let end = until.as_micros() as u64;
+        let step = (step.as_micros() as u64).max(1);
         self.distribute();
         let lookahead = self.shared.cfg.latency.as_micros() as u64;
         // Windows of the least latency: the shards run them apart, each node by node (but
@@ -300,7 +311,7 @@ impl Net {
             }
             self.micros = self.micros.max(t);
             if self.micros >= next_check {
-                next_check = self.micros + 1_000_000;
+                next_check = self.micros + step;
                 if done(self) {
                     return true;
                 }
