@@ -163,8 +163,8 @@ pub(crate) async fn converge(net: &mut Net, f: Flags, got: &mut Figures) -> Resu
     if let Some(l) = got.load {
         println!(
             "   until then, a discovery request checked on its crypto slot held it {:.1} ms on \
-             average, an \
-             exchange took {:.0} ms; per node {:.0} busy answers, {:.0} of them no room to leave",
+             average, an exchange took {:.0} ms; per node {:.0} busy answers, {:.0} of them no \
+             room to leave",
             l.slot_us / 1000.0,
             l.exchange_ms,
             l.busy,

@@ -30,7 +30,9 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::{Config, Discovery, Now, Signed};
+use crate::pipeline::crypto::Strangers;
 use crate::proto::NodeId;
+use guard::admission::Gate;
 pub use shard::Node;
 use shard::{Event, Queue, Shard, Shared};
 
@@ -209,6 +211,10 @@ impl Net {
             hung: false,
             busy: false,
             only: None,
+            admission: self.shared.cfg.cpu.map(|c| {
+                let slots = crate::context::crypto_slots(c.cores);
+                (Gate::new(slots), Strangers::new(slots))
+            }),
             held: Vec::new(),
         };
         let i = self.nodes.len();

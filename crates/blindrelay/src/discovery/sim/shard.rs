@@ -13,15 +13,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ed25519_dalek::SigningKey;
+use guard::admission::{Gate, Permit};
 use hashbrown::{HashMap, HashSet};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use super::super::{Caller, Discovery, Failed, Msg, Now, Signed, verify};
 use super::SimConfig;
-use crate::pipeline::crypto::Shares;
+use crate::pipeline::crypto::{Shares, StrangerSlot, Strangers};
 use crate::proto::NodeId;
 use crate::proto::descriptor::Descriptor;
+use crate::sources::{Grouping, SourceKey};
 
 /// One simulated node.
 #[derive(Debug)]
@@ -41,9 +43,20 @@ pub struct Node {
     pub busy: bool,
     /// If set, the only identities it keeps (a liar's network).
     pub only: Option<Arc<std::collections::HashSet<NodeId>>>,
-    /// With a shared machine: the crypto slots its requests hold, until when each, and the
-    /// block of the stranger holding it (`None`: a known source).
-    pub(super) held: Vec<(u64, Option<u64>)>,
+    /// With a shared machine: its crypto slots, and the strangers' share of them, as the
+    /// daemon's admission keeps them (`crate::pipeline::crypto`).
+    pub(super) admission: Option<(Gate, Arc<Strangers>)>,
+    /// The slots its requests hold, each until its time.
+    pub(super) held: Vec<Held>,
+}
+
+/// A crypto slot a request holds until `until` (microseconds), and its hold on the strangers'
+/// share if a stranger's: given back when dropped.
+#[derive(Debug)]
+pub(super) struct Held {
+    until: u64,
+    _slot: Permit,
+    _stranger: Option<StrangerSlot>,
 }
 
 impl Node {
@@ -384,34 +397,23 @@ impl Shard<'_> {
     }
 
     /// With a shared machine, the crypto slot node `to` takes at `at` (when it gets a core
-    /// for the request: its handshake read, it asks for a slot) for a request from `from`, as
-    /// the daemon's admission gives one (`crate::pipeline::crypto`): `Err` when none is free
-    /// for it (the node answers `429`), else the block it is charged to if a stranger's (a
-    /// caller whose address `to` holds no identity at).
-    fn admit(&mut self, from: usize, to: usize, at: u64, cores: usize) -> Result<Option<u64>, ()> {
-        let shares = Shares::of(crate::context::crypto_slots(cores));
+    /// for the request: its handshake read, it asks for a slot) for a request from `from`, by
+    /// the daemon's admission (`crate::pipeline::crypto::admit`): a stranger's (a caller whose
+    /// address `to` holds no identity at) within the strangers' share, then one of the slots
+    /// inbound requests may take. `None` when refused (the node answers `429`).
+    fn admit(&mut self, from: usize, to: usize, at: u64) -> Option<(Permit, Option<StrangerSlot>)> {
         let (id, ip) = self.shared.ids[from];
         let node = self.node(to);
-        node.held.retain(|(until, _)| *until > at);
-        let stranger = node
-            .disc
-            .view()
-            .get(&id)
-            .is_none()
-            .then(|| crate::blocks::block_key(ip, crate::sources::Grouping::default()));
-        if let Some(block) = stranger {
-            let strangers = node.held.iter().filter(|(_, b)| b.is_some());
-            let (all, mine) = strangers.fold((0, 0), |(a, m), (_, b)| {
-                (a + 1, m + usize::from(*b == Some(block)))
-            });
-            if all >= shares.strangers || mine >= shares.per_stranger {
-                return Err(());
-            }
-        }
-        if node.held.len() >= shares.inbound {
-            return Err(());
-        }
-        Ok(stranger)
+        node.held.retain(|h| h.until > at);
+        let (slots, strangers) = node.admission.as_ref()?;
+        let stranger = if node.disc.view().get(&id).is_none() {
+            let key = SourceKey::Net(crate::sources::block(ip, Grouping::default()));
+            Some(strangers.take(key)?)
+        } else {
+            None
+        };
+        let slot = slots.try_acquire_below(Shares::of(slots.limit()).inbound)?;
+        Some((slot, stranger))
     }
 
     fn request(&mut self, from: usize, to: usize, xid: u64, msg: &Msg, sent: u64) {
@@ -425,11 +427,11 @@ impl Shard<'_> {
             Some(cpu) if up && !busy => {
                 let work = self.work();
                 let start = self.micros + work - cpu.per_exchange.as_micros() as u64;
-                (work, Some(self.admit(from, to, start, cpu.cores)))
+                (work, Some(self.admit(from, to, start)))
             }
             _ => (0, None),
         };
-        if !up || busy || slot.is_some_and(|s| s.is_err()) {
+        if !up || busy || matches!(slot, Some(None)) {
             let d = self.delay() + work;
             let reply = Err(if up { Failed::Busy } else { Failed::Down });
             self.schedule(
@@ -444,7 +446,7 @@ impl Shard<'_> {
             return;
         }
         let checked = self.check(to, msg);
-        if let (Some(Ok(stranger)), Some(cpu)) = (slot, self.shared.cfg.cpu) {
+        if let (Some(Some((slot, stranger))), Some(cpu)) = (slot, self.shared.cfg.cpu) {
             // A request with descriptors to check waits for its crypto thread as long as it
             // waited for a core, at most `slot_hold` (not at all on an idle machine); one
             // without gives its slot back once read.
@@ -456,7 +458,11 @@ impl Shard<'_> {
                 0
             };
             let until = self.micros + work + hold;
-            self.node(to).held.push((until, stranger));
+            self.node(to).held.push(Held {
+                until,
+                _slot: slot,
+                _stranger: stranger,
+            });
         }
         let checked = checked.unwrap_or_default();
         let now = self.now();
